@@ -1,0 +1,103 @@
+"""The client: tickets as plain dicts, reads as Arrow tables and readers."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+Position = str | dict[str, int]
+
+
+def ticket(
+    topic: str,
+    *,
+    lane: str = "decoded",
+    partitions: list[int] | None = None,
+    start: Position = "earliest",
+    end: Position = "now",
+    metadata: str = "locator",
+) -> dict[str, Any]:
+    """The JSON ticket for a read (the same object any language can send).
+
+    Args:
+        topic: topic to read.
+        lane: ``"decoded"`` (payload columns) or ``"raw"`` (bytes + all metadata).
+        partitions: subset of partitions, all when None.
+        start: ``"earliest"`` | ``"latest"`` | ``{"offset": N}`` | ``{"timestamp_ms": N}``.
+        end: ``"now"`` | ``"follow"`` | ``{"offset": N}`` (exclusive) | ``{"timestamp_ms": N}``.
+        metadata: ``"none"`` | ``"locator"`` | ``"all"`` metadata columns (decoded lane).
+    """
+    out: dict[str, Any] = {
+        "topic": topic,
+        "lane": lane,
+        "start": start,
+        "end": end,
+        "metadata": metadata,
+    }
+    if partitions is not None:
+        out["partitions"] = list(partitions)
+    return out
+
+
+class Client:
+    """A connection to one gateway."""
+
+    def __init__(self, location: str, **kwargs: Any) -> None:
+        self.location = location
+        self._flight = fl.FlightClient(location, **kwargs)
+
+    def topics(self) -> list[str]:
+        """Topics the gateway can serve."""
+        names = []
+        for info in self._flight.list_flights():
+            path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
+            names.append(path[1])
+        return sorted(names)
+
+    def schema(self, topic: str, **options: Any) -> pa.Schema:
+        """The schema a read with ``options`` would return."""
+        desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
+        return self._flight.get_schema(desc).schema
+
+    def stream(self, topic: str, **options: Any) -> pa.RecordBatchReader:
+        """One stream over all requested partitions (use ``end="follow"`` to tail)."""
+        body = json.dumps(ticket(topic, **options)).encode()
+        return self._flight.do_get(fl.Ticket(body)).to_reader()
+
+    def read(self, topic: str, *, parallel: int = 4, **options: Any) -> pa.Table:
+        """A bounded read as one table, fetching the partitions' endpoints in parallel.
+
+        Raises:
+            ValueError: ``end="follow"`` never ends; use :meth:`stream`.
+        """
+        if options.get("end") == "follow":
+            raise ValueError("read() needs a bounded end; use stream() to follow")
+        desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
+        info = self._flight.get_flight_info(desc)
+
+        def fetch(endpoint: fl.FlightEndpoint) -> pa.Table:
+            return self._flight.do_get(endpoint.ticket).read_all()
+
+        with ThreadPoolExecutor(max(1, parallel)) as pool:
+            tables = list(pool.map(fetch, info.endpoints))
+        if not tables:
+            return info.schema.empty_table()
+        return pa.concat_tables(tables)
+
+    def close(self) -> None:
+        self._flight.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(location: str, **kwargs: Any) -> Client:
+    """Connect to a gateway at ``location`` (e.g. ``grpc://127.0.0.1:8815``)."""
+    return Client(location, **kwargs)

@@ -1,0 +1,1 @@
+"""The ``twg`` command line."""

@@ -1,0 +1,194 @@
+"""``twg``: run the gateway, check configs, try it locally.
+
+Exit codes: 0 success, 1 the gateway failed while running, 2 invalid configuration or
+usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from thalweg import __version__
+from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
+from thalweg.config import load_config
+from thalweg.errors import ConfigError, ThalwegError
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="twg")
+@click.option(
+    "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="How results and errors are printed.",
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+    show_default=True, help="Log verbosity (logs go to stderr).",
+)
+@click.pass_context
+def cli(ctx: click.Context, output: str, log_level: str) -> None:
+    """Thalweg: Kafka topics into Arrow, served over Arrow Flight.
+
+    \b
+    Try it:      twg quickstart
+    Run it:      twg stream --config thalweg.toml
+    Check it:    twg config validate thalweg.toml
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["output"] = output
+    _setup_logging(log_level)
+
+
+def run_until_signal(main: object) -> None:
+    """Run ``main(stop)`` with SIGINT/SIGTERM setting ``stop``."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)  # type: ignore[operator]
+
+    asyncio.run(runner())
+
+
+@cli.command()
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+    help="The TOML configuration file.",
+)
+@click.pass_context
+def stream(ctx: click.Context, config_path: Path) -> None:
+    """Consume the configured topics into the raw lane and serve them over Flight.
+
+    Runs until SIGINT or SIGTERM, then makes everything buffered durable, commits, and
+    leaves the consumer group.
+    """
+    from thalweg.engine import Gateway
+
+    try:
+        cfg = load_config(config_path)
+        gateway = Gateway(cfg)
+    except ConfigError as exc:
+        fail(ctx, str(exc), EXIT_CONFIG)
+        return
+    except ThalwegError as exc:
+        fail(ctx, str(exc), EXIT_FAILURE)
+        return
+    emit(
+        ctx,
+        f"thalweg {__version__}: flight {gateway.flight_url}, admin {gateway.admin_url}",
+        {"flight": gateway.flight_url, "admin": gateway.admin_url},
+    )
+    try:
+        run_until_signal(gateway.run)
+    except ThalwegError as exc:
+        fail(ctx, str(exc), EXIT_FAILURE)
+
+
+@cli.group()
+def config() -> None:
+    """Check a configuration file without starting anything."""
+
+
+def _load_or_fail(ctx: click.Context, path: Path) -> object:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        fail(ctx, str(exc), EXIT_CONFIG)
+        raise AssertionError from exc  # unreachable: fail() exits
+
+
+@config.command("validate")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def config_validate(ctx: click.Context, path: Path) -> None:
+    """Validate PATH; print one line naming the first bad key, exit 2 if invalid."""
+    cfg = _load_or_fail(ctx, path)
+    from thalweg.config import ThalwegConfig
+
+    assert isinstance(cfg, ThalwegConfig)
+    topics = [t for s in cfg.sources for t in s.topics]
+    emit(
+        ctx,
+        f"ok: {path}: {len(cfg.sources)} source(s), topics {', '.join(topics)}",
+        {"ok": True, "path": str(path), "sources": len(cfg.sources), "topics": topics},
+    )
+
+
+@config.command("show")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def config_show(ctx: click.Context, path: Path) -> None:
+    """Print PATH with every default filled in (secrets shown as **********)."""
+    cfg = _load_or_fail(ctx, path)
+    from thalweg.config import ThalwegConfig
+
+    assert isinstance(cfg, ThalwegConfig)
+    data = json.loads(cfg.model_dump_json())
+    emit(ctx, json.dumps(data, indent=2), data)
+
+
+@config.command("secrets")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def config_secrets(ctx: click.Context, path: Path) -> None:
+    """List the keys in PATH that hold secrets (never their values)."""
+    cfg = _load_or_fail(ctx, path)
+    from thalweg.config import ThalwegConfig
+
+    assert isinstance(cfg, ThalwegConfig)
+    keys = cfg.secrets()
+    emit(ctx, "\n".join(keys) if keys else "no secrets configured", {"secrets": keys})
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("./twg-quickstart"), show_default=True,
+              help="Where the raw and decoded lanes are written.")
+@click.option("--flight-port", type=int, default=8815, show_default=True,
+              help="Flight port on 127.0.0.1 (0 picks a free one).")
+@click.option("--http-port", type=int, default=8080, show_default=True,
+              help="Admin HTTP port on 127.0.0.1 (0 picks a free one).")
+@click.option("--rate", type=float, default=20.0, show_default=True,
+              help="Demo orders produced per second.")
+@click.option("--duration", type=float, default=None,
+              help="Stop after this many seconds (default: run until Ctrl-C).")
+@click.pass_context
+def quickstart(ctx: click.Context, data_dir: Path, flight_port: int, http_port: int,
+               rate: float, duration: float | None) -> None:
+    """Run everything locally: an embedded broker, demo orders, and the gateway.
+
+    Starts a tansu broker on a free loopback port, creates the topic 'orders' with 3
+    partitions, produces JSON orders at --rate per second, runs the gateway against it,
+    and prints how to read the topic from Python or DuckDB. Ctrl-C stops everything.
+    """
+    from thalweg.cli.quickstart import run_quickstart
+
+    try:
+        run_quickstart(ctx, data_dir, flight_port, http_port, rate, duration)
+    except ThalwegError as exc:
+        fail(ctx, str(exc), EXIT_FAILURE)
+
+
+def main() -> None:
+    cli(obj={})
+
+
+if __name__ == "__main__":
+    main()

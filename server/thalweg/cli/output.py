@@ -1,0 +1,28 @@
+"""One place that decides how results and errors look: text for people, JSON for tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the gateway failed while running
+EXIT_CONFIG = 2  # the configuration (or a command line) is invalid
+
+
+def emit(ctx: click.Context, text: str, data: dict[str, Any]) -> None:
+    if ctx.obj.get("output") == "json":
+        click.echo(json.dumps(data, default=str))
+    else:
+        click.echo(text)
+
+
+def fail(ctx: click.Context, message: str, code: int, **data: Any) -> None:
+    if ctx.obj.get("output") == "json":
+        click.echo(json.dumps({"ok": False, "error": message, **data}), err=True)
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(code)

@@ -1,0 +1,56 @@
+"""The decoder protocol shared by every payload format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import pyarrow as pa
+
+
+class DecodeReason(StrEnum):
+    """Why one payload did not decode. Also the ``reason`` label of the failure metric."""
+
+    EMPTY = "empty"  # zero-length or whitespace-only payload
+    SYNTAX = "syntax"  # not parseable in the format
+    NOT_ONE_RECORD = "not_one_record"  # parsed to zero or several records, or not an object
+    TYPE_CONFLICT = "type_conflict"  # parses, but a field's type contradicts the lane schema
+    RESERVED_FIELD = "reserved_field"  # a payload field uses the metadata prefix
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFailure:
+    """One row that did not decode."""
+
+    row: int
+    reason: DecodeReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    """Decoded payload columns, one row per input payload.
+
+    Attributes:
+        table: payload columns; rows that failed (or were null tombstones) are all-null.
+        errors: ``string`` array, one entry per row, null where the row decoded.
+        failures: the failed rows with reasons, for metrics and dead-letter routing.
+    """
+
+    table: pa.Table
+    errors: pa.StringArray
+    failures: tuple[DecodeFailure, ...]
+
+
+class ArrowDecoder(Protocol):
+    """Decodes a batch of payloads straight to Arrow (no per-record Python objects)."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The lane schema so far: every payload field seen, in first-seen order."""
+        ...
+
+    def decode(self, values: pa.Array) -> DecodeResult:
+        """Decode ``values`` (``binary``, nulls are tombstones) into aligned rows."""
+        ...

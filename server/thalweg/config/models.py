@@ -1,0 +1,161 @@
+"""The configuration schema. Every key, its default and why, in one place.
+
+Models are frozen and refuse unknown keys, so a typo is an error at start, not a
+silently ignored setting. ``docs/configuration.md`` mirrors this file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from thalweg.records.columns import DEFAULT_PREFIX, MetadataColumns
+
+MiB = 1 << 20
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GatewayConfig(_Model):
+    """Process-wide settings."""
+
+    data_dir: Path = Field(Path("./twg-data"), description="Root of the raw and decoded lanes.")
+    flight_listen: str = Field(
+        "grpc://127.0.0.1:8815", description="Where the Flight server listens (grpc://host:port)."
+    )
+    flight_advertise: str | None = Field(
+        None, description="Location put in Flight endpoints; defaults to flight_listen."
+    )
+    http_listen: str = Field("127.0.0.1:8080", description="host:port of the admin HTTP server.")
+    metadata_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of the metadata columns.")
+    gc_tuning: bool = Field(
+        True,
+        description="Raise the GC threshold and freeze start-up objects (2x ingest rate).",
+    )
+
+    @field_validator("flight_listen", "flight_advertise")
+    @classmethod
+    def _grpc_url(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith(("grpc://", "grpc+tcp://")) and ":" in v[7:]):
+            raise ValueError("must look like grpc://host:port")
+        return v
+
+    @field_validator("http_listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("must look like host:port")
+        return v
+
+    @field_validator("metadata_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        MetadataColumns(v)  # raises ValueError with the rule
+        return v
+
+
+class RawLaneConfig(_Model):
+    """How the primary raw lane rolls and compresses its Parquet files.
+
+    A file is closed when any limit is reached; the source position is committed only
+    after the file is durable, so ``roll_age_s`` bounds how far commits lag ingest.
+    """
+
+    roll_rows: int = Field(500_000, gt=0, description="Close a file at this many rows.")
+    roll_bytes: int = Field(
+        64 * MiB, gt=0, le=1024 * MiB, description="Close a file at this many buffered bytes."
+    )
+    roll_age_s: float = Field(5.0, gt=0, description="Close a file this long after its first row.")
+    max_buffered_bytes: int = Field(
+        256 * MiB,
+        gt=0,
+        description="Pause fetching while this much is buffered and not yet durable.",
+    )
+    compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] = "zstd"
+    compression_level: int | None = Field(1, description="zstd/gzip level; 1 is fastest.")
+    fsync: bool = Field(True, description="fsync files and directories (never off in production).")
+
+
+class KafkaSourceConfig(_Model):
+    """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["kafka"] = "kafka"
+    bootstrap_servers: str = Field(min_length=1)
+    topics: list[str] = Field(min_length=1)
+    group_id: str = "thalweg"
+    format: Literal["json", "none"] = Field(
+        "json", description="How the decoded lane reads record values ('none': raw lane only)."
+    )
+    cluster: str | None = Field(
+        None, description="Cluster name stamped in the lane and record ids; defaults to name."
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    session_timeout_ms: int = Field(10_000, gt=0)
+    heartbeat_interval_ms: int = Field(3_000, gt=0)
+    max_poll_records: int = Field(10_000, gt=0)
+    fetch_max_bytes: int = Field(50 * MiB, gt=0)
+    max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster or self.name
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSourceConfig:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+        if len(set(self.topics)) != len(self.topics):
+            raise ValueError("topics: listed twice")
+        for topic in self.topics:
+            if not topic or "/" in topic or topic in {".", ".."}:
+                raise ValueError(f"topics: {topic!r} is not a usable topic name")
+        if self.sasl_mechanism and not (self.sasl_username and self.sasl_password):
+            raise ValueError("sasl_mechanism needs sasl_username and sasl_password")
+        return self
+
+
+SourceConfig = Annotated[KafkaSourceConfig, Field(discriminator="kind")]
+
+
+class ThalwegConfig(_Model):
+    """The whole file."""
+
+    gateway: GatewayConfig = GatewayConfig()
+    raw_lane: RawLaneConfig = RawLaneConfig()
+    sources: list[SourceConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> ThalwegConfig:
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError("sources: two sources share a name")
+        seen: dict[str, str] = {}
+        for source in self.sources:
+            for topic in source.topics:
+                if topic in seen:
+                    raise ValueError(
+                        f"sources: topic {topic!r} is consumed by both {seen[topic]!r} and "
+                        f"{source.name!r}; one lane per topic name"
+                    )
+                seen[topic] = source.name
+        return self
+
+    def secrets(self) -> list[str]:
+        """Dotted paths of every configured secret (values never shown)."""
+        out = []
+        for i, source in enumerate(self.sources):
+            if source.sasl_password is not None:
+                out.append(f"sources.{i}.sasl_password")
+        return out

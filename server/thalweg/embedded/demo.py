@@ -1,0 +1,72 @@
+"""Demo data for the quickstart: an ``orders`` topic fed with JSON orders."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "frances", "ken", "radia")
+ITEMS = ("anchor", "buoy", "compass", "lantern", "oar", "rope", "sail")
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+
+
+def order(n: int, rng: random.Random) -> dict[str, object]:
+    qty = rng.randint(1, 5)
+    price = round(rng.uniform(2, 80), 2)
+    return {
+        "order_id": n,
+        "customer": rng.choice(CUSTOMERS),
+        "item": rng.choice(ITEMS),
+        "quantity": qty,
+        "amount": round(qty * price, 2),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+async def produce_orders(
+    bootstrap: str, topic: str, rate: float, stop: asyncio.Event, *, seed: int = 7
+) -> int:
+    """Produce orders at about ``rate`` per second until ``stop``; returns the count."""
+    rng = random.Random(seed)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    n = 0
+    try:
+        interval = 1.0 / rate
+        next_at = time.monotonic()
+        while not stop.is_set():
+            o = order(n, rng)
+            await producer.send(
+                topic,
+                json.dumps(o).encode(),
+                key=str(o["customer"]).encode(),
+                headers=[("source", b"twg-quickstart")],
+            )
+            n += 1
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    pass
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return n

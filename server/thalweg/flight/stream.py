@@ -1,0 +1,89 @@
+"""The batches of one ``do_get``: history from Parquet, then the live tail.
+
+For each partition the cursor moves through positions in order. Below the durable end it
+reads segments; at or above it, live entries. The durable end only grows and a live
+entry is dropped only once durable, so re-checking the durable end on every step makes
+the seam exact even while segments are being written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from thalweg.flight.plan import ReadPlan
+from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.layout import Lane
+from thalweg.lane.live import LiveEntry
+from thalweg.lane.reader import offset_slice, rebatch
+from thalweg.lane.shape import shape_decoded
+from thalweg.records.columns import MetadataPolicy
+
+_WAIT_S = 0.2
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def read_stream(
+    catalog: LaneCatalog, plan: ReadPlan, cancelled: Callable[[], bool]
+) -> Iterator[pa.RecordBatch]:
+    """Yield the plan's rows; ends when every partition reached its end or on cancel."""
+    topic = plan.ticket.topic
+    cursors = {r.partition: r.start for r in plan.ranges}
+    ends = {r.partition: r.end for r in plan.ranges}
+    decoded = plan.ticket.lane is Lane.DECODED
+    with_raw = not decoded or plan.ticket.metadata is MetadataPolicy.ALL
+    off = catalog.columns.offset
+    active = sorted(cursors)
+    while active:
+        seen = catalog.live.version()
+        progressed = False
+        for p in list(active):
+            pos, end = cursors[p], ends[p]
+            if end is not None and pos >= end:
+                active.remove(p)
+                continue
+            durable = catalog.durable_end(topic, p)
+            if pos < durable:
+                upto = durable if end is None else min(durable, end)
+                for raw, dec in catalog.reader.read_pairs(
+                    topic, p, pos, upto, decoded=decoded, with_raw=with_raw
+                ):
+                    yield from rebatch(_shape(catalog, plan, raw, dec))
+                cursors[p] = upto
+                progressed = True
+                continue
+            for entry in catalog.live.entries_from(topic, p, pos):
+                lo, hi = offset_slice(entry.raw, off, pos, end)
+                if hi > lo:
+                    yield from rebatch(_shape_live(catalog, plan, entry, lo, hi))
+                cursors[p] = entry.last + 1 if end is None else min(entry.last + 1, end)
+                progressed = True
+        if not progressed and active:
+            if cancelled():
+                return
+            catalog.live.wait(seen, _WAIT_S)
+
+
+def _shape_live(
+    catalog: LaneCatalog, plan: ReadPlan, entry: LiveEntry, lo: int, hi: int
+) -> pa.Table:
+    raw = pa.Table.from_batches([entry.raw.slice(lo, hi - lo)])
+    dec = entry.decoded.slice(lo, hi - lo) if entry.decoded is not None else None
+    return _shape(catalog, plan, raw, dec)
+
+
+def _shape(
+    catalog: LaneCatalog, plan: ReadPlan, raw: pa.Table | None, dec: pa.Table | None
+) -> pa.Table:
+    if plan.ticket.lane is Lane.RAW:
+        assert raw is not None
+        return raw.select(plan.schema.names).cast(plan.schema)
+    assert dec is not None
+    return shape_decoded(
+        dec, raw, plan.schema, catalog.columns, plan.ticket.metadata, _now_us()
+    )

@@ -1,0 +1,88 @@
+"""Flight tickets and read commands: a typed, versioned model of what a reader asks for.
+
+The wire form for now is a JSON object (any language can write one by hand); a protobuf
+form with the same fields is planned (``proto/``). Unknown fields and versions are
+refused rather than ignored, so a client never silently gets something it did not ask for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from thalweg.errors import TicketError
+from thalweg.lane.layout import Lane
+from thalweg.records.columns import MetadataPolicy
+
+TICKET_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OffsetPosition(_Model):
+    """An absolute offset. As a start it is inclusive, as an end exclusive."""
+
+    offset: int = Field(ge=0)
+
+
+class TimestampPosition(_Model):
+    """The first record whose timestamp is at or after ``timestamp_ms`` (epoch ms)."""
+
+    timestamp_ms: int
+
+
+Start = Literal["earliest", "latest"] | OffsetPosition | TimestampPosition
+End = Literal["now", "follow"] | OffsetPosition | TimestampPosition
+
+
+class ReadTicket(_Model):
+    """One read of a topic's lane.
+
+    Attributes:
+        topic: the topic to read.
+        lane: ``decoded`` payload columns, or the ``raw`` lane (bytes + all metadata).
+        partitions: a subset of partitions; all when omitted.
+        start: ``earliest`` | ``latest`` | ``{"offset": N}`` | ``{"timestamp_ms": N}``.
+        end: ``now`` (the durable end when the call starts) | ``follow`` (until cancelled)
+            | ``{"offset": N}`` (exclusive) | ``{"timestamp_ms": N}``.
+        metadata: for the decoded lane, which metadata columns to include.
+    """
+
+    v: Annotated[int, Field(ge=TICKET_VERSION, le=TICKET_VERSION)] = TICKET_VERSION
+    topic: str = Field(min_length=1)
+    lane: Lane = Lane.DECODED
+    partitions: list[Annotated[int, Field(ge=0)]] | None = None
+    start: Start = "earliest"
+    end: End = "now"
+    metadata: MetadataPolicy = MetadataPolicy.LOCATOR
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(exclude_defaults=False).encode()
+
+
+def parse_ticket(data: bytes) -> ReadTicket:
+    """Parse a JSON ticket; raises :class:`TicketError` saying exactly what is wrong."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TicketError(f"ticket is not a JSON object: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise TicketError("ticket is not a JSON object")
+    try:
+        return ReadTicket.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = str(first["loc"][0]) if first["loc"] else "ticket"
+        hint = {
+            "start": "earliest | latest | {offset: N} | {timestamp_ms: N}",
+            "end": "now | follow | {offset: N} | {timestamp_ms: N}",
+            "lane": "decoded | raw",
+            "metadata": "none | locator | all",
+            "v": f"supported ticket version is {TICKET_VERSION}",
+        }.get(loc, "")
+        more = f" (expected {hint})" if hint else ""
+        raise TicketError(f"invalid ticket field {loc!r}: {first['msg']}{more}") from exc

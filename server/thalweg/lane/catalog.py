@@ -1,0 +1,93 @@
+"""What the gateway can serve: topics, partitions, positions and schemas.
+
+Merges three views: the Parquet lanes on disk (everything durable, including topics no
+longer consumed), the live tail (positions of partitions being ingested), and the
+engine's decoders (the current decoded schema of each topic).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.lane.coverage import scan_coverage
+from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.live import LiveTail
+from thalweg.lane.reader import LaneReader
+from thalweg.records.columns import MetadataColumns
+
+_DISK_TTL_S = 1.0
+
+
+class LaneCatalog:
+    """Read-side view of the lanes, safe to use from Flight's threads."""
+
+    def __init__(
+        self,
+        layout: LaneLayout,
+        columns: MetadataColumns,
+        live: LiveTail,
+        *,
+        payload_schemas: Callable[[str], pa.Schema | None] | None = None,
+        decoded_topics: Callable[[], set[str]] | None = None,
+        configured_topics: Callable[[], list[str]] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.columns = columns
+        self.live = live
+        self.reader = LaneReader(layout, columns)
+        self._payload_schemas = payload_schemas or (lambda _t: None)
+        self._decoded_topics = decoded_topics or set
+        self._configured = configured_topics or list
+        self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def topics(self) -> list[str]:
+        return sorted(set(self.layout.topics()) | set(self.live.topics()) | set(self._configured()))
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(set(self.layout.partitions(topic)) | set(self.live.partitions(topic)))
+
+    def has_decoded(self, topic: str) -> bool:
+        return topic in self._decoded_topics() or self.layout.has_decoded(topic)
+
+    def durable_end(self, topic: str, partition: int) -> int:
+        """Exclusive end of the partition's durable lane (0 when empty)."""
+        state = self.live.state(topic, partition)
+        if state is not None and state.durable_end is not None:
+            return state.durable_end
+        key = (topic, partition)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._disk_cache.get(key)
+            if cached and now - cached[0] < _DISK_TTL_S:
+                return cached[1]
+        end = scan_coverage(self.layout, topic, partition).end or 0
+        with self._lock:
+            self._disk_cache[key] = (now, end)
+        return end
+
+    def high_water(self, topic: str, partition: int) -> int:
+        """The next position the gateway will ingest (the durable end when not ingesting)."""
+        state = self.live.state(topic, partition)
+        if state is not None and state.high_water is not None:
+            return max(state.high_water, self.durable_end(topic, partition))
+        return self.durable_end(topic, partition)
+
+    def payload_schema(self, topic: str) -> pa.Schema:
+        """Payload columns of the decoded lane (no metadata columns)."""
+        schema = self._payload_schemas(topic) or self.reader.decoded_schema(topic)
+        if schema is None:
+            return pa.schema([])
+        return pa.schema([f for f in schema if not self.columns.is_reserved(f.name)])
+
+    def durable_rows(self, topic: str, partition: int) -> int:
+        """Rows in the partition's durable raw lane, from file footers."""
+        return sum(
+            pq.read_metadata(s.path).num_rows
+            for s in self.layout.segments(Lane.RAW, topic, partition)
+        )

@@ -1,0 +1,108 @@
+"""Which source positions the raw lane holds, and where a partition resumes.
+
+Coverage is a set of half-open ranges ``[from, to)`` of source positions, not a count
+of records: a compacted topic or a transaction marker leaves offsets with no record, and
+the segment that follows accounts for them (its ``covers_from`` footer key). So
+"contiguous" means "no position unaccounted for", which is what resume needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+
+from thalweg.lane.layout import META_COVERS_FROM, TMP_MARK, Lane, LaneLayout, Segment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Coverage:
+    """Merged, sorted ``[from, to)`` ranges of one partition."""
+
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, start: int, end: int) -> None:
+        """Record ``[start, end)``; adjacent and overlapping ranges merge."""
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.ranges, (start, end)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.ranges = merged
+
+    @property
+    def end(self) -> int | None:
+        """The end of the last range (None when empty)."""
+        return self.ranges[-1][1] if self.ranges else None
+
+    def end_of_run(self, position: int) -> int | None:
+        """The end of the range that contains or ends at ``position``."""
+        for a, b in self.ranges:
+            if a <= position <= b:
+                return b
+        return None
+
+
+def _covers_from(segment: Segment) -> int:
+    meta = pq.read_schema(segment.path).metadata or {}
+    raw = meta.get(META_COVERS_FROM)
+    return int(raw) if raw is not None else segment.first
+
+
+def scan_coverage(layout: LaneLayout, topic: str, partition: int) -> Coverage:
+    """Coverage of a partition's raw lane, read from file names (and a footer only where
+    two names are not adjacent, to learn whether the gap is skipped offsets)."""
+    cov = Coverage()
+    prev_end: int | None = None
+    for seg in layout.segments(Lane.RAW, topic, partition):
+        start = seg.first
+        if prev_end is not None and seg.first != prev_end:
+            start = min(seg.first, _covers_from(seg))
+        cov.add(start, seg.last + 1)
+        prev_end = seg.last + 1
+    return cov
+
+
+def resume_position(cov: Coverage, committed: int | None) -> int | None:
+    """Where to fetch from so no durable record is written twice and none is skipped.
+
+    The committed offset may lag the lane (a crash between rename and commit); then the
+    lane wins. It never leads it in a healthy lane; if it does (the lane was deleted),
+    the committed offset wins and the lane restarts there.
+    """
+    if committed is None:
+        return cov.end
+    run_end = cov.end_of_run(committed)
+    return committed if run_end is None else max(run_end, committed)
+
+
+def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
+    """Make a partition's lanes consistent after a crash.
+
+    Removes temp files of interrupted writes and decoded segments without a raw twin
+    (written just before a crash; the records will be fetched and written again).
+
+    Returns:
+        Raw segments that have no decoded twin and need decoding again.
+    """
+    for lane in Lane:
+        directory = layout.partition_dir(lane, topic, partition)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if TMP_MARK in name:
+                (directory / name).unlink(missing_ok=True)
+                log.info("removed interrupted write %s", directory / name)
+    raw = {s.path.name: s for s in layout.segments(Lane.RAW, topic, partition)}
+    decoded = {s.path.name: s for s in layout.segments(Lane.DECODED, topic, partition)}
+    for name in decoded.keys() - raw.keys():
+        decoded[name].path.unlink(missing_ok=True)
+        log.info("removed decoded segment without raw twin %s", decoded[name].path)
+    return [raw[name] for name in sorted(raw.keys() - decoded.keys())]

@@ -1,0 +1,142 @@
+"""Paths and names of lane files, and the lane manifest that pins the metadata prefix."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from thalweg.errors import LaneError, PrefixMismatchError
+
+FORMAT_VERSION = 1
+MANIFEST = "_thalweg.json"
+_SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+TMP_MARK = ".tmp-"
+
+# Keys of the Parquet key-value metadata every segment carries.
+META_PREFIX = b"thalweg.metadata_prefix"
+META_COVERS_FROM = b"thalweg.covers_from"
+META_COVERS_TO = b"thalweg.covers_to"
+META_LANE = b"thalweg.lane"
+
+
+class Lane(StrEnum):
+    RAW = "raw"
+    DECODED = "decoded"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One immutable lane file covering offsets ``first..last`` (inclusive)."""
+
+    first: int
+    last: int
+    path: Path
+
+
+def segment_name(first: int, last: int) -> str:
+    return f"{first:020d}-{last:020d}.parquet"
+
+
+class LaneLayout:
+    """Where everything lives under one ``data_dir``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def partition_dir(self, lane: Lane, topic: str, partition: int) -> Path:
+        return self.root / lane.value / f"topic={quote(topic, safe='')}" / f"partition={partition}"
+
+    def segments(self, lane: Lane, topic: str, partition: int) -> list[Segment]:
+        """The durable segments of a partition, sorted by first offset."""
+        directory = self.partition_dir(lane, topic, partition)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            match = _SEGMENT_RE.match(name)
+            if match:
+                out.append(Segment(int(match[1]), int(match[2]), directory / name))
+        out.sort(key=lambda s: s.first)
+        return out
+
+    def topics(self) -> list[str]:
+        base = self.root / Lane.RAW.value
+        try:
+            names = os.listdir(base)
+        except FileNotFoundError:
+            return []
+        return sorted(unquote(n[6:]) for n in names if n.startswith("topic="))
+
+    def partitions(self, topic: str) -> list[int]:
+        base = self.root / Lane.RAW.value / f"topic={quote(topic, safe='')}"
+        try:
+            names = os.listdir(base)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[10:]) for n in names if n.startswith("partition=") and n[10:].isdigit())
+
+    def has_decoded(self, topic: str) -> bool:
+        return (self.root / Lane.DECODED.value / f"topic={quote(topic, safe='')}").is_dir()
+
+    # -- manifest ----------------------------------------------------------------------
+
+    def claim(self, prefix: str) -> None:
+        """Create the lane manifest, or refuse when it names another metadata prefix.
+
+        Raises:
+            PrefixMismatchError: the lane was written with a different prefix; mixing two
+                prefixes in one lane would make its columns unreadable as one table.
+        """
+        raw = self.root / Lane.RAW.value
+        path = raw / MANIFEST
+        try:
+            existing = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            existing = None
+        except (OSError, ValueError) as exc:
+            raise LaneError(f"{path}: unreadable lane manifest: {exc}") from exc
+        if existing is not None:
+            found = existing.get("metadata_prefix")
+            if found != prefix:
+                raise PrefixMismatchError(
+                    f"{self.root}: the lane was written with metadata prefix {found!r}, "
+                    f"the configuration says {prefix!r}; changing the prefix of an existing "
+                    "lane is refused (use a new data_dir)"
+                )
+            return
+        ensure_dir(raw)
+        body = json.dumps({"format_version": FORMAT_VERSION, "metadata_prefix": prefix})
+        tmp = raw / (MANIFEST + TMP_MARK + str(os.getpid()))
+        tmp.write_text(body + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        fsync_dir(raw)
+
+
+def ensure_dir(path: Path) -> None:
+    """Create ``path`` and make each newly created level durable in its parent."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

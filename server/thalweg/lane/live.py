@@ -1,0 +1,114 @@
+"""The in-memory tail of each partition: fetched batches that are not yet durable.
+
+The engine appends every fetched batch here and drops it once its segment is durable;
+Flight ``follow`` readers serve positions below the durable end from Parquet and
+positions above it from here. Because an entry leaves only after it is durable, every
+position is always in one place or the other: no gap and no duplicate at the seam.
+
+It holds references to the same batches the writer buffers, so it costs no memory of
+its own. Thread-safe: the engine writes from the event loop, Flight reads from its
+gRPC threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEntry:
+    """One fetched batch of one partition."""
+
+    first: int
+    last: int
+    raw: pa.RecordBatch
+    decoded: pa.Table | None
+
+
+@dataclass(slots=True)
+class _Partition:
+    entries: deque[LiveEntry] = field(default_factory=deque)
+    durable_end: int | None = None
+    high_water: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """A consistent snapshot of one partition's positions."""
+
+    durable_end: int | None  # exclusive end of the durable lane
+    high_water: int | None  # next position the gateway will ingest
+
+
+class LiveTail:
+    """Per-partition live tails with a condition readers can wait on."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._version = 0
+
+    def reset(self, topic: str, partition: int, position: int | None) -> None:
+        """(Re)start a partition at ``position`` (an assignment or a seek)."""
+        with self._cond:
+            self._parts[(topic, partition)] = _Partition(
+                durable_end=position, high_water=position
+            )
+            self._bump()
+
+    def append(self, topic: str, partition: int, entry: LiveEntry) -> None:
+        with self._cond:
+            part = self._parts.setdefault((topic, partition), _Partition())
+            part.entries.append(entry)
+            part.high_water = entry.last + 1
+            self._bump()
+
+    def mark_durable(self, topic: str, partition: int, end: int) -> None:
+        """Everything below ``end`` is now in the Parquet lane: drop it from memory."""
+        with self._cond:
+            part = self._parts.setdefault((topic, partition), _Partition())
+            part.durable_end = end
+            while part.entries and part.entries[0].last < end:
+                part.entries.popleft()
+            self._bump()
+
+    def state(self, topic: str, partition: int) -> PartitionState | None:
+        with self._cond:
+            part = self._parts.get((topic, partition))
+            if part is None:
+                return None
+            return PartitionState(part.durable_end, part.high_water)
+
+    def entries_from(self, topic: str, partition: int, position: int) -> list[LiveEntry]:
+        """Entries holding positions ``>= position``, oldest first."""
+        with self._cond:
+            part = self._parts.get((topic, partition))
+            if part is None:
+                return []
+            return [e for e in part.entries if e.last >= position]
+
+    def partitions(self, topic: str) -> list[int]:
+        with self._cond:
+            return sorted(p for t, p in self._parts if t == topic)
+
+    def topics(self) -> list[str]:
+        with self._cond:
+            return sorted({t for t, _ in self._parts})
+
+    def version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def wait(self, seen_version: int, timeout: float) -> int:
+        """Block until something changes after ``seen_version`` or ``timeout`` passes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen_version, timeout)
+            return self._version
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._cond.notify_all()

@@ -1,0 +1,114 @@
+"""History reads from the Parquet lanes: offset ranges, timestamp lookups."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.records.columns import MetadataColumns
+
+BATCH_ROWS = 64 * 1024  # Flight is fastest at about 64k-row batches (PERFORMANCE-NOTES)
+
+
+def offset_slice(table: pa.Table | pa.RecordBatch, column: str, start: int, end: int | None) -> tuple[int, int]:
+    """Row bounds of offsets in ``[start, end)`` (offsets ascend within a partition)."""
+    offsets = table.column(column).to_numpy()
+    lo = int(np.searchsorted(offsets, start, side="left"))
+    hi = len(offsets) if end is None else int(np.searchsorted(offsets, end, side="left"))
+    return lo, max(lo, hi)
+
+
+class LaneReader:
+    """Reads one partition's segments between two positions."""
+
+    def __init__(self, layout: LaneLayout, columns: MetadataColumns) -> None:
+        self._layout = layout
+        self._columns = columns
+
+    def segments_between(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[Segment]:
+        return [
+            s
+            for s in self._layout.segments(Lane.RAW, topic, partition)
+            if s.last >= start and s.first < end
+        ]
+
+    def read_pairs(
+        self, topic: str, partition: int, start: int, end: int, *, decoded: bool, with_raw: bool
+    ) -> Iterator[tuple[pa.Table | None, pa.Table | None]]:
+        """Yield ``(raw, decoded)`` tables of ``[start, end)``, segment by segment.
+
+        Only the rows in range are kept; the two tables of a pair hold the same rows.
+        """
+        off = self._columns.offset
+        for seg in self.segments_between(topic, partition, start, end):
+            raw = pq.read_table(seg.path) if with_raw or not decoded else None
+            dec = None
+            if decoded:
+                dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
+                dec = pq.read_table(dpath)
+            ref = dec if dec is not None else raw
+            assert ref is not None
+            lo, hi = offset_slice(ref, off, start, end)
+            if hi <= lo:
+                continue
+            yield (
+                raw.slice(lo, hi - lo) if raw is not None else None,
+                dec.slice(lo, hi - lo) if dec is not None else None,
+            )
+
+    def offset_for_timestamp(
+        self, topic: str, partition: int, ts_ms: int, end: int
+    ) -> int | None:
+        """The first offset below ``end`` whose record timestamp is ``>= ts_ms``.
+
+        Resolved from the lane, not the broker (some brokers answer ListOffsets wrongly),
+        skipping segments whose footer statistics show no timestamp that late.
+        """
+        ts_col, off_col = self._columns.timestamp, self._columns.offset
+        for seg in self.segments_between(topic, partition, 0, end):
+            meta = pq.ParquetFile(seg.path).metadata
+            idx = meta.schema.to_arrow_schema().get_field_index(ts_col)
+            maxima = []
+            for rg in range(meta.num_row_groups):
+                stats = meta.row_group(rg).column(idx).statistics
+                maxima.append(stats.max if stats is not None and stats.has_min_max else None)
+            if maxima and all(m is not None and _epoch_ms(m) < ts_ms for m in maxima):
+                continue
+            table = pq.read_table(seg.path, columns=[off_col, ts_col])
+            ts = table.column(ts_col).cast(pa.int64()).to_numpy(zero_copy_only=False)
+            offsets = table.column(off_col).to_numpy()
+            hits = np.flatnonzero((ts >= ts_ms) & (offsets < end))
+            if len(hits):
+                return int(offsets[hits[0]])
+        return None
+
+    def decoded_schema(self, topic: str) -> pa.Schema | None:
+        """The union of the newest decoded segment's schema of every partition."""
+        schemas = []
+        for partition in self._layout.partitions(topic):
+            segs = self._layout.segments(Lane.DECODED, topic, partition)
+            if segs:
+                schemas.append(pq.read_schema(segs[-1].path))
+        if not schemas:
+            return None
+        return pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
+
+
+def _epoch_ms(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dt.datetime):
+        return int(value.timestamp() * 1000)
+    return int(str(value))
+
+
+def rebatch(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    """Batches of about :data:`BATCH_ROWS` rows."""
+    yield from table.combine_chunks().to_batches(max_chunksize=BATCH_ROWS)

@@ -1,0 +1,63 @@
+"""Give lane data the shape a reader asked for: lane, metadata policy, stream schema."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from thalweg.records.columns import MetadataColumns, MetadataPolicy
+from thalweg.records.raw_batch import constant
+
+
+def decoded_schema(
+    payload: pa.Schema, columns: MetadataColumns, policy: MetadataPolicy
+) -> pa.Schema:
+    """Payload columns first, then the metadata columns the policy keeps."""
+    return pa.schema([*payload, *columns.metadata_fields(policy)])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Give ``table`` exactly ``schema``: drop extra columns, add missing ones as nulls.
+
+    A column whose type cannot be cast (a field that was all-null when the stream began
+    and has a type now) becomes nulls in this stream; the raw lane keeps the value.
+    """
+    arrays = []
+    for f in schema:
+        if f.name not in table.column_names:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                col = pa.chunked_array([pa.nulls(table.num_rows, f.type)])
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def shape_decoded(
+    decoded: pa.Table,
+    raw: pa.Table | None,
+    schema: pa.Schema,
+    columns: MetadataColumns,
+    policy: MetadataPolicy,
+    emit_ts_us: int,
+) -> pa.Table:
+    """Build stream rows from a decoded table (and its raw twin, for ``all``).
+
+    ``none`` keeps payload columns only and drops rows that failed to decode (they are
+    in the raw lane, and visible under ``locator``/``all`` with their error).
+    """
+    if policy is MetadataPolicy.NONE:
+        decoded = decoded.filter(pc.is_null(decoded.column(columns.decode_error)))
+        return conform(decoded, schema)
+    if policy is MetadataPolicy.ALL:
+        assert raw is not None
+        extra = {name: raw.column(name) for name in raw.column_names}
+        extra[columns.emit_ts] = constant(emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows)
+        for name, col in extra.items():
+            if name not in decoded.column_names or name == columns.emit_ts:
+                decoded = decoded.append_column(name, col)
+    return conform(decoded, schema)

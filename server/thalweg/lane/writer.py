@@ -1,0 +1,144 @@
+"""Durable segment writes: temp file → fsync → atomic rename → directory fsync.
+
+The rename is the commit point of the raw lane. After :meth:`SegmentWriter.write` returns
+the segment survives a crash or power loss, and only then may the engine commit the
+source position past it. The decoded segment is written first, so a raw segment on disk
+implies its decoded sibling (barring a decode-write failure, which start-up repairs);
+an orphaned decoded segment (crash between the two renames) is removed at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.config.models import RawLaneConfig
+from thalweg.errors import LaneError
+from thalweg.lane.layout import (
+    META_COVERS_FROM,
+    META_COVERS_TO,
+    META_LANE,
+    META_PREFIX,
+    TMP_MARK,
+    Lane,
+    LaneLayout,
+    Segment,
+    ensure_dir,
+    fsync_dir,
+    segment_name,
+)
+from thalweg.records.columns import MetadataColumns
+
+log = logging.getLogger(__name__)
+
+_ROW_GROUP = 128 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenSegment:
+    """What one durable write produced."""
+
+    segment: Segment
+    rows: int
+    bytes: int
+    covers_from: int
+    covers_to: int
+    decoded_ok: bool
+
+
+class SegmentWriter:
+    """Writes paired raw/decoded segments for one lane root."""
+
+    def __init__(self, layout: LaneLayout, columns: MetadataColumns, cfg: RawLaneConfig) -> None:
+        self._layout = layout
+        self._columns = columns
+        self._cfg = cfg
+        c = columns
+        self._dictionary = [c.source("cluster"), c.topic, c.source("timestamp_type")]
+        self._stats = [c.offset, c.timestamp, c.partition]
+
+    def write(
+        self,
+        topic: str,
+        partition: int,
+        raw: pa.Table,
+        decoded: pa.Table | None,
+        covers_from: int,
+        covers_to: int,
+    ) -> WrittenSegment:
+        """Make ``raw`` (and ``decoded``) durable as one segment.
+
+        Args:
+            covers_from: first source position this segment accounts for (may be below the
+                first record's offset when the broker skipped offsets: compaction,
+                transaction markers).
+            covers_to: the position after the last record (exclusive end).
+
+        Raises:
+            LaneError: the raw segment could not be made durable (retriable).
+        """
+        offsets = raw.column(self._columns.offset)
+        first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+        name = segment_name(first, last)
+        meta = {
+            META_PREFIX: self._columns.prefix.encode(),
+            META_COVERS_FROM: str(covers_from).encode(),
+            META_COVERS_TO: str(covers_to).encode(),
+        }
+        decoded_ok = decoded is not None
+        if decoded is not None:
+            try:
+                path = self._layout.partition_dir(Lane.DECODED, topic, partition) / name
+                self._durable(decoded, path, {**meta, META_LANE: b"decoded"}, stats=False)
+            except (OSError, pa.ArrowException) as exc:
+                # The raw lane is primary: a decoded-lane failure never blocks it. The
+                # missing decoded segment is rebuilt from raw at the next start.
+                log.error("decoded segment %s/%s/%s not written: %s", topic, partition, name, exc)
+                decoded_ok = False
+        path = self._layout.partition_dir(Lane.RAW, topic, partition) / name
+        try:
+            size = self._durable(raw, path, {**meta, META_LANE: b"raw"}, stats=True)
+        except (OSError, pa.ArrowException) as exc:
+            raise LaneError(f"raw segment {path} not written: {exc}") from exc
+        return WrittenSegment(
+            Segment(first, last, path), raw.num_rows, size, covers_from, covers_to, decoded_ok
+        )
+
+    def _durable(
+        self, table: pa.Table, path: Path, meta: dict[bytes, bytes], *, stats: bool
+    ) -> int:
+        ensure_dir(path.parent)
+        tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+        schema_meta = dict(table.schema.metadata or {})
+        schema_meta.update(meta)
+        compression = None if self._cfg.compression == "none" else self._cfg.compression
+        level = self._cfg.compression_level if compression in ("zstd", "gzip") else None
+        columns = set(table.column_names)
+        try:
+            pq.write_table(
+                table.replace_schema_metadata(schema_meta),
+                tmp,
+                compression=compression,
+                compression_level=level,
+                row_group_size=_ROW_GROUP,
+                use_dictionary=[c for c in self._dictionary if c in columns],
+                write_statistics=[c for c in self._stats if c in columns] if stats else True,
+            )
+            if self._cfg.fsync:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if self._cfg.fsync:
+            fsync_dir(path.parent)
+        return path.stat().st_size
