@@ -49,6 +49,8 @@ class Client:
     def __init__(self, location: str, **kwargs: Any) -> None:
         self.location = location
         self._flight = fl.FlightClient(location, **kwargs)
+        # Strong references: the RecordBatchReader handed out does not keep these alive.
+        self._streams: list[fl.FlightStreamReader] = []
 
     def topics(self) -> list[str]:
         """Topics the gateway can serve."""
@@ -64,9 +66,14 @@ class Client:
         return self._flight.get_schema(desc).schema
 
     def stream(self, topic: str, **options: Any) -> pa.RecordBatchReader:
-        """One stream over all requested partitions (use ``end="follow"`` to tail)."""
+        """One stream over all requested partitions (use ``end="follow"`` to tail).
+
+        A follow stream runs until :meth:`close` (or leaving the ``with`` block).
+        """
         body = json.dumps(ticket(topic, **options)).encode()
-        return self._flight.do_get(fl.Ticket(body)).to_reader()
+        reader = self._flight.do_get(fl.Ticket(body))
+        self._streams.append(reader)
+        return reader.to_reader()
 
     def read(self, topic: str, *, parallel: int = 4, **options: Any) -> pa.Table:
         """A bounded read as one table, fetching the partitions' endpoints in parallel.
@@ -89,6 +96,14 @@ class Client:
         return pa.concat_tables(tables)
 
     def close(self) -> None:
+        """Cancel open streams (a follow stream ends on the server too), then close.
+
+        gRPC does not cancel in-flight calls when a channel closes, so a follow stream
+        would otherwise keep running on the gateway.
+        """
+        for reader in self._streams:
+            reader.cancel()
+        self._streams.clear()
         self._flight.close()
 
     def __enter__(self) -> Client:

@@ -72,19 +72,11 @@ class JsonArrowDecoder:
         flat = pc.replace_substring(values, b"\r", b" ")
         flat = pc.replace_substring(flat, b"\n", b" ")
 
-        pieces: list[_Piece] = []
-        for _attempt in range(3):
-            pieces, piece_failures = self._isolate(flat, candidates)
-            try:
-                merged = self._merge(pieces)
-                break
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                # Two good pieces inferred one new field with different types: pin the
-                # first piece's types and decode again, so the later piece fails alone.
-                self._pin(pieces[0].table.schema)
-        else:  # pragma: no cover - the third attempt runs fully pinned
-            merged = self._merge(pieces[:1])
+        pieces, piece_failures = self._isolate(flat, candidates)
         failures.extend(piece_failures)
+        pieces, conflicts = self._fit(flat, pieces)
+        failures.extend(conflicts)
+        merged = self._merge(pieces)
 
         merged, reserved = self._drop_reserved(merged, pieces)
         failures.extend(reserved)
@@ -118,7 +110,7 @@ class JsonArrowDecoder:
         return out
 
     def _explicit_schema(self) -> pa.Schema:
-        return pa.schema([f for f in self._schema if not pa.types.is_null(f.type)])
+        return pa.schema([f for f in self._schema if not _has_null(f.type)])
 
     def _parse(self, values: pa.Array, *, single_block: bool = False) -> pa.Table:
         joined = pc.binary_join(pa.ListArray.from_arrays([0, len(values)], values), b"\n")
@@ -218,6 +210,40 @@ class JsonArrowDecoder:
         pieces.sort(key=lambda p: int(p.rows[0]))
         return pieces, failures
 
+    def _fit(
+        self, values: pa.Array, pieces: list[_Piece]
+    ) -> tuple[list[_Piece], list[DecodeFailure]]:
+        """Keep pieces whose inferred types unify with the lane schema.
+
+        Only fields whose type still contains ``null`` (seen empty so far) are inferred
+        rather than pinned, so a conflict here is rare; a piece that conflicts is parsed
+        row by row and only the rows that contradict the schema fail.
+        """
+        acc = self._schema
+        kept: list[_Piece] = []
+        failures: list[DecodeFailure] = []
+        for piece in pieces:
+            try:
+                acc = _unify(acc, piece.table.schema)
+                kept.append(piece)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
+            for row in piece.rows:
+                one = np.array([row])
+                table, error, reason = self._try(values, one)
+                try:
+                    if table is None:
+                        raise pa.ArrowInvalid(error or "")
+                    acc = _unify(acc, table.schema)
+                    kept.append(_Piece(one, table))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                    failures.append(
+                        DecodeFailure(int(row), DecodeReason.TYPE_CONFLICT, f"{exc}")
+                    )
+        kept.sort(key=lambda p: int(p.rows[0]))
+        return kept, failures
+
     def _merge(self, pieces: list[_Piece]) -> pa.Table:
         if not pieces:
             return self._schema.empty_table()
@@ -246,7 +272,7 @@ class JsonArrowDecoder:
         return table.drop_columns(reserved), failures
 
     def _pin(self, seen: pa.Schema) -> None:
-        self._schema = pa.unify_schemas([self._schema, seen], promote_options="permissive")
+        self._schema = _unify(self._schema, seen)
 
     def _conform(self, table: pa.Table) -> pa.Table:
         return conform(table, self._schema)
@@ -273,3 +299,14 @@ def _classify(message: str) -> DecodeReason:
 def _row_hint(message: str) -> int | None:
     match = _ROW_HINT.search(message)
     return int(match.group(1)) if match else None
+
+
+def _unify(a: pa.Schema, b: pa.Schema) -> pa.Schema:
+    return pa.unify_schemas([a, b], promote_options="permissive")
+
+
+def _has_null(t: pa.DataType) -> bool:
+    """True when ``t`` is null or nests a null (``list<null>``, ``struct<x: null>``)."""
+    if pa.types.is_null(t):
+        return True
+    return any(_has_null(t.field(i).type) for i in range(t.num_fields))

@@ -11,12 +11,17 @@ from thalweg.records.columns import DECODE_ERROR, MetadataColumns
 def decode_batch(
     decoder: ArrowDecoder, raw: pa.RecordBatch, columns: MetadataColumns
 ) -> tuple[pa.Table, DecodeResult]:
-    """Decode ``raw``'s values; the result holds the same rows in the same order."""
+    """Decode ``raw``'s values; the result holds the same rows in the same order.
+
+    Assembled column by column: a payload table can have no columns at all (every value
+    a tombstone or a failure), and a zero-column table cannot carry a row count.
+    """
     result = decoder.decode(raw.column(columns.value))
-    table = result.table
+    fields = list(result.table.schema)
+    arrays = list(result.table.columns)
     for f in columns.locator_fields:
-        table = table.append_column(f, pa.chunked_array([raw.column(f.name)]))
-    table = table.append_column(
-        pa.field(columns.decode_error, DECODE_ERROR[1]), pa.chunked_array([result.errors])
-    )
-    return table, result
+        fields.append(f)
+        arrays.append(pa.chunked_array([raw.column(f.name)]))
+    fields.append(pa.field(columns.decode_error, DECODE_ERROR[1]))
+    arrays.append(pa.chunked_array([result.errors]))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), result

@@ -50,6 +50,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         super().__init__(location, **kwargs)
         self._catalog = catalog
         self._metrics = metrics
+        self._closing = False
         host = location.split("://", 1)[1].rsplit(":", 1)[0]
         self.url = advertise or f"grpc://{host}:{self.port}"
 
@@ -104,7 +105,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         def batches() -> Iterator[pa.RecordBatch]:
             streams.inc()
             try:
-                for batch in read_stream(self._catalog, plan, context.is_cancelled):
+                def stopped() -> bool:
+                    return self._closing or bool(context.is_cancelled())
+
+                for batch in read_stream(self._catalog, plan, stopped):
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                     yield batch
@@ -112,6 +116,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 streams.dec()
 
         return fl.GeneratorStream(plan.schema, batches())
+
+    def shutdown(self) -> None:
+        """End follow streams, then stop (gRPC waits for open calls to finish)."""
+        self._closing = True
+        super().shutdown()
 
     # -- helpers -------------------------------------------------------------------
 
