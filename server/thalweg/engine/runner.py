@@ -133,6 +133,29 @@ class SourceRunner:
     # -- rebalance -----------------------------------------------------------------
 
     async def _on_assigned(self, keys: list[PartitionKey]) -> None:
+        try:
+            await self._assign(keys)
+        except Exception as exc:
+            # aiokafka only logs a failing listener and carries on; a partition without a
+            # resume position must never be consumed, so the runner stops instead.
+            self._fatal = exc
+            raise
+
+    async def _on_revoked(self, keys: list[PartitionKey]) -> None:
+        try:
+            for key in keys:
+                await self._flush_now(key)
+                self._parts.pop(key, None)
+        except Exception as exc:
+            self._fatal = exc
+            raise
+
+    async def _assign(self, keys: list[PartitionKey]) -> None:
+        # aiokafka keeps fetching while this callback awaits. Until a partition's resume
+        # position is known and its buffer exists, records fetched for it would have
+        # nowhere to go, so the partitions stay paused until then (synchronously, before
+        # the first await).
+        self.source.pause(keys)
         for key in keys:
             topic, partition = key
             missing = await asyncio.to_thread(repair, self.ctx.layout, topic, partition)
@@ -159,11 +182,8 @@ class SourceRunner:
                 "assigned %s[%d]: committed=%s lane_end=%s resume=%s",
                 topic, partition, committed, cov.end, resume,
             )
-
-    async def _on_revoked(self, keys: list[PartitionKey]) -> None:
-        for key in keys:
-            await self._flush_now(key)
-            self._parts.pop(key, None)
+        if not self._paused:
+            self.source.resume(keys)
 
     def _redecode(self, topic: str, partition: int, segments: list[Segment]) -> None:
         """Rebuild decoded segments that a failed decoded write left missing."""
@@ -186,7 +206,10 @@ class SourceRunner:
 
     async def _ingest(self, key: PartitionKey, records: list[object]) -> None:
         buf = self._parts.get(key)
-        if buf is None:  # revoked while the fetch was in flight
+        if buf is None:
+            # Only possible for a partition revoked while its fetch was in flight: it is
+            # not ours any more and nothing of it was committed, so the new owner reads it.
+            log.debug("dropping %d records of unowned %s[%d]", len(records), *key)
             return
         ctx = self.ctx
         raw = build_raw_batch(

@@ -79,14 +79,16 @@ class KafkaSource:
         """Connect and join the group; partitions arrive through ``on_assigned``."""
         consumer = AIOKafkaConsumer(**self._kwargs())
         consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
+        # Set before start(): the first assignment can arrive while start() still runs.
+        self._consumer = consumer
         try:
             await consumer.start()
         except KafkaError as exc:
+            self._consumer = None
             await consumer.stop()
             raise SourceError(
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
-        self._consumer = consumer
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, list[Any]]:
         """Records fetched since the last call, grouped by partition, in offset order."""

@@ -1,0 +1,80 @@
+"""JSON decoding: aligned rows, per-record failures with reasons, a pinned schema."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from thalweg.codecs import DecodeReason, JsonArrowDecoder
+from thalweg.records import MetadataColumns
+
+
+def decode(values: list[bytes | None], d: JsonArrowDecoder | None = None):  # type: ignore[no-untyped-def]
+    d = d or JsonArrowDecoder(MetadataColumns())
+    return d, d.decode(pa.array(values, pa.binary()))
+
+
+def reasons(result) -> dict[int, DecodeReason]:  # type: ignore[no-untyped-def]
+    return {f.row: f.reason for f in result.failures}
+
+
+def test_good_bad_and_tombstones_stay_aligned() -> None:
+    values = [
+        b'{"a": 1, "n": {"x": 1}}',
+        None,
+        b"",
+        b"   ",
+        b'{"a":\n 2}',
+        b"not json",
+        b'{"a": 1} {"a": 2}',
+        b"5",
+        b'{"a": 3, "b": true}',
+    ]
+    _, r = decode(values)
+    assert r.table.num_rows == len(values)
+    assert r.table.column("a").to_pylist() == [1, None, None, None, 2, None, None, None, 3]
+    assert reasons(r) == {
+        2: DecodeReason.EMPTY,
+        3: DecodeReason.EMPTY,
+        5: DecodeReason.SYNTAX,
+        6: DecodeReason.NOT_ONE_RECORD,
+        7: DecodeReason.NOT_ONE_RECORD,
+    }
+    errors = r.errors.to_pylist()
+    assert errors[1] is None and errors[0] is None  # a tombstone is not an error
+    assert errors[5].startswith("syntax:")
+
+
+def test_schema_is_pinned_and_conflicts_fail_alone() -> None:
+    d, _ = decode([b'{"id": 1, "name": "a"}'])
+    _, r = decode([b'{"id": "x"}', b'{"id": 2, "extra": [1]}'], d)
+    assert reasons(r) == {0: DecodeReason.TYPE_CONFLICT}
+    assert r.table.column("id").to_pylist() == [None, 2]
+    assert d.schema.field("id").type == pa.int64()
+    assert d.schema.names == ["id", "name", "extra"]
+
+
+def test_fields_first_seen_empty_get_their_type_later() -> None:
+    d, _ = decode([b'{"tags": [], "s": {"a": null}}'])
+    _, r = decode([b'{"tags": ["x"], "s": {"a": 1}}'], d)
+    assert r.failures == ()
+    assert d.schema.field("tags").type == pa.list_(pa.string())
+
+
+def test_reserved_prefix_is_a_hard_error() -> None:
+    _, r = decode([b'{"_twg_source_offset": 5, "a": 1}', b'{"a": 2}'])
+    assert reasons(r) == {0: DecodeReason.RESERVED_FIELD}
+    assert "_twg_source_offset" not in r.table.column_names
+    assert r.table.column("a").to_pylist() == [None, 2]
+
+
+def test_many_poison_records_are_all_found() -> None:
+    values: list[bytes | None] = [json.dumps({"i": i}).encode() for i in range(5000)]
+    bad = set(range(0, 5000, 97))
+    for i in bad:
+        values[i] = b'{"i": '
+    _, r = decode(values)
+    assert set(reasons(r)) == bad
+    got = r.table.column("i").to_pylist()
+    assert all(got[i] == i for i in range(5000) if i not in bad)

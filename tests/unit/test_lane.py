@@ -1,0 +1,88 @@
+"""Lane files: durable writes, naming, coverage, resume and crash repair."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from thalweg.config.models import RawLaneConfig
+from thalweg.errors import PrefixMismatchError
+from thalweg.lane import Coverage, Lane, LaneLayout, SegmentWriter, resume_position, scan_coverage
+from thalweg.lane.coverage import repair
+from thalweg.records import MetadataColumns, build_raw_batch
+
+COLS = MetadataColumns()
+R = namedtuple("R", "topic partition offset timestamp timestamp_type key value headers")
+
+
+def raw(offsets: list[int]) -> pa.Table:
+    recs = [R("t", 0, o, 0, 0, None, b"{}", ()) for o in offsets]
+    return pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)])
+
+
+def writer(tmp_path: Path) -> tuple[LaneLayout, SegmentWriter]:
+    layout = LaneLayout(tmp_path)
+    return layout, SegmentWriter(layout, COLS, RawLaneConfig())
+
+
+def test_segment_names_layout_and_footer(tmp_path: Path) -> None:
+    layout, w = writer(tmp_path)
+    out = w.write("t", 0, raw([5, 6, 7]), None, 5, 8)
+    assert out.segment.path == tmp_path / "raw/topic=t/partition=0/00000000000000000005-00000000000000000007.parquet"
+    meta = pq.read_schema(out.segment.path).metadata
+    assert meta[b"thalweg.covers_from"] == b"5" and meta[b"thalweg.covers_to"] == b"8"
+    assert not [p for p in out.segment.path.parent.iterdir() if ".tmp-" in p.name]
+    assert pq.read_table(out.segment.path).num_rows == 3
+
+
+def test_coverage_bridges_skipped_offsets(tmp_path: Path) -> None:
+    layout, w = writer(tmp_path)
+    w.write("t", 0, raw([0, 1, 2]), None, 0, 3)
+    w.write("t", 0, raw([5, 6]), None, 3, 7)  # offsets 3-4 were transaction markers
+    w.write("t", 0, raw([20]), None, 15, 21)  # a real gap: 7..14 missing
+    cov = scan_coverage(layout, "t", 0)
+    assert cov.ranges == [(0, 7), (15, 21)]
+
+
+@pytest.mark.parametrize(
+    ("ranges", "committed", "expected"),
+    [
+        ([], None, None),
+        ([(0, 10)], None, 10),
+        ([(0, 10)], 4, 10),  # crash between rename and commit: the lane wins
+        ([(0, 10)], 10, 10),
+        ([(0, 10)], 25, 25),  # lane lost: the committed offset wins
+        ([(0, 10), (15, 20)], 3, 10),  # resume at the end of the run that holds it
+    ],
+)
+def test_resume_position(ranges: list[tuple[int, int]], committed: int | None, expected: int | None) -> None:
+    cov = Coverage()
+    for a, b in ranges:
+        cov.add(a, b)
+    assert resume_position(cov, committed) == expected
+
+
+def test_repair_removes_temp_files_and_orphans(tmp_path: Path) -> None:
+    layout, w = writer(tmp_path)
+    w.write("t", 0, raw([0, 1]), raw([0, 1]), 0, 2)
+    raw_dir = layout.partition_dir(Lane.RAW, "t", 0)
+    dec_dir = layout.partition_dir(Lane.DECODED, "t", 0)
+    (raw_dir / "00000000000000000002-00000000000000000003.parquet.tmp-99").write_bytes(b"x")
+    orphan = dec_dir / "00000000000000000002-00000000000000000003.parquet"
+    orphan.write_bytes(b"x")
+    w.write("t", 0, raw([4]), None, 2, 5)  # decoded write skipped
+    missing = repair(layout, "t", 0)
+    assert not orphan.exists()
+    assert [p.name for p in raw_dir.iterdir() if ".tmp-" in p.name] == []
+    assert [s.first for s in missing] == [4]
+
+
+def test_prefix_change_is_refused(tmp_path: Path) -> None:
+    LaneLayout(tmp_path).claim("_twg_")
+    LaneLayout(tmp_path).claim("_twg_")
+    with pytest.raises(PrefixMismatchError, match="refused"):
+        LaneLayout(tmp_path).claim("_x_")

@@ -1,0 +1,44 @@
+"""Flight tickets: the JSON form, defaults, and errors that say what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from thalweg.errors import TicketError
+from thalweg.flight.tickets import OffsetPosition, TimestampPosition, parse_ticket
+
+
+def test_full_ticket() -> None:
+    t = parse_ticket(json.dumps({
+        "topic": "orders", "lane": "decoded", "partitions": [0, 2], "start": "earliest",
+        "end": "now", "metadata": "locator",
+    }).encode())
+    assert t.partitions == [0, 2] and t.start == "earliest" and t.end == "now"
+
+
+def test_defaults_and_positions() -> None:
+    t = parse_ticket(b'{"topic": "o", "start": {"offset": 5}, "end": {"timestamp_ms": 9}}')
+    assert t.lane.value == "decoded" and t.metadata.value == "locator"
+    assert t.start == OffsetPosition(offset=5) and t.end == TimestampPosition(timestamp_ms=9)
+    assert parse_ticket(t.to_bytes()) == t
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"\xff", "not a JSON object"),
+        (b"3", "not a JSON object"),
+        (b"{}", "'topic'"),
+        (b'{"topic": "o", "lane": "x"}', "decoded | raw"),
+        (b'{"topic": "o", "start": {"offset": -1}}', "start"),
+        (b'{"topic": "o", "end": "later"}', "now | follow"),
+        (b'{"topic": "o", "partitions": [-1]}', "partitions"),
+        (b'{"topic": "o", "extra": 1}', "extra"),
+        (b'{"topic": "o", "v": 9}', "version"),
+    ],
+)
+def test_invalid_tickets(body: bytes, needle: str) -> None:
+    with pytest.raises(TicketError, match=needle.replace("|", r"\|")):
+        parse_ticket(body)
