@@ -1,0 +1,28 @@
+# The README's commands. Each target sets up what it needs in .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: quickstart test lint bench clean
+
+$(BIN)/twg: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/twg
+
+quickstart: $(BIN)/twg
+	$(BIN)/twg quickstart
+
+test: $(BIN)/twg
+	$(BIN)/pytest -q
+
+lint: $(BIN)/twg
+	$(BIN)/ruff check server client tests load-tests
+	$(BIN)/mypy
+
+bench: $(BIN)/twg
+	$(BIN)/python load-tests/ingest_bench.py
+
+clean:
+	rm -rf $(VENV) twg-quickstart .pytest_cache .mypy_cache .ruff_cache
