@@ -48,8 +48,15 @@ def make_value(i: int) -> bytes:
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int) -> int:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1 << 20,
-                  "queue.buffering.max.messages": 2_000_000, "log_level": 2})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1 << 20,
+            "queue.buffering.max.messages": 2_000_000,
+            "log_level": 2,
+        }
+    )
     total = 0
     for i in range(n):
         v = make_value(i)
@@ -67,10 +74,17 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int) -> int:
 
 
 async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
-    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"bare-{uuid.uuid4().hex[:6]}",
-                         auto_offset_reset="earliest", enable_auto_commit=False,
-                         session_timeout_ms=6000, heartbeat_interval_ms=1000,
-                         max_partition_fetch_bytes=8 << 20, fetch_max_bytes=50 << 20)
+    c = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"bare-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=50 << 20,
+    )
     await c.start()
     start = time.perf_counter()
     seen = 0
@@ -104,9 +118,19 @@ heartbeat_interval_ms = 1000
         watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 2})
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "thalweg.cli.main", "--log-level",
-                                 "warning", "stream", "--config", str(cfg)],
-                                stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "thalweg.cli.main",
+                "--log-level",
+                "warning",
+                "stream",
+                "--config",
+                str(cfg),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         first_commit = None
         try:
             while True:
@@ -130,11 +154,17 @@ heartbeat_interval_ms = 1000
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--format", choices=["json", "none"], default="json",
-                    help="decoded lane format (none: raw lane only)")
+    ap.add_argument(
+        "--format",
+        choices=["json", "none"],
+        default="json",
+        help="decoded lane format (none: raw lane only)",
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -143,15 +173,23 @@ def main() -> None:
         admin.create_topics([NewTopic(topic, parts, 1)])[topic].result(10)
         t = time.perf_counter()
         value_bytes = produce(broker.bootstrap, topic, n, parts)
-        print(f"produced {n:,} records ({value_bytes / n:.0f} B avg) in {time.perf_counter() - t:.1f}s")
+        took = time.perf_counter() - t
+        print(f"produced {n:,} records ({value_bytes / n:.0f} B avg) in {took:.1f}s")
         bare = asyncio.run(bare_aiokafka(broker.bootstrap, topic, n))
         total, steady = thalweg(broker.bootstrap, topic, n, parts, args.format)
     mb = value_bytes / 1e6
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"(a) bare aiokafka getmany count : {n / bare:10,.0f} rec/s  {mb / bare:7.1f} MB/s  ({bare:.2f}s)")
-    print(f"(b) twg stream (format={args.format}) + commit: {n / total:10,.0f} rec/s  {mb / total:7.1f} MB/s  ({total:.2f}s incl. start-up)")
+    py = platform.python_version()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}")
+    a_rate, b_rate = n / bare, n / total
+    print(f"(a) bare aiokafka getmany count : {a_rate:10,.0f} rec/s  {mb / bare:7.1f} MB/s")
+    print(
+        f"(b) twg stream format={args.format:4} + commit: {b_rate:10,.0f} rec/s  "
+        f"{mb / total:7.1f} MB/s  ({total:.2f}s incl. start-up)"
+    )
     print(f"    twg stream steady state       : {steady:10,.0f} rec/s")
-    print(f"ratio (b)/(a): {bare / total:.2f} (whole run), {steady / (n / bare):.2f} (steady state)")
+    print(
+        f"ratio (b)/(a): {bare / total:.2f} (whole run), {steady / (n / bare):.2f} (steady state)"
+    )
 
 
 if __name__ == "__main__":

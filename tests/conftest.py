@@ -98,9 +98,7 @@ class RunningGateway:
         """Wait until each partition's durable end reaches ``counts[p]``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(
-                self.gateway.catalog.durable_end(topic, p) >= n for p, n in counts.items()
-            ):
+            if all(self.gateway.catalog.durable_end(topic, p) >= n for p, n in counts.items()):
                 return
             if self.errors:
                 raise self.errors[0]
@@ -110,9 +108,7 @@ class RunningGateway:
 
 
 @pytest.fixture
-def gateway_factory(
-    broker: TansuBroker, tmp_path: Path
-) -> Iterator[Callable[..., RunningGateway]]:
+def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
     running: list[RunningGateway] = []
 
     def start(
@@ -181,7 +177,11 @@ def produce_aio(
         try:
             for key, value, headers, ts in records:
                 await p.send_and_wait(
-                    topic, value, key=key, partition=partition, headers=headers or None,
+                    topic,
+                    value,
+                    key=key,
+                    partition=partition,
+                    headers=headers or None,
                     timestamp_ms=ts,
                 )
         finally:

@@ -60,10 +60,18 @@ max_poll_records = 2000
 
 def start_gateway(config: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream",
-         "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "thalweg.cli.main",
+            "--log-level",
+            "warning",
+            "stream",
+            "--config",
+            str(config),
+        ],
         stdout=subprocess.DEVNULL,
-        stderr=open(log, "ab"),  # noqa: SIM115
+        stderr=open(log, "ab"),
         start_new_session=True,
     )
 
@@ -93,8 +101,12 @@ def test_sigkill_loses_and_duplicates_nothing(
     layout = LaneLayout(data)
 
     observer = Consumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": group, "log_level": 2,
-         "enable.auto.commit": False}
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "log_level": 2,
+            "enable.auto.commit": False,
+        }
     )
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     violations: list[str] = []

@@ -49,19 +49,37 @@ def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ("[[sources]]\nname='a'\nkind='kafka'\ntopics=['x']\n", "sources.0.bootstrap_servers: Field required"),
-        ("[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=[]\n", "sources.0.topics"),
-        ("[gateway]\nflight_listen='localhost'\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n", "gateway.flight_listen"),
-        ("[gateway]\ndata_dri='x'\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n", "gateway.data_dri: Extra inputs are not permitted"),
-        ("[[sources]]\nname='a'\nkind='pulsar'\nbootstrap_servers='h:1'\ntopics=['x']\n", "sources.0"),
-        ("[raw_lane]\nroll_rows=0\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n", "raw_lane.roll_rows"),
+        (
+            "[[sources]]\nname='a'\nkind='kafka'\ntopics=['x']\n",
+            "sources.0.bootstrap_servers: Field required",
+        ),
+        (
+            "[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=[]\n",
+            "sources.0.topics",
+        ),
+        (
+            "[gateway]\nflight_listen='localhost'\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
+            "gateway.flight_listen",
+        ),
+        (
+            "[gateway]\ndata_dri='x'\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
+            "gateway.data_dri: Extra inputs are not permitted",
+        ),
+        (
+            "[[sources]]\nname='a'\nkind='pulsar'\nbootstrap_servers='h:1'\ntopics=['x']\n",
+            "sources.0",
+        ),
+        (
+            "[raw_lane]\nroll_rows=0\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
+            "raw_lane.roll_rows",
+        ),
         ("this is = not toml [", "not valid TOML"),
     ],
 )
 def test_validate_names_the_bad_key(tmp_path: Path, body: str, needle: str) -> None:
     f = tmp_path / "bad.toml"
     f.write_text(body)
-    code, out, err = run("config", "validate", str(f))
+    code, _out, err = run("config", "validate", str(f))
     assert code == 2
     assert needle in err
     assert len(err.strip().splitlines()) == 1, "one clear line"
@@ -95,8 +113,20 @@ def test_help_is_useful() -> None:
 @pytest.mark.slow
 def test_quickstart_serves_a_read_and_stops_cleanly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thalweg.cli.main", "quickstart", "--flight-port", "0",
-         "--http-port", "0", "--rate", "50", "--data-dir", str(tmp_path / "qs")],
+        [
+            sys.executable,
+            "-m",
+            "thalweg.cli.main",
+            "quickstart",
+            "--flight-port",
+            "0",
+            "--http-port",
+            "0",
+            "--rate",
+            "50",
+            "--data-dir",
+            str(tmp_path / "qs"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,

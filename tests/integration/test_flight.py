@@ -22,7 +22,9 @@ pytestmark = pytest.mark.integration
 def produce_json(producer: Producer, topic: str, partitions: int, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         doc = {"id": i, "name": f"n{i}", "price": i * 0.5, "tags": ["a", "b"][: i % 3]}
-        producer.produce(topic, json.dumps(doc).encode(), key=str(i).encode(), partition=i % partitions)
+        producer.produce(
+            topic, json.dumps(doc).encode(), key=str(i).encode(), partition=i % partitions
+        )
     producer.flush(10)
 
 
@@ -67,8 +69,13 @@ def test_decoded_lane_has_payload_and_locator(loaded: tuple[str, RunningGateway]
         full = client.read(topic, metadata="all", partitions=[1])
     assert table.num_rows == 300
     assert sorted(table.column("id").to_pylist()) == list(range(300))
-    for name in ("_twg_source_topic", "_twg_source_partition", "_twg_source_offset",
-                 "_twg_record_id", "_twg_decode_error"):
+    for name in (
+        "_twg_source_topic",
+        "_twg_source_partition",
+        "_twg_source_offset",
+        "_twg_record_id",
+        "_twg_decode_error",
+    ):
         assert name in table.column_names
     assert table.column("_twg_decode_error").null_count == 300
     assert [n for n in none.column_names if n.startswith("_twg_")] == []
@@ -164,4 +171,6 @@ def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> Non
         message = str(info.value).split(". Detail:")[0]
         assert needle in message, (body, message)
     # The server is still serving after all that.
-    assert client.do_get(fl.Ticket(json.dumps({"topic": topic}).encode())).read_all().num_rows == 300
+    assert (
+        client.do_get(fl.Ticket(json.dumps({"topic": topic}).encode())).read_all().num_rows == 300
+    )

@@ -7,8 +7,16 @@ import importlib
 import pytest
 
 MODULES = [
-    "thalweg", "thalweg.records", "thalweg.codecs", "thalweg.config", "thalweg.lane",
-    "thalweg.flight", "thalweg.engine", "thalweg.embedded", "thalweg.sources", "thalweg_client",
+    "thalweg",
+    "thalweg.records",
+    "thalweg.codecs",
+    "thalweg.config",
+    "thalweg.lane",
+    "thalweg.flight",
+    "thalweg.engine",
+    "thalweg.embedded",
+    "thalweg.sources",
+    "thalweg_client",
 ]
 
 

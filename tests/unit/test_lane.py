@@ -30,9 +30,12 @@ def writer(tmp_path: Path) -> tuple[LaneLayout, SegmentWriter]:
 
 
 def test_segment_names_layout_and_footer(tmp_path: Path) -> None:
-    layout, w = writer(tmp_path)
+    _layout, w = writer(tmp_path)
     out = w.write("t", 0, raw([5, 6, 7]), None, 5, 8)
-    assert out.segment.path == tmp_path / "raw/topic=t/partition=0/00000000000000000005-00000000000000000007.parquet"
+    assert (
+        out.segment.path
+        == tmp_path / "raw/topic=t/partition=0/00000000000000000005-00000000000000000007.parquet"
+    )
     meta = pq.read_schema(out.segment.path).metadata
     assert meta[b"thalweg.covers_from"] == b"5" and meta[b"thalweg.covers_to"] == b"8"
     assert not [p for p in out.segment.path.parent.iterdir() if ".tmp-" in p.name]
@@ -59,7 +62,9 @@ def test_coverage_bridges_skipped_offsets(tmp_path: Path) -> None:
         ([(0, 10), (15, 20)], 3, 10),  # resume at the end of the run that holds it
     ],
 )
-def test_resume_position(ranges: list[tuple[int, int]], committed: int | None, expected: int | None) -> None:
+def test_resume_position(
+    ranges: list[tuple[int, int]], committed: int | None, expected: int | None
+) -> None:
     cov = Coverage()
     for a, b in ranges:
         cov.add(a, b)

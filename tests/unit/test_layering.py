@@ -13,8 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "server" / "thalweg"
 FORBIDDEN_EXTERNAL = {
-    "aiokafka", "confluent_kafka", "pulsar", "asyncio", "socket", "grpc", "http",
-    "selectors", "ssl", "subprocess",
+    "aiokafka",
+    "confluent_kafka",
+    "pulsar",
+    "asyncio",
+    "socket",
+    "grpc",
+    "http",
+    "selectors",
+    "ssl",
+    "subprocess",
 }
 ALLOWED_INTERNAL = {
     "records": {"thalweg.records", "thalweg.errors"},

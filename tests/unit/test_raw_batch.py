@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyarrow import ipc
 
 from thalweg.records import MetadataColumns, build_raw_batch
 from thalweg.records.record_id import record_ids
@@ -55,7 +55,12 @@ def test_headers_keep_order_duplicates_and_nulls() -> None:
 
 
 def test_timestamps_and_types() -> None:
-    b = batch([Rec(0, None, b"", timestamp=-5, timestamp_type=0), Rec(1, None, b"", timestamp=7, timestamp_type=1)])
+    b = batch(
+        [
+            Rec(0, None, b"", timestamp=-5, timestamp_type=0),
+            Rec(1, None, b"", timestamp=7, timestamp_type=1),
+        ]
+    )
     assert b.column(COLS.timestamp).cast(pa.int64()).to_pylist() == [-5, 7]
     assert b.column(COLS.source("timestamp_type")).to_pylist() == ["CreateTime", "LogAppendTime"]
 
@@ -88,7 +93,9 @@ def test_prefix_is_configurable_and_validated() -> None:
         raise AssertionError(f"prefix {bad!r} accepted")
 
 
-header = st.tuples(st.one_of(st.text(max_size=8), st.binary(max_size=8)), st.none() | st.binary(max_size=8))
+header = st.tuples(
+    st.one_of(st.text(max_size=8), st.binary(max_size=8)), st.none() | st.binary(max_size=8)
+)
 record = st.tuples(
     st.none() | st.binary(max_size=32),
     st.none() | st.binary(max_size=64),

@@ -11,10 +11,18 @@ from thalweg.flight.tickets import OffsetPosition, TimestampPosition, parse_tick
 
 
 def test_full_ticket() -> None:
-    t = parse_ticket(json.dumps({
-        "topic": "orders", "lane": "decoded", "partitions": [0, 2], "start": "earliest",
-        "end": "now", "metadata": "locator",
-    }).encode())
+    t = parse_ticket(
+        json.dumps(
+            {
+                "topic": "orders",
+                "lane": "decoded",
+                "partitions": [0, 2],
+                "start": "earliest",
+                "end": "now",
+                "metadata": "locator",
+            }
+        ).encode()
+    )
     assert t.partitions == [0, 2] and t.start == "earliest" and t.end == "now"
 
 

@@ -33,12 +33,18 @@ def _setup_logging(level: str) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="twg")
 @click.option(
-    "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
     help="How results and errors are printed.",
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-    show_default=True, help="Log verbosity (logs go to stderr).",
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Log verbosity (logs go to stderr).",
 )
 @click.pass_context
 def cli(ctx: click.Context, output: str, log_level: str) -> None:
@@ -69,7 +75,10 @@ def run_until_signal(main: object) -> None:
 
 @cli.command()
 @click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
     help="The TOML configuration file.",
 )
 @click.pass_context
@@ -158,20 +167,45 @@ def config_secrets(ctx: click.Context, path: Path) -> None:
 
 
 @cli.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("./twg-quickstart"), show_default=True,
-              help="Where the raw and decoded lanes are written.")
-@click.option("--flight-port", type=int, default=8815, show_default=True,
-              help="Flight port on 127.0.0.1 (0 picks a free one).")
-@click.option("--http-port", type=int, default=8080, show_default=True,
-              help="Admin HTTP port on 127.0.0.1 (0 picks a free one).")
-@click.option("--rate", type=float, default=20.0, show_default=True,
-              help="Demo orders produced per second.")
-@click.option("--duration", type=float, default=None,
-              help="Stop after this many seconds (default: run until Ctrl-C).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("./twg-quickstart"),
+    show_default=True,
+    help="Where the raw and decoded lanes are written.",
+)
+@click.option(
+    "--flight-port",
+    type=int,
+    default=8815,
+    show_default=True,
+    help="Flight port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option(
+    "--http-port",
+    type=int,
+    default=8080,
+    show_default=True,
+    help="Admin HTTP port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option(
+    "--rate", type=float, default=20.0, show_default=True, help="Demo orders produced per second."
+)
+@click.option(
+    "--duration",
+    type=float,
+    default=None,
+    help="Stop after this many seconds (default: run until Ctrl-C).",
+)
 @click.pass_context
-def quickstart(ctx: click.Context, data_dir: Path, flight_port: int, http_port: int,
-               rate: float, duration: float | None) -> None:
+def quickstart(
+    ctx: click.Context,
+    data_dir: Path,
+    flight_port: int,
+    http_port: int,
+    rate: float,
+    duration: float | None,
+) -> None:
     """Run everything locally: an embedded broker, demo orders, and the gateway.
 
     Starts a tansu broker on a free loopback port, creates the topic 'orders' with 3

@@ -116,10 +116,8 @@ class JsonArrowDecoder:
         joined = pc.binary_join(pa.ListArray.from_arrays([0, len(values)], values), b"\n")
         buf = joined[0].as_buffer()
         longest = int(pc.max(pc.binary_length(values)).as_py() or 0)
-        if single_block:
-            block = len(buf) + 1  # one block: error row numbers are exact
-        else:
-            block = max(_MIN_BLOCK, longest + 2, len(buf) // 2 + 1)
+        # One block makes the reader's error row numbers exact (used when isolating).
+        block = len(buf) + 1 if single_block else max(_MIN_BLOCK, longest + 2, len(buf) // 2 + 1)
         return pj.read_json(
             pa.BufferReader(buf),
             read_options=pj.ReadOptions(
@@ -131,9 +129,9 @@ class JsonArrowDecoder:
             ),
         )
 
-    def _try(self, values: pa.Array, rows: np.ndarray, *, single_block: bool = False) -> (
-        tuple[pa.Table | None, str | None, DecodeReason]
-    ):
+    def _try(
+        self, values: pa.Array, rows: np.ndarray, *, single_block: bool = False
+    ) -> tuple[pa.Table | None, str | None, DecodeReason]:
         """Parse ``rows``; return the table when it holds exactly one row per payload."""
         try:
             table = self._parse(values.take(pa.array(rows)), single_block=single_block)
@@ -174,7 +172,7 @@ class JsonArrowDecoder:
     def _scan(self, values: pa.Array, chunk: np.ndarray) -> list[DecodeFailure]:
         failures: list[DecodeFailure] = []
         while len(chunk):
-            table, error, reason = self._try(values, chunk, single_block=True)
+            table, error, _reason = self._try(values, chunk, single_block=True)
             if table is not None:
                 break
             hint = _row_hint(error or "")
@@ -231,16 +229,14 @@ class JsonArrowDecoder:
                 pass
             for row in piece.rows:
                 one = np.array([row])
-                table, error, reason = self._try(values, one)
+                table, error, _reason = self._try(values, one)
                 try:
                     if table is None:
                         raise pa.ArrowInvalid(error or "")
                     acc = _unify(acc, table.schema)
                     kept.append(_Piece(one, table))
                 except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                    failures.append(
-                        DecodeFailure(int(row), DecodeReason.TYPE_CONFLICT, f"{exc}")
-                    )
+                    failures.append(DecodeFailure(int(row), DecodeReason.TYPE_CONFLICT, f"{exc}"))
         kept.sort(key=lambda p: int(p.rows[0]))
         return kept, failures
 
@@ -257,7 +253,7 @@ class JsonArrowDecoder:
         if not reserved:
             return table, []
         rows = np.concatenate([p.rows for p in pieces])
-        failures = []
+        failures: list[DecodeFailure] = []
         for name in reserved:
             hit = np.flatnonzero(np.asarray(table.column(name).is_valid()))
             failures.extend(

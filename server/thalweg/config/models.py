@@ -132,8 +132,8 @@ SourceConfig = Annotated[KafkaSourceConfig, Field(discriminator="kind")]
 class ThalwegConfig(_Model):
     """The whole file."""
 
-    gateway: GatewayConfig = GatewayConfig()
-    raw_lane: RawLaneConfig = RawLaneConfig()
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    raw_lane: RawLaneConfig = Field(default_factory=RawLaneConfig)
     sources: list[SourceConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -62,10 +63,8 @@ async def produce_orders(
             next_at += interval
             delay = next_at - time.monotonic()
             if delay > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
         await producer.flush()
     finally:
         await producer.stop()

@@ -61,10 +61,14 @@ class TansuBroker:
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
             [
-                tansu_binary(), "broker",
-                "--listener-url", url,
-                "--advertised-listener-url", url,
-                "--storage-engine", self.storage,
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                self.storage,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -44,8 +44,9 @@ class PartitionBuffer:
     def __post_init__(self) -> None:
         self.next_pos = self.durable
 
-    def append(self, raw: pa.RecordBatch, decoded: pa.Table | None, first: int, last: int,
-               now: float) -> None:
+    def append(
+        self, raw: pa.RecordBatch, decoded: pa.Table | None, first: int, last: int, now: float
+    ) -> None:
         if not self.raws:
             self.opened_at = now
             self.covers_from = self.next_pos if self.next_pos is not None else first
@@ -65,7 +66,9 @@ class PartitionBuffer:
         )
 
     def take(self) -> Pending:
-        assert self.raws and self.covers_from is not None and self.next_pos is not None
+        assert self.raws
+        assert self.covers_from is not None
+        assert self.next_pos is not None
         pending = Pending(self.raws, self.decoded, self.covers_from, self.next_pos, self.nbytes)
         self.in_flight_bytes += self.nbytes
         self.raws, self.decoded, self.rows, self.nbytes = [], [], 0, 0

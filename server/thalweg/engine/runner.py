@@ -180,7 +180,11 @@ class SourceRunner:
                 await self._commit(buf)
             log.info(
                 "assigned %s[%d]: committed=%s lane_end=%s resume=%s",
-                topic, partition, committed, cov.end, resume,
+                topic,
+                partition,
+                committed,
+                cov.end,
+                resume,
             )
         if not self._paused:
             self.source.resume(keys)
@@ -281,7 +285,12 @@ class SourceRunner:
                 try:
                     written = await asyncio.to_thread(
                         self.ctx.writer.write,
-                        key[0], key[1], raw, decoded, pending.covers_from, pending.covers_to,
+                        key[0],
+                        key[1],
+                        raw,
+                        decoded,
+                        pending.covers_from,
+                        pending.covers_to,
                     )
                     break
                 except LaneError as exc:

@@ -56,7 +56,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     # -- discovery -----------------------------------------------------------------
 
-    def list_flights(self, context: fl.ServerCallContext, criteria: bytes) -> Iterator[fl.FlightInfo]:
+    def list_flights(
+        self, context: fl.ServerCallContext, criteria: bytes
+    ) -> Iterator[fl.FlightInfo]:
         self._metrics.flight_calls.labels("list_flights").inc()
         prefix = criteria.decode("utf-8", "replace") if criteria else ""
         for topic in self._catalog.topics():
@@ -67,7 +69,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 except TicketError:
                     yield self._info(
                         fl.FlightDescriptor.for_path("topics", topic),
-                        ReadTicket(topic=topic, lane="raw"),  # type: ignore[arg-type]
+                        ReadTicket(topic=topic, lane="raw"),
                     )
 
     def get_flight_info(
@@ -105,6 +107,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         def batches() -> Iterator[pa.RecordBatch]:
             streams.inc()
             try:
+
                 def stopped() -> bool:
                     return self._closing or bool(context.is_cancelled())
 
@@ -141,10 +144,14 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             part = ticket.model_copy(update={"partitions": [r.partition]})
             endpoints.append(fl.FlightEndpoint(part.to_bytes(), [self.url]))
             if bounded:
-                total += self._catalog.durable_rows(ticket.topic, r.partition) if (
-                    ticket.start == "earliest" and ticket.end == "now"
-                ) else 0
-        total_records = total if bounded and ticket.start == "earliest" and ticket.end == "now" else -1
+                total += (
+                    self._catalog.durable_rows(ticket.topic, r.partition)
+                    if (ticket.start == "earliest" and ticket.end == "now")
+                    else 0
+                )
+        total_records = (
+            total if bounded and ticket.start == "earliest" and ticket.end == "now" else -1
+        )
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_records, -1)
 
 

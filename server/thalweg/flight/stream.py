@@ -84,6 +84,4 @@ def _shape(
         assert raw is not None
         return raw.select(plan.schema.names).cast(plan.schema)
     assert dec is not None
-    return shape_decoded(
-        dec, raw, plan.schema, catalog.columns, plan.ticket.metadata, _now_us()
-    )
+    return shape_decoded(dec, raw, plan.schema, catalog.columns, plan.ticket.metadata, _now_us())

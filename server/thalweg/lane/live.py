@@ -55,9 +55,7 @@ class LiveTail:
     def reset(self, topic: str, partition: int, position: int | None) -> None:
         """(Re)start a partition at ``position`` (an assignment or a seek)."""
         with self._cond:
-            self._parts[(topic, partition)] = _Partition(
-                durable_end=position, high_water=position
-            )
+            self._parts[(topic, partition)] = _Partition(durable_end=position, high_water=position)
             self._bump()
 
     def append(self, topic: str, partition: int, entry: LiveEntry) -> None:

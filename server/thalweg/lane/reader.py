@@ -15,7 +15,9 @@ from thalweg.records.columns import MetadataColumns
 BATCH_ROWS = 64 * 1024  # Flight is fastest at about 64k-row batches (PERFORMANCE-NOTES)
 
 
-def offset_slice(table: pa.Table | pa.RecordBatch, column: str, start: int, end: int | None) -> tuple[int, int]:
+def offset_slice(
+    table: pa.Table | pa.RecordBatch, column: str, start: int, end: int | None
+) -> tuple[int, int]:
     """Row bounds of offsets in ``[start, end)`` (offsets ascend within a partition)."""
     offsets = table.column(column).to_numpy()
     lo = int(np.searchsorted(offsets, start, side="left"))
@@ -30,9 +32,7 @@ class LaneReader:
         self._layout = layout
         self._columns = columns
 
-    def segments_between(
-        self, topic: str, partition: int, start: int, end: int
-    ) -> list[Segment]:
+    def segments_between(self, topic: str, partition: int, start: int, end: int) -> list[Segment]:
         return [
             s
             for s in self._layout.segments(Lane.RAW, topic, partition)
@@ -63,9 +63,7 @@ class LaneReader:
                 dec.slice(lo, hi - lo) if dec is not None else None,
             )
 
-    def offset_for_timestamp(
-        self, topic: str, partition: int, ts_ms: int, end: int
-    ) -> int | None:
+    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int, end: int) -> int | None:
         """The first offset below ``end`` whose record timestamp is ``>= ts_ms``.
 
         Resolved from the lane, not the broker (some brokers answer ListOffsets wrongly),

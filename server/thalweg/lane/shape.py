@@ -56,7 +56,9 @@ def shape_decoded(
     if policy is MetadataPolicy.ALL:
         assert raw is not None
         extra = {name: raw.column(name) for name in raw.column_names}
-        extra[columns.emit_ts] = constant(emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows)
+        extra[columns.emit_ts] = constant(
+            emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows
+        )
         for name, col in extra.items():
             if name not in decoded.column_names or name == columns.emit_ts:
                 decoded = decoded.append_column(name, col)

@@ -25,8 +25,11 @@ class AdminServer:
         handler = _handler(health, metrics)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
-        self.host, self.port = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="twg-admin", daemon=True)
+        address = self._server.server_address
+        self.host, self.port = str(address[0]), int(address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="twg-admin", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -56,8 +59,13 @@ def _handler(health: Health, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
             elif path == "/metrics":
                 self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
             else:
-                self._json(404, {"error": f"no such endpoint {path}", "endpoints": [
-                    "/live", "/ready", "/health", "/metrics"]})
+                self._json(
+                    404,
+                    {
+                        "error": f"no such endpoint {path}",
+                        "endpoints": ["/live", "/ready", "/health", "/metrics"],
+                    },
+                )
 
         def _json(self, status: int, body: dict[str, Any]) -> None:
             self._send(status, json.dumps(body).encode(), "application/json")

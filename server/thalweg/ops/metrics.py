@@ -17,58 +17,77 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         part = ["source", "topic", "partition"]
         self.records = Counter("twg_source_records", "Records consumed.", part, registry=r)
-        self.bytes = Counter(
-            "twg_source_bytes", "Key + value bytes consumed.", part, registry=r
-        )
+        self.bytes = Counter("twg_source_bytes", "Key + value bytes consumed.", part, registry=r)
         self.consumed = Gauge(
-            "twg_partition_consumed_offset", "Next offset after the last consumed record.", part,
+            "twg_partition_consumed_offset",
+            "Next offset after the last consumed record.",
+            part,
             registry=r,
         )
         self.durable = Gauge(
-            "twg_partition_durable_offset", "Exclusive end of the durable raw lane.", part,
+            "twg_partition_durable_offset",
+            "Exclusive end of the durable raw lane.",
+            part,
             registry=r,
         )
         self.committed = Gauge(
-            "twg_partition_committed_offset", "Offset committed to the source.", part,
+            "twg_partition_committed_offset",
+            "Offset committed to the source.",
+            part,
             registry=r,
         )
         self.raw_files = Counter(
             "twg_raw_files_written", "Raw-lane segments made durable.", ["topic"], registry=r
         )
         self.raw_bytes = Counter(
-            "twg_raw_bytes_written", "Bytes of raw-lane segments made durable.", ["topic"],
+            "twg_raw_bytes_written",
+            "Bytes of raw-lane segments made durable.",
+            ["topic"],
             registry=r,
         )
         self.raw_rows = Counter(
-            "twg_raw_rows_written", "Rows in raw-lane segments made durable.", ["topic"],
+            "twg_raw_rows_written",
+            "Rows in raw-lane segments made durable.",
+            ["topic"],
             registry=r,
         )
         self.write_seconds = Histogram(
-            "twg_raw_write_seconds", "Time to make one segment durable.", ["topic"], registry=r,
+            "twg_raw_write_seconds",
+            "Time to make one segment durable.",
+            ["topic"],
+            registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.write_errors = Counter(
             "twg_raw_write_errors", "Failed raw-lane writes (retried).", ["topic"], registry=r
         )
         self.commit_errors = Counter(
-            "twg_source_commit_errors", "Failed offset commits (retried).", ["source"],
+            "twg_source_commit_errors",
+            "Failed offset commits (retried).",
+            ["source"],
             registry=r,
         )
         self.decode_failures = Counter(
-            "twg_decode_failures", "Payloads that did not decode, by reason.",
-            ["topic", "reason"], registry=r,
+            "twg_decode_failures",
+            "Payloads that did not decode, by reason.",
+            ["topic", "reason"],
+            registry=r,
         )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )
         self.paused = Gauge(
-            "twg_source_paused", "1 while fetching is paused for backpressure.", ["source"],
+            "twg_source_paused",
+            "1 while fetching is paused for backpressure.",
+            ["source"],
             registry=r,
         )
         self.flight_calls = Counter(
             "twg_flight_calls", "Flight calls by method.", ["method"], registry=r
         )
-        self.flight_rows = Counter("twg_flight_rows", "Rows sent by Flight.", ["method"], registry=r)
+        self.flight_rows = Counter(
+            "twg_flight_rows", "Rows sent by Flight.", ["method"], registry=r
+        )
         self.flight_bytes = Counter(
             "twg_flight_bytes", "Arrow bytes sent by Flight.", ["method"], registry=r
         )

@@ -114,9 +114,9 @@ def build_raw_batch(
         "key": pa.array(list(map(_get_key, records)), pa.binary()),
         "value": pa.array(list(map(_get_value, records)), pa.binary()),
         "headers": build_headers(list(map(_get_headers, records))),
-        "timestamp": pa.array(
-            np.fromiter(map(_get_ts, records), dtype=np.int64, count=n)
-        ).view(TIMESTAMP_MS),
+        "timestamp": pa.array(np.fromiter(map(_get_ts, records), dtype=np.int64, count=n)).view(
+            TIMESTAMP_MS
+        ),
         "timestamp_type": _TS_TYPE_DICT.take(ts_types),
     }
     arrays = [
