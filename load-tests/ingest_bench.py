@@ -24,14 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from thalweg.embedded import TansuBroker
+from thalweg.embedded import TansuBroker, free_port
 
 
 def make_value(i: int) -> bytes:
@@ -74,6 +76,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int) -> int:
 
 
 async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
+    """Seconds from the first record to the n-th, counting only."""
     c = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -86,25 +89,54 @@ async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
         fetch_max_bytes=50 << 20,
     )
     await c.start()
-    start = time.perf_counter()
+    start = None
     seen = 0
     while seen < n:
         batches = await c.getmany(timeout_ms=200, max_records=10_000)
-        seen += sum(len(v) for v in batches.values())
-    elapsed = time.perf_counter() - start
+        got = sum(len(v) for v in batches.values())
+        if got and start is None:
+            start = time.perf_counter()
+        seen += got
+    elapsed = time.perf_counter() - (start or time.perf_counter())
     await c.stop()
     return elapsed
 
 
-def thalweg(bootstrap: str, topic: str, n: int, partitions: int, fmt: str) -> tuple[float, float]:
+def _positions(admin: str) -> tuple[int, int]:
+    """(consumed, committed) summed over partitions, from the gateway's /metrics."""
+    try:
+        with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0, 0
+    sums = {"consumed": 0, "committed": 0}
+    for line in text.splitlines():
+        for kind in sums:
+            if line.startswith(f"twg_partition_{kind}_offset{{"):
+                sums[kind] += int(float(line.rsplit(" ", 1)[1]))
+    return sums["consumed"], sums["committed"]
+
+
+@dataclass
+class Run:
+    consume_s: float  # first record consumed -> last record consumed
+    commit_s: float  # first record consumed -> last record durable and committed
+    total_s: float  # process start -> last record committed (start-up and group join)
+
+
+def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float) -> Run:
     group = f"twg-{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    admin = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "twg.toml"
         cfg.write_text(f"""
 [gateway]
 data_dir = "{d}/lane"
 flight_listen = "grpc://127.0.0.1:0"
-http_listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:{port}"
+[raw_lane]
+roll_age_s = {roll_age}
 [[sources]]
 name = "bench"
 kind = "kafka"
@@ -115,8 +147,6 @@ format = "{fmt}"
 session_timeout_ms = 6000
 heartbeat_interval_ms = 1000
 """)
-        watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 2})
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
         start = time.perf_counter()
         proc = subprocess.Popen(
             [
@@ -131,26 +161,26 @@ heartbeat_interval_ms = 1000
             ],
             stdout=subprocess.DEVNULL,
         )
-        first_commit = None
+        first = all_consumed = None
         try:
             while True:
-                done = sum(max(tp.offset, 0) for tp in watcher.committed(tps, timeout=10))
+                consumed, committed = _positions(admin)
                 now = time.perf_counter()
-                if done and first_commit is None:
-                    first_commit = (now, done)
-                if done >= n:
+                if consumed and first is None:
+                    first = now
+                if consumed >= n and all_consumed is None:
+                    all_consumed = now
+                if committed >= n:
                     break
                 if proc.poll() is not None:
                     raise SystemExit(f"twg stream exited with {proc.returncode}")
-                time.sleep(0.1)
-            end = time.perf_counter()
+                time.sleep(0.02)
         finally:
             proc.terminate()
             proc.wait(30)
-            watcher.close()
-    assert first_commit is not None
-    steady = (n - first_commit[1]) / max(end - first_commit[0], 1e-9)
-    return end - start, steady
+    assert first is not None
+    assert all_consumed is not None
+    return Run(all_consumed - first, now - first, now - start)
 
 
 def main() -> None:
@@ -165,6 +195,12 @@ def main() -> None:
         default="json",
         help="decoded lane format (none: raw lane only)",
     )
+    ap.add_argument(
+        "--roll-age",
+        type=float,
+        default=5.0,
+        help="raw_lane.roll_age_s for the gateway (default: the product default)",
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -176,19 +212,25 @@ def main() -> None:
         took = time.perf_counter() - t
         print(f"produced {n:,} records ({value_bytes / n:.0f} B avg) in {took:.1f}s")
         bare = asyncio.run(bare_aiokafka(broker.bootstrap, topic, n))
-        total, steady = thalweg(broker.bootstrap, topic, n, parts, args.format)
+        run = thalweg(broker.bootstrap, topic, n, args.format, args.roll_age)
     mb = value_bytes / 1e6
     py = platform.python_version()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}")
-    a_rate, b_rate = n / bare, n / total
-    print(f"(a) bare aiokafka getmany count : {a_rate:10,.0f} rec/s  {mb / bare:7.1f} MB/s")
     print(
-        f"(b) twg stream format={args.format:4} + commit: {b_rate:10,.0f} rec/s  "
-        f"{mb / total:7.1f} MB/s  ({total:.2f}s incl. start-up)"
+        f"settings: {n:,} records, {parts} partitions, format={args.format}, "
+        f"roll_age_s={args.roll_age}, default raw-lane settings otherwise (zstd-1)"
     )
-    print(f"    twg stream steady state       : {steady:10,.0f} rec/s")
+    rows = [
+        ("(a) bare aiokafka getmany, count only", bare),
+        ("(b) twg stream: consumed into Arrow", run.consume_s),
+        ("(b) twg stream: durable + committed", run.commit_s),
+    ]
+    for label, secs in rows:
+        print(f"{label:40} {n / secs:10,.0f} rec/s {mb / secs:7.1f} MB/s ({secs:.2f}s)")
+    print(f"start-up and group join of twg stream: {run.total_s - run.commit_s:.2f}s")
     print(
-        f"ratio (b)/(a): {bare / total:.2f} (whole run), {steady / (n / bare):.2f} (steady state)"
+        f"ratio consumed/(a): {bare / run.consume_s:.2f}   "
+        f"ratio durable+committed/(a): {bare / run.commit_s:.2f}"
     )
 
 
