@@ -157,3 +157,11 @@ def test_quickstart_serves_a_read_and_stops_cleanly(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_example_configs_validate() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for f in sorted((root / "deploy" / "config").glob("*.toml")):
+        code, out, err = run("config", "validate", str(f))
+        assert code == 0, err
+        assert "orders" in out

@@ -174,3 +174,16 @@ def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> Non
     assert (
         client.do_get(fl.Ticket(json.dumps({"topic": topic}).encode())).read_all().num_rows == 300
     )
+
+
+def test_readme_pandas_and_duckdb_usage(loaded: tuple[str, RunningGateway]) -> None:
+    """What the README shows: a topic read through the client into pandas and DuckDB."""
+    import duckdb
+
+    topic, gw = loaded
+    with thalweg_client.connect(gw.flight_url) as client:
+        orders = client.read(topic)
+    df = orders.to_pandas()
+    assert len(df) == 300 and df["id"].sum() == sum(range(300))
+    rel = duckdb.sql("select count(*), sum(price) from orders where _twg_decode_error is null")
+    assert rel.fetchone() == (300, sum(i * 0.5 for i in range(300)))
