@@ -186,4 +186,4 @@ def test_readme_pandas_and_duckdb_usage(loaded: tuple[str, RunningGateway]) -> N
     df = orders.to_pandas()
     assert len(df) == 300 and df["id"].sum() == sum(range(300))
     rel = duckdb.sql("select count(*), sum(price) from orders where _twg_decode_error is null")
-    assert rel.fetchone() == (300, sum(i * 0.5 for i in range(300)))
+    assert rel.fetchall() == [(300, sum(i * 0.5 for i in range(300)))]
