@@ -17,7 +17,7 @@ import click
 
 from thalweg import __version__
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
-from thalweg.config import load_config
+from thalweg.config import ThalwegConfig, load_config
 from thalweg.errors import ConfigError, ThalwegError
 
 
@@ -95,10 +95,8 @@ def stream(ctx: click.Context, config_path: Path) -> None:
         gateway = Gateway(cfg)
     except ConfigError as exc:
         fail(ctx, str(exc), EXIT_CONFIG)
-        return
     except ThalwegError as exc:
         fail(ctx, str(exc), EXIT_FAILURE)
-        return
     emit(
         ctx,
         f"thalweg {__version__}: flight {gateway.flight_url}, admin {gateway.admin_url}",
@@ -115,12 +113,11 @@ def config() -> None:
     """Check a configuration file without starting anything."""
 
 
-def _load_or_fail(ctx: click.Context, path: Path) -> object:
+def _load_or_fail(ctx: click.Context, path: Path) -> ThalwegConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
         fail(ctx, str(exc), EXIT_CONFIG)
-        raise AssertionError from exc  # unreachable: fail() exits
 
 
 @config.command("validate")
@@ -129,9 +126,6 @@ def _load_or_fail(ctx: click.Context, path: Path) -> object:
 def config_validate(ctx: click.Context, path: Path) -> None:
     """Validate PATH; print one line naming the first bad key, exit 2 if invalid."""
     cfg = _load_or_fail(ctx, path)
-    from thalweg.config import ThalwegConfig
-
-    assert isinstance(cfg, ThalwegConfig)
     topics = [t for s in cfg.sources for t in s.topics]
     emit(
         ctx,
@@ -146,9 +140,6 @@ def config_validate(ctx: click.Context, path: Path) -> None:
 def config_show(ctx: click.Context, path: Path) -> None:
     """Print PATH with every default filled in (secrets shown as **********)."""
     cfg = _load_or_fail(ctx, path)
-    from thalweg.config import ThalwegConfig
-
-    assert isinstance(cfg, ThalwegConfig)
     data = json.loads(cfg.model_dump_json())
     emit(ctx, json.dumps(data, indent=2), data)
 
@@ -159,9 +150,6 @@ def config_show(ctx: click.Context, path: Path) -> None:
 def config_secrets(ctx: click.Context, path: Path) -> None:
     """List the keys in PATH that hold secrets (never their values)."""
     cfg = _load_or_fail(ctx, path)
-    from thalweg.config import ThalwegConfig
-
-    assert isinstance(cfg, ThalwegConfig)
     keys = cfg.secrets()
     emit(ctx, "\n".join(keys) if keys else "no secrets configured", {"secrets": keys})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -20,7 +20,7 @@ def emit(ctx: click.Context, text: str, data: dict[str, Any]) -> None:
         click.echo(text)
 
 
-def fail(ctx: click.Context, message: str, code: int, **data: Any) -> None:
+def fail(ctx: click.Context, message: str, code: int, **data: Any) -> NoReturn:
     if ctx.obj.get("output") == "json":
         click.echo(json.dumps({"ok": False, "error": message, **data}), err=True)
     else:

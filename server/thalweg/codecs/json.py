@@ -159,8 +159,7 @@ class JsonArrowDecoder:
         failures: list[DecodeFailure] = []
         for chunk in np.array_split(rows, max(1, len(rows) // _SCAN_CHUNK)):
             failures.extend(self._scan(values, chunk))
-        bad = {f.row for f in failures}
-        good = np.array([r for r in rows if int(r) not in bad], dtype=np.int64)
+        good = rows[~np.isin(rows, [f.row for f in failures])]
         if not len(good):
             return [], failures
         table, _, _ = self._try(values, good)

@@ -7,7 +7,6 @@ specific read. Every endpoint covers one partition, so readers can fetch in para
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -137,24 +136,14 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
         plan = plan_read(self._catalog, ticket)
-        endpoints = []
-        total = 0
-        bounded = all(r.end is not None for r in plan.ranges)
-        for r in plan.ranges:
-            part = ticket.model_copy(update={"partitions": [r.partition]})
-            endpoints.append(fl.FlightEndpoint(part.to_bytes(), [self.url]))
-            if bounded:
-                total += (
-                    self._catalog.durable_rows(ticket.topic, r.partition)
-                    if (ticket.start == "earliest" and ticket.end == "now")
-                    else 0
-                )
-        total_records = (
-            total if bounded and ticket.start == "earliest" and ticket.end == "now" else -1
-        )
-        return fl.FlightInfo(plan.schema, descriptor, endpoints, total_records, -1)
-
-
-def describe_command(ticket: ReadTicket) -> fl.FlightDescriptor:
-    """A command descriptor for ``ticket`` (what the client sends to get endpoints)."""
-    return fl.FlightDescriptor.for_command(json.dumps(ticket.model_dump(mode="json")))
+        endpoints = [
+            fl.FlightEndpoint(
+                ticket.model_copy(update={"partitions": [r.partition]}).to_bytes(), [self.url]
+            )
+            for r in plan.ranges
+        ]
+        # Exact counts come from segment footers; known only for whole-lane reads.
+        total = -1
+        if ticket.start == "earliest" and ticket.end == "now":
+            total = sum(self._catalog.durable_rows(ticket.topic, r.partition) for r in plan.ranges)
+        return fl.FlightInfo(plan.schema, descriptor, endpoints, total, -1)
