@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.codecs.json import JsonArrowDecoder
+from thalweg.codecs.lane import decode_batch
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
-from thalweg.engine.decode import decode_batch
 from thalweg.errors import LaneError, SourceError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
@@ -166,7 +166,14 @@ class SourceRunner:
             resume = resume_position(cov, committed)
             if resume is not None:
                 self.source.seek(key, resume)
-            buf = PartitionBuffer(topic, partition, durable=resume, committed=committed)
+            buf = PartitionBuffer.create(
+                topic,
+                partition,
+                durable=resume,
+                committed=committed,
+                columns=self.ctx.columns,
+                decoder=self._decoders.get(topic),
+            )
             self._parts[key] = buf
             self.ctx.live.reset(topic, partition, resume)
             labels = self._labels(key)
@@ -224,13 +231,14 @@ class SourceRunner:
         )
         offsets = raw.column(ctx.columns.offset)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
-        decoded = None
-        decoder = self._decoders.get(key[0])
-        if decoder is not None:
-            decoded, result = await asyncio.to_thread(decode_batch, decoder, raw, ctx.columns)
+        async with buf.lock:
+            # Decoding (inside the Arrow sink) runs on a worker thread.
+            await asyncio.to_thread(buf.sink.push, raw)
+            decoded = buf.arrow.last if buf.arrow is not None else None
+            result = buf.arrow.last_result if buf.arrow is not None else None
+        if result is not None:
             for failure in result.failures:
                 ctx.metrics.decode_failures.labels(key[0], failure.reason.value).inc()
-        buf.append(raw, decoded, first, last, time.monotonic())
         ctx.live.append(key[0], key[1], LiveEntry(first, last, raw, decoded))
         labels = self._labels(key)
         ctx.metrics.records.labels(*labels).inc(raw.num_rows)
@@ -272,13 +280,9 @@ class SourceRunner:
 
     async def _flush(self, key: PartitionKey, buf: PartitionBuffer) -> None:
         try:
-            pending = buf.take()
-            raw = pa.Table.from_batches(pending.raws)
-            decoded = (
-                pa.concat_tables(pending.decoded, promote_options="permissive")
-                if pending.decoded
-                else None
-            )
+            async with buf.lock:
+                pending = buf.take()
+            span = pending.span
             delay = RETRY_BASE_S
             while True:
                 started = time.perf_counter()
@@ -287,10 +291,10 @@ class SourceRunner:
                         self.ctx.writer.write,
                         key[0],
                         key[1],
-                        raw,
-                        decoded,
-                        pending.covers_from,
-                        pending.covers_to,
+                        pending.raw,
+                        pending.decoded,
+                        span.covers_from,
+                        span.covers_to,
                     )
                     break
                 except LaneError as exc:
@@ -306,9 +310,9 @@ class SourceRunner:
             m.raw_bytes.labels(key[0]).inc(written.bytes)
             m.raw_rows.labels(key[0]).inc(written.rows)
             buf.in_flight_bytes -= pending.nbytes
-            buf.durable = pending.covers_to
-            self.ctx.live.mark_durable(key[0], key[1], pending.covers_to)
-            m.durable.labels(*self._labels(key)).set(pending.covers_to)
+            buf.durable = span.covers_to
+            self.ctx.live.mark_durable(key[0], key[1], span.covers_to)
+            m.durable.labels(*self._labels(key)).set(span.covers_to)
             await self._commit(buf)
         except Exception as exc:
             # The taken batches are gone from memory but not durable. Carrying on would let
@@ -344,7 +348,7 @@ class SourceRunner:
         if task is not None:
             await task
         buf = self._parts.get(key)
-        if buf is not None and buf.raws:
+        if buf is not None and not buf.sink.empty:
             self._flushes[key] = task = asyncio.create_task(self._flush(key, buf))
             await task
         elif buf is not None:
