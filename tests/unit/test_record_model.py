@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.corpus.edge_records import EDGES
 from thalweg.codecs import JsonArrowDecoder
 from thalweg.records import MetadataColumns, build_raw_batch
 from thalweg.records.columns import SOURCE_COLUMNS
@@ -19,7 +20,6 @@ from thalweg.records.convert import SOURCE_FIELDS, batch_from_records, records_f
 from thalweg.records.model import RawRecord
 from thalweg.records.record_id import record_ids
 from thalweg.sinks import ArrowSink, RawSink, TeeSink, ValueSink
-from tests.corpus.edge_records import EDGES
 
 COLS = MetadataColumns()
 K = namedtuple("K", "topic partition offset timestamp timestamp_type key value headers")
