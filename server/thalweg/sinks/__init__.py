@@ -8,5 +8,15 @@ written once whatever a consumer keeps.
 from __future__ import annotations
 
 from thalweg.sinks.batch import ArrowSink, BatchSink, OffsetSpan, RawSink, TeeSink, ValueSink
+from thalweg.sinks.kafka import KafkaWriter, Written
 
-__all__ = ["ArrowSink", "BatchSink", "OffsetSpan", "RawSink", "TeeSink", "ValueSink"]
+__all__ = [
+    "ArrowSink",
+    "BatchSink",
+    "KafkaWriter",
+    "OffsetSpan",
+    "RawSink",
+    "TeeSink",
+    "ValueSink",
+    "Written",
+]
