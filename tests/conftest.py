@@ -8,6 +8,12 @@ memory, so every test uses its own topic.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -29,6 +35,69 @@ from thalweg.engine import Gateway
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
     log = tmp_path_factory.mktemp("tansu") / "tansu.log"
     b = TansuBroker(log_file=log).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _venv_tool(name: str) -> str:
+    """A console script of this environment (PATH need not include the venv)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+class NoidaBroker:
+    """noida-db speaking Kafka: unlike tansu it runs aiokafka's transactional producer and
+    hides aborted records from read_committed consumers (ARCHITECTURE.md)."""
+
+    def __init__(self, data_dir: Path, log: Path) -> None:
+        from thalweg.embedded import free_port
+
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(
+            [
+                _venv_tool("noida-db"),
+                "start",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                "127.0.0.1",
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(self.port),
+            ],
+            stdout=open(log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self._proc.poll() is None, log.read_text()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("noida-db did not start")
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+
+
+@pytest.fixture(scope="session")
+def noida(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NoidaBroker]:
+    d = tmp_path_factory.mktemp("noida")
+    b = NoidaBroker(d / "data", d / "noida.log")
     try:
         yield b
     finally:

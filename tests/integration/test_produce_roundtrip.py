@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.integration.test_fidelity import produce_edges
 from tests.corpus.edge_records import EDGES
+from tests.integration.test_fidelity import produce_edges
 from thalweg.embedded import TansuBroker
 from thalweg.errors import ThalwegError
 from thalweg.records import MetadataColumns

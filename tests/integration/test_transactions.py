@@ -1,0 +1,94 @@
+"""read_committed: aborted and control records never reach a lane; offsets still advance.
+
+Runs against noida-db, whose Kafka transactions work with aiokafka (tansu refuses the
+transactional producer and shows aborted records to read_committed consumers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+import thalweg_client
+from tests.conftest import NoidaBroker, RunningGateway
+from thalweg.lane import LaneLayout, scan_coverage
+
+pytestmark = pytest.mark.integration
+
+
+async def transactions(
+    bootstrap: str, topic: str, rounds: int, start: int, create: bool
+) -> list[bytes]:
+    """Alternate committed and aborted transactions; return the committed values."""
+    if create:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+        await admin.close()
+    p = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=f"tx-{uuid.uuid4().hex[:6]}",
+        enable_idempotence=True,
+    )
+    await p.start()
+    committed = []
+    try:
+        for i in range(start, start + rounds):
+            async with p.transaction():
+                for j in range(3):
+                    v = b"ok-%d-%d" % (i, j)
+                    await p.send(topic, v, partition=0)
+                    committed.append(v)
+            await p.begin_transaction()
+            await p.send(topic, b"aborted-%d" % i, partition=0)
+            await p.abort_transaction()
+    finally:
+        await p.stop()
+    return committed
+
+
+def test_aborted_and_control_records_never_reach_the_lane(
+    noida: NoidaBroker, gateway_factory: Callable[..., RunningGateway], tmp_path
+) -> None:
+    topic = f"tx-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    committed = asyncio.run(transactions(noida.bootstrap, topic, 10, 0, True))
+    opts = {
+        "bootstrap_servers": noida.bootstrap,
+        "group_id": group,
+        "format": "none",
+        "session_timeout_ms": 6000,
+        "heartbeat_interval_ms": 1000,
+    }
+    data = tmp_path / "lane"
+
+    def lane_values(gw: RunningGateway) -> tuple[list[bytes], list[int]]:
+        with thalweg_client.connect(gw.flight_url) as c:
+            raw = c.read(topic, lane="raw").sort_by("_twg_source_offset")
+        return raw["_twg_source_value"].to_pylist(), raw["_twg_source_offset"].to_pylist()
+
+    # Per round: 3 records + commit marker, 1 aborted record + abort marker = 6 offsets.
+    last_data = 6 * 9 + 2
+    gw = gateway_factory([topic], data_dir=data, **opts)
+    gw.wait_durable(topic, {0: last_data + 1})
+    values, offsets = lane_values(gw)
+    assert values == committed
+    assert not any(v.startswith(b"aborted") for v in values)
+    assert offsets == [6 * i + j for i in range(10) for j in range(3)]
+    # Coverage accounts for every position, markers and aborted records included.
+    assert scan_coverage(LaneLayout(data), topic, 0).ranges == [(0, last_data + 1)]
+    gw.stop()
+
+    # A restart resumes past the markers: more transactions, no duplicate, no gap.
+    more = asyncio.run(transactions(noida.bootstrap, topic, 5, 10, False))
+    gw = gateway_factory([topic], data_dir=data, **opts)
+    gw.wait_durable(topic, {0: 6 * 14 + 3})
+    values, offsets = lane_values(gw)
+    assert values == committed + more
+    assert len(set(offsets)) == len(offsets)
+    assert scan_coverage(LaneLayout(data), topic, 0).ranges == [(0, 6 * 14 + 3)]
