@@ -14,6 +14,8 @@ import thalweg_client
 from tests.conftest import RunningGateway, produce_aio
 from tests.corpus.edge_records import EDGES
 from thalweg.embedded import TansuBroker
+from thalweg.records import MetadataColumns
+from thalweg.records.convert import records_from_batch
 
 pytestmark = pytest.mark.integration
 
@@ -101,10 +103,10 @@ def test_timestamps_match_a_plain_consumer(
 ) -> None:
     """Negative, zero and ordinary CreateTimes: the lane holds what the broker returns."""
     topic = topic_factory(1)
-    stamps = (-1_000, -1, 0, 1, 1_700_000_000_000)
+    stamps = (-1_000, -1, 0, 1, 1_700_000_000_000, 253_402_300_799_999, 2**62)
     produce_aio(broker.bootstrap, topic, [(b"k", b"{}", [], ts) for ts in stamps])
     gw = gateway_factory([topic])
-    gw.wait_durable(topic, {0: 5})
+    gw.wait_durable(topic, {0: len(stamps)})
     with thalweg_client.connect(gw.flight_url) as client:
         raw = client.read(topic, lane="raw").sort_by("_twg_source_offset")
     lane = list(
@@ -114,4 +116,7 @@ def test_timestamps_match_a_plain_consumer(
             strict=True,
         )
     )
-    assert lane == broker_view(broker.bootstrap, topic, 5)
+    assert lane == broker_view(broker.bootstrap, topic, len(stamps))
+    # The record model holds them too (no datetime overflow on the way).
+    records = records_from_batch(raw, MetadataColumns())
+    assert [r.timestamp.ms for r in records] == [ts for _, ts in lane]

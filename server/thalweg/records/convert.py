@@ -7,7 +7,6 @@ round trip and that no column is left without a field).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import pyarrow as pa
@@ -50,24 +49,17 @@ SOURCE_FIELDS: dict[str, str] = {
 }
 
 
-def _ms(value: dt.datetime | None) -> int | None:
-    if value is None:
-        return None
-    delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    return (delta.days * 86_400_000) + (delta.seconds * 1000) + delta.microseconds // 1000
-
-
-def _dt(ms: int | None) -> dt.datetime | None:
-    if ms is None:
-        return None
-    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
-
-
 def records_from_batch(
     batch: pa.RecordBatch | pa.Table, columns: MetadataColumns
 ) -> list[RawRecord]:
     """Every row of a raw-lane batch as a :class:`RawRecord`."""
-    src = {s: batch.column(columns.source(s)).to_pylist() for s in SOURCE_FIELDS}
+    src = {}
+    for s in SOURCE_FIELDS:
+        col = batch.column(columns.source(s))
+        if pa.types.is_timestamp(col.type):
+            # Epoch milliseconds as ints: a datetime cannot hold every Kafka timestamp.
+            col = col.cast(pa.int64())
+        src[s] = col.to_pylist()
     out = []
     for i in range(batch.num_rows):
 
@@ -80,7 +72,7 @@ def records_from_batch(
                 value=g("value"),
                 headers=tuple((h["key"], h["value"]) for h in g("headers")),
                 timestamp=Timestamp(
-                    _ms(g("timestamp")) or 0,
+                    g("timestamp") or 0,
                     TimestampType(TIMESTAMP_TYPES.index(g("timestamp_type") or "CreateTime")),
                 ),
                 locator=Locator(
@@ -102,8 +94,8 @@ def records_from_batch(
                 ),
                 pulsar=PulsarFields(
                     g("ordering_key"),
-                    _ms(g("publish_time")),
-                    _ms(g("event_time")),
+                    g("publish_time"),
+                    g("event_time"),
                     g("producer_name"),
                     g("redelivery_count"),
                 ),
@@ -135,10 +127,10 @@ def batch_from_records(
             "ordering_key": r.pulsar.ordering_key,
             "value": r.value,
             "headers": [{"key": k, "value": v} for k, v in r.headers],
-            "timestamp": _dt(r.timestamp.ms),
+            "timestamp": r.timestamp.ms,
             "timestamp_type": TIMESTAMP_TYPES[r.timestamp.type],
-            "publish_time": _dt(r.pulsar.publish_time_ms),
-            "event_time": _dt(r.pulsar.event_time_ms),
+            "publish_time": r.pulsar.publish_time_ms,
+            "event_time": r.pulsar.event_time_ms,
             "leader_epoch": r.batch.leader_epoch,
             "producer_id": r.batch.producer_id,
             "producer_epoch": r.batch.producer_epoch,
@@ -160,12 +152,23 @@ def batch_from_records(
     return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)
 
 
+def _plain(col: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """Python values of a metadata column; timestamps as integers since the epoch in the
+    column's unit (a ``datetime`` cannot hold every timestamp Kafka allows)."""
+    if pa.types.is_timestamp(col.type):
+        col = col.cast(pa.int64())
+    values: list[Any] = col.to_pylist()
+    return values
+
+
 def values_from_tables(
     raw: pa.Table, decoded: pa.Table | None, columns: MetadataColumns, policy_fields: list[str]
 ) -> list[dict[str, Any]]:
     """The Value lane: one dict per record, payload fields at the top level and the
     metadata in a reserved sibling mapping under the prefix (``row["_twg_"]``), keyed by
-    column name without the prefix. ``policy_fields`` are the metadata columns to keep."""
+    column name without the prefix. ``policy_fields`` are the metadata columns to keep.
+    Metadata timestamps are integers since the epoch (ms for source times, µs for
+    ``ingest_ts``/``emit_ts``)."""
     payload = (
         decoded.drop_columns([n for n in decoded.column_names if columns.is_reserved(n)])
         if decoded is not None
@@ -175,7 +178,7 @@ def values_from_tables(
         payload.to_pylist() if payload is not None else [{} for _ in range(raw.num_rows)]
     )
     meta_cols = {
-        name: raw.column(name).to_pylist() for name in policy_fields if name in raw.column_names
+        name: _plain(raw.column(name)) for name in policy_fields if name in raw.column_names
     }
     if decoded is not None and columns.decode_error in policy_fields:
         meta_cols[columns.decode_error] = decoded.column(columns.decode_error).to_pylist()

@@ -131,8 +131,8 @@ class KafkaWriter:
 def _record_from_value(topic: str, value: bytes, meta: dict[str, Any]) -> RawRecord:
     """A record for a Value row; what the metadata does not say is left to the producer
     (timestamp: now; partition: the partitioner, marked by -1)."""
-    ts = meta.get("source_timestamp")
-    ms = int(ts.timestamp() * 1000) if ts is not None else time.time_ns() // 1_000_000
+    ts = meta.get("source_timestamp")  # epoch milliseconds in the Value lane
+    ms = int(ts) if ts is not None else time.time_ns() // 1_000_000
     headers = tuple((h["key"], h["value"]) for h in meta.get("source_headers") or ())
     partition = meta.get("source_partition")
     return RawRecord(
