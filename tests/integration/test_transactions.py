@@ -92,3 +92,49 @@ def test_aborted_and_control_records_never_reach_the_lane(
     assert values == committed + more
     assert len(set(offsets)) == len(offsets)
     assert scan_coverage(LaneLayout(data), topic, 0).ranges == [(0, 6 * 14 + 3)]
+
+
+def test_log_append_time_is_the_brokers(
+    noida: NoidaBroker, gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    """A LogAppendTime topic: the lane holds the broker's time and says so.
+
+    Broker-authoritative, so checked for consistency (between send and receive), not
+    equality with what the producer asked for. noida-db applies LogAppendTime; tansu
+    accepts the topic setting but keeps CreateTime, so this test runs on noida-db.
+    """
+    import time as _time
+
+    topic = f"lat-{uuid.uuid4().hex[:8]}"
+
+    async def make() -> tuple[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap)
+        await admin.start()
+        await admin.create_topics(
+            [NewTopic(topic, 1, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})]
+        )
+        await admin.close()
+        p = AIOKafkaProducer(bootstrap_servers=noida.bootstrap)
+        await p.start()
+        before = _time.time_ns() // 1_000_000
+        for i in range(3):
+            await p.send_and_wait(topic, b"x%d" % i, timestamp_ms=5)  # the broker overrides
+        after = _time.time_ns() // 1_000_000
+        await p.stop()
+        return before, after
+
+    before, after = asyncio.run(make())
+    gw = gateway_factory(
+        [topic],
+        bootstrap_servers=noida.bootstrap,
+        format="none",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+    )
+    gw.wait_durable(topic, {0: 3})
+    with thalweg_client.connect(gw.flight_url) as c:
+        raw = c.read(topic, lane="raw").sort_by("_twg_source_offset")
+    assert raw["_twg_source_timestamp_type"].to_pylist() == ["LogAppendTime"] * 3
+    stamps = raw["_twg_source_timestamp"].cast("int64").to_pylist()
+    assert all(before - 1000 <= ts <= after + 1000 for ts in stamps), (before, stamps, after)
+    assert stamps == sorted(stamps)

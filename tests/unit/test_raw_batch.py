@@ -124,3 +124,13 @@ def test_arbitrary_records_round_trip_parquet_and_ipc(rows: list[tuple]) -> None
     assert flat == keys
     assert b.column(COLS.source("key")).to_pylist() == [r[0] for r in rows]
     assert b.column(COLS.value).to_pylist() == [r[1] for r in rows]
+
+
+def test_empty_batch_has_the_schema_and_sinks_ignore_it() -> None:
+    from thalweg.sinks import RawSink
+
+    empty = batch([])
+    assert empty.num_rows == 0 and empty.schema == COLS.raw_schema
+    sink = RawSink(COLS, 5)
+    sink.push(empty)
+    assert sink.empty
