@@ -17,6 +17,10 @@ class DecodeReason(StrEnum):
     NOT_ONE_RECORD = "not_one_record"  # parsed to zero or several records, or not an object
     TYPE_CONFLICT = "type_conflict"  # parses, but a field's type contradicts the lane schema
     RESERVED_FIELD = "reserved_field"  # a payload field uses the metadata prefix
+    BAD_FRAMING = "bad_framing"  # no Confluent header: too short or wrong magic byte
+    UNKNOWN_SCHEMA = "unknown_schema"  # the registry does not know the schema id
+    SCHEMA_CONFLICT = "schema_conflict"  # the writer schema contradicts the lane schema
+    UNSUPPORTED = "unsupported"  # the schema uses a type the type map does not cover yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +58,13 @@ class ArrowDecoder(Protocol):
     def decode(self, values: pa.Array) -> DecodeResult:
         """Decode ``values`` (``binary``, nulls are tombstones) into aligned rows."""
         ...
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Give ``table`` exactly ``schema``: drop extra columns, add missing ones as nulls,
+    and promote types (int → double, narrower → wider structs) the permissive way."""
+    keep = [name for name in table.column_names if schema.get_field_index(name) >= 0]
+    merged = pa.concat_tables(
+        [schema.empty_table(), table.select(keep)], promote_options="permissive"
+    ).select(schema.names)
+    return merged if merged.schema == schema else merged.cast(schema)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult
+from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, conform
 from thalweg.records.columns import MetadataColumns
 
 _MIN_BLOCK = 1 << 20
@@ -271,16 +271,6 @@ class JsonArrowDecoder:
 
     def _conform(self, table: pa.Table) -> pa.Table:
         return conform(table, self._schema)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Give ``table`` exactly ``schema``: drop extra columns, add missing ones as nulls,
-    and promote types (int → double, narrower → wider structs) the permissive way."""
-    keep = [name for name in table.column_names if schema.get_field_index(name) >= 0]
-    merged = pa.concat_tables(
-        [schema.empty_table(), table.select(keep)], promote_options="permissive"
-    ).select(schema.names)
-    return merged if merged.schema == schema else merged.cast(schema)
 
 
 def _classify(message: str) -> DecodeReason:
