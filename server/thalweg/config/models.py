@@ -81,6 +81,26 @@ class RawLaneConfig(_Model):
     fsync: bool = Field(True, description="fsync files and directories (never off in production).")
 
 
+class RegistryConfig(_Model):
+    """Where Avro writer schemas come from: a Confluent-compatible registry or files."""
+
+    url: str | None = Field(None, description="Registry base URL, e.g. http://registry:8081.")
+    schemas_dir: Path | None = Field(None, description="A directory of <id>.avsc files instead.")
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = Field(None, description="Bearer token (instead of basic auth).")
+    ssl_cafile: Path | None = None
+    timeout_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RegistryConfig:
+        if (self.url is None) == (self.schemas_dir is None):
+            raise ValueError("set exactly one of url and schemas_dir")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+
 class KafkaSourceConfig(_Model):
     """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka."""
 
@@ -89,8 +109,11 @@ class KafkaSourceConfig(_Model):
     bootstrap_servers: str = Field(min_length=1)
     topics: list[str] = Field(min_length=1)
     group_id: str = "thalweg"
-    format: Literal["json", "none"] = Field(
+    format: Literal["json", "avro", "none"] = Field(
         "json", description="How the decoded lane reads record values ('none': raw lane only)."
+    )
+    registry: RegistryConfig | None = Field(
+        None, description="Schema source for format = 'avro' (Confluent wire format)."
     )
     cluster: str | None = Field(
         None, description="Cluster name stamped in the lane and record ids; defaults to name."
@@ -121,6 +144,10 @@ class KafkaSourceConfig(_Model):
         for topic in self.topics:
             if not topic or "/" in topic or topic in {".", ".."}:
                 raise ValueError(f"topics: {topic!r} is not a usable topic name")
+        if self.format == "avro" and self.registry is None:
+            raise ValueError(
+                "format = 'avro' needs a [sources.registry] table (url or schemas_dir)"
+            )
         if self.sasl_mechanism and not (self.sasl_username and self.sasl_password):
             raise ValueError("sasl_mechanism needs sasl_username and sasl_password")
         return self
@@ -158,4 +185,9 @@ class ThalwegConfig(_Model):
         for i, source in enumerate(self.sources):
             if source.sasl_password is not None:
                 out.append(f"sources.{i}.sasl_password")
+            reg = source.registry
+            if reg is not None and reg.password is not None:
+                out.append(f"sources.{i}.registry.password")
+            if reg is not None and reg.token is not None:
+                out.append(f"sources.{i}.registry.token")
         return out

@@ -15,10 +15,13 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from thalweg.codecs.avro import AvroArrowDecoder
 from thalweg.codecs.base import ArrowDecoder
+from thalweg.codecs.framing import peel
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
@@ -33,6 +36,8 @@ from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
+from thalweg.registry import RegistryUnavailableError
+from thalweg.registry.factory import open_registry
 from thalweg.sources.kafka import KafkaSource, PartitionKey
 
 log = logging.getLogger(__name__)
@@ -70,14 +75,54 @@ class SourceRunner:
         self._paused = False
         self._fatal: BaseException | None = None
         ctx.health.register(self.component, "source", gates_readiness=True)
-        if cfg.format == "json":
+        self._registry = open_registry(cfg.registry) if cfg.registry is not None else None
+        self._unknown_ids: set[int] = set()
+        if cfg.format != "none":
             reader = LaneReader(ctx.layout, ctx.columns)
             for topic in cfg.topics:
                 pinned = reader.decoded_schema(topic)
                 if pinned is not None:
                     keep = [f for f in pinned if not ctx.columns.is_reserved(f.name)]
                     pinned = pa.schema(keep)
-                self._decoders[topic] = JsonArrowDecoder(ctx.columns, pinned)
+                self._decoders[topic] = self._decoder(pinned)
+
+    def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
+        if self.cfg.format == "avro":
+            assert self._registry is not None
+            return AvroArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
+        return JsonArrowDecoder(self.ctx.columns, pinned)
+
+    async def _resolve_schemas(self, raw: pa.RecordBatch, stop: asyncio.Event) -> None:
+        """Fetch writer schemas this batch needs before decoding it.
+
+        A registry that cannot answer is retried with backoff for as long as it takes:
+        its records wait (fetching stops with them), none is failed for it. An id the
+        registry does not know (404) is left to the decoder: a per-record failure.
+        """
+        registry = self._registry
+        if registry is None:
+            return
+        ids = np.unique(peel(raw.column(self.ctx.columns.value)).ids)
+        delay = RETRY_BASE_S
+        for schema_id in (int(i) for i in ids if i >= 0):
+            if schema_id in self._unknown_ids or registry.get(schema_id) is not None:
+                continue
+            while True:
+                try:
+                    found = await asyncio.to_thread(registry.fetch, schema_id)
+                    break
+                except RegistryUnavailableError as exc:
+                    self.ctx.metrics.registry_errors.labels(self.cfg.name).inc()
+                    self.ctx.health.set(self.component, State.DEGRADED, str(exc))
+                    log.warning("%s; retrying in %.1fs", exc, delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    if stop.is_set():
+                        raise
+                    delay = min(delay * 2, RETRY_MAX_S)
+            if found is None:
+                self._unknown_ids.add(schema_id)
+            self.ctx.health.set(self.component, State.UP, "connected")
 
     # -- read side hooks -----------------------------------------------------------
 
@@ -107,7 +152,7 @@ class SourceRunner:
                     await asyncio.sleep(RETRY_BASE_S)
                     continue
                 for key, records in fetched.items():
-                    await self._ingest(key, records)
+                    await self._ingest(key, records, stop)
                 self._schedule(time.monotonic())
         finally:
             await self._drain()
@@ -215,7 +260,7 @@ class SourceRunner:
 
     # -- ingest --------------------------------------------------------------------
 
-    async def _ingest(self, key: PartitionKey, records: list[object]) -> None:
+    async def _ingest(self, key: PartitionKey, records: list[object], stop: asyncio.Event) -> None:
         buf = self._parts.get(key)
         if buf is None:
             # Only possible for a partition revoked while its fetch was in flight: it is
@@ -231,6 +276,7 @@ class SourceRunner:
         )
         offsets = raw.column(ctx.columns.offset)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+        await self._resolve_schemas(raw, stop)
         async with buf.lock:
             # Decoding (inside the Arrow sink) runs on a worker thread.
             await asyncio.to_thread(buf.sink.push, raw)

@@ -73,6 +73,12 @@ class Metrics:
             ["topic", "reason"],
             registry=r,
         )
+        self.registry_errors = Counter(
+            "twg_registry_errors",
+            "Schema registry requests that failed (retried).",
+            ["source"],
+            registry=r,
+        )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )
