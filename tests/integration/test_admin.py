@@ -60,3 +60,41 @@ def test_live_ready_health_metrics(
     gw.stop()
     # After a graceful stop nothing is ready any more, but the lane stays readable.
     assert gw.gateway.health.ready() is False
+
+
+def test_poison_records_reach_the_dead_letter_lane(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """2 % poison: every bad record is in the DLQ with its reason and locator, every good
+    record decodes, and the DLQ segment is durable before the offset is committed."""
+    import pyarrow.parquet as pq
+
+    import thalweg_client
+
+    topic = topic_factory(2)
+    poison = set(range(0, 1000, 100)) | set(range(51, 1000, 100))  # both partitions, 2 %
+    for i in range(1000):
+        value = b'{"i": ' if i in poison else b'{"i": %d}' % i
+        producer.produce(topic, value, key=str(i).encode(), partition=i % 2)
+    producer.flush(10)
+    gw = gateway_factory([topic])
+    gw.wait_durable(topic, {0: 500, 1: 500})
+    with thalweg_client.connect(gw.flight_url) as client:
+        dlq = client.read(topic, lane="dlq")
+        decoded = client.read(topic, metadata="none")
+    assert sorted(int(k) for k in dlq["_twg_source_key"].to_pylist()) == sorted(poison)
+    assert set(dlq["_twg_dlq_reason"].to_pylist()) == {"syntax"}
+    assert set(dlq["_twg_dlq_stage"].to_pylist()) == {"decode"}
+    assert dlq["_twg_source_value"].to_pylist() == [b'{"i": '] * len(poison)
+    assert sorted(decoded["i"].to_pylist()) == [i for i in range(1000) if i not in poison]
+    # On disk: every DLQ segment has its raw twin (it was written first, same name).
+    for p in (0, 1):
+        dlq_dir = gw.data_dir / "dlq" / f"topic={topic}" / f"partition={p}"
+        raw_dir = gw.data_dir / "raw" / f"topic={topic}" / f"partition={p}"
+        names = [f.name for f in dlq_dir.iterdir()]
+        assert names and all((raw_dir / n).exists() for n in names)
+        assert sum(pq.read_metadata(dlq_dir / n).num_rows for n in names) == 10
+    metrics = gw.gateway.metrics.exposition().decode()
+    assert f'twg_dlq_records_total{{topic="{topic}"}} 20.0' in metrics

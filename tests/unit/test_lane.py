@@ -79,9 +79,13 @@ def test_repair_removes_temp_files_and_orphans(tmp_path: Path) -> None:
     (raw_dir / "00000000000000000002-00000000000000000003.parquet.tmp-99").write_bytes(b"x")
     orphan = dec_dir / "00000000000000000002-00000000000000000003.parquet"
     orphan.write_bytes(b"x")
+    dlq_dir = layout.partition_dir(Lane.DLQ, "t", 0)
+    dlq_dir.mkdir(parents=True)
+    dlq_orphan = dlq_dir / orphan.name
+    dlq_orphan.write_bytes(b"x")
     w.write("t", 0, raw([4]), None, 2, 5)  # decoded write skipped
     missing = repair(layout, "t", 0)
-    assert not orphan.exists()
+    assert not orphan.exists() and not dlq_orphan.exists()
     assert [p.name for p in raw_dir.iterdir() if ".tmp-" in p.name] == []
     assert [s.first for s in missing] == [4]
 

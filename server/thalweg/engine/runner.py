@@ -355,6 +355,8 @@ class SourceRunner:
             m.raw_files.labels(key[0]).inc()
             m.raw_bytes.labels(key[0]).inc(written.bytes)
             m.raw_rows.labels(key[0]).inc(written.rows)
+            if written.dlq_rows:
+                m.dlq_records.labels(key[0]).inc(written.dlq_rows)
             buf.in_flight_bytes -= pending.nbytes
             buf.durable = span.covers_to
             self.ctx.live.mark_durable(key[0], key[1], span.covers_to)

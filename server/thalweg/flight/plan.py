@@ -34,6 +34,10 @@ def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, 
     """The stream schema and the payload part of it."""
     if ticket.lane is Lane.RAW:
         return catalog.columns.raw_schema, pa.schema([])
+    if ticket.lane is Lane.DLQ:
+        if ticket.end == "follow":
+            raise TicketError("the dlq lane is history only: use a bounded end")
+        return catalog.columns.dlq_schema, pa.schema([])
     if not catalog.has_decoded(ticket.topic):
         raise TicketError(
             f"topic {ticket.topic!r} has no decoded lane (its source has format = 'none'); "

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from thalweg.flight.plan import ReadPlan
 from thalweg.lane.catalog import LaneCatalog
@@ -33,6 +34,9 @@ def read_stream(
 ) -> Iterator[pa.RecordBatch]:
     """Yield the plan's rows; ends when every partition reached its end or on cancel."""
     topic = plan.ticket.topic
+    if plan.ticket.lane is Lane.DLQ:
+        yield from _dead_letters(catalog, plan)
+        return
     cursors = {r.partition: r.start for r in plan.ranges}
     ends = {r.partition: r.end for r in plan.ranges}
     decoded = plan.ticket.lane is Lane.DECODED
@@ -67,6 +71,20 @@ def read_stream(
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
+
+
+def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBatch]:
+    """Dead-letter segments overlapping each partition's range (durable history only)."""
+    off = catalog.columns.offset
+    for r in plan.ranges:
+        end = r.end if r.end is not None else catalog.durable_end(plan.ticket.topic, r.partition)
+        for seg in catalog.layout.segments(Lane.DLQ, plan.ticket.topic, r.partition):
+            if seg.last < r.start or seg.first >= end:
+                continue
+            table = pq.read_table(seg.path).replace_schema_metadata(None)
+            lo, hi = offset_slice(table, off, r.start, end)
+            if hi > lo:
+                yield from rebatch(table.slice(lo, hi - lo).cast(plan.schema))
 
 
 def _shape_live(

@@ -84,8 +84,8 @@ def resume_position(cov: Coverage, committed: int | None) -> int | None:
 def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
     """Make a partition's lanes consistent after a crash.
 
-    Removes temp files of interrupted writes and decoded segments without a raw twin
-    (written just before a crash; the records will be fetched and written again).
+    Removes temp files of interrupted writes, and decoded and dead-letter segments without
+    a raw twin (written just before a crash; the records will be fetched again).
 
     Returns:
         Raw segments that have no decoded twin and need decoding again.
@@ -102,7 +102,9 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
                 log.info("removed interrupted write %s", directory / name)
     raw = {s.path.name: s for s in layout.segments(Lane.RAW, topic, partition)}
     decoded = {s.path.name: s for s in layout.segments(Lane.DECODED, topic, partition)}
-    for name in decoded.keys() - raw.keys():
-        decoded[name].path.unlink(missing_ok=True)
-        log.info("removed decoded segment without raw twin %s", decoded[name].path)
+    for lane in (Lane.DECODED, Lane.DLQ):
+        for seg in layout.segments(lane, topic, partition):
+            if seg.path.name not in raw:
+                seg.path.unlink(missing_ok=True)
+                log.info("removed %s segment without raw twin %s", lane.value, seg.path)
     return [raw[name] for name in sorted(raw.keys() - decoded.keys())]

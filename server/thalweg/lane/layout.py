@@ -27,6 +27,7 @@ META_LANE = b"thalweg.lane"
 class Lane(StrEnum):
     RAW = "raw"
     DECODED = "decoded"
+    DLQ = "dlq"
 
 
 @dataclass(frozen=True, slots=True)

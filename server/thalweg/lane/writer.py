@@ -2,7 +2,8 @@
 
 The rename is the commit point of the raw lane. After :meth:`SegmentWriter.write` returns
 the segment survives a crash or power loss, and only then may the engine commit the
-source position past it. The decoded segment is written first, so a raw segment on disk
+source position past it. Rows that failed to decode are first written to the dead-letter
+lane (``dlq/``, same name). The decoded segment is written next, so a raw segment on disk
 implies its decoded sibling (barring a decode-write failure, which start-up repairs);
 an orphaned decoded segment (crash between the two renames) is removed at start-up.
 """
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.config.models import RawLaneConfig
@@ -49,6 +52,7 @@ class WrittenSegment:
     covers_from: int
     covers_to: int
     decoded_ok: bool
+    dlq_rows: int = 0
 
 
 class SegmentWriter:
@@ -90,6 +94,18 @@ class SegmentWriter:
             META_COVERS_FROM: str(covers_from).encode(),
             META_COVERS_TO: str(covers_to).encode(),
         }
+        dlq_rows = 0
+        if decoded is not None:
+            dead = self._dead_letters(raw, decoded)
+            if dead is not None:
+                # Durable before the raw segment, so before the commit: a failed record is
+                # findable in the dead-letter lane by the time its offset is committed.
+                path = self._layout.partition_dir(Lane.DLQ, topic, partition) / name
+                try:
+                    self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True)
+                except (OSError, pa.ArrowException) as exc:
+                    raise LaneError(f"dead-letter segment {path} not written: {exc}") from exc
+                dlq_rows = dead.num_rows
         decoded_ok = decoded is not None
         if decoded is not None:
             try:
@@ -106,8 +122,39 @@ class SegmentWriter:
         except (OSError, pa.ArrowException) as exc:
             raise LaneError(f"raw segment {path} not written: {exc}") from exc
         return WrittenSegment(
-            Segment(first, last, path), raw.num_rows, size, covers_from, covers_to, decoded_ok
+            Segment(first, last, path),
+            raw.num_rows,
+            size,
+            covers_from,
+            covers_to,
+            decoded_ok,
+            dlq_rows,
         )
+
+    def _dead_letters(self, raw: pa.Table, decoded: pa.Table) -> pa.Table | None:
+        """The raw rows whose payload did not decode, with reason, error, stage and time."""
+        errors = decoded.column(self._columns.decode_error)
+        if errors.null_count == len(errors):
+            return None
+        mask = pc.is_valid(errors)
+        dead = raw.filter(mask)
+        texts = errors.filter(mask).to_pylist()
+        reasons = [t.split(":", 1)[0] for t in texts]
+        messages = [t.split(":", 1)[1].strip() if ":" in t else t for t in texts]
+        c = self._columns
+        n = dead.num_rows
+        now = time.time_ns() // 1000
+        extra = {
+            c.stamped("dlq_reason"): pa.array(reasons, pa.string()),
+            c.stamped("dlq_error"): pa.array(messages, pa.string()),
+            c.stamped("dlq_stage"): pa.array(["decode"] * n, pa.string()),
+            c.stamped("dlq_ts"): pa.array([now] * n, pa.int64()).cast(
+                c.dlq_schema.field(c.stamped("dlq_ts")).type
+            ),
+        }
+        for name, arr in extra.items():
+            dead = dead.append_column(name, arr)
+        return dead.select(c.dlq_schema.names).cast(c.dlq_schema)
 
     def _durable(
         self, table: pa.Table, path: Path, meta: dict[bytes, bytes], *, stats: bool

@@ -79,6 +79,9 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.dlq_records = Counter(
+            "twg_dlq_records", "Records written to the dead-letter lane.", ["topic"], registry=r
+        )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )

@@ -66,6 +66,14 @@ STAMPED_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 EMIT_TS = ("emit_ts", TIMESTAMP_US)
 DECODE_ERROR = ("decode_error", pa.string())
 
+# Dead-letter columns, added to the raw columns of a failed record. Joined to "<prefix>".
+DLQ_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("dlq_reason", pa.string()),  # a DecodeReason value (later: contract, quality, ...)
+    ("dlq_error", pa.string()),  # the error text
+    ("dlq_stage", pa.string()),  # where it failed: "decode"
+    ("dlq_ts", TIMESTAMP_US),  # when it was dead-lettered
+)
+
 LOCATOR_SOURCE = ("cluster", "topic", "partition", "offset", "message_id")
 
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
@@ -166,6 +174,13 @@ class MetadataColumns:
         if policy is MetadataPolicy.LOCATOR:
             return [*self.locator_fields, error]
         return [*self.raw_schema, pa.field(self.emit_ts, EMIT_TS[1]), error]
+
+    @cached_property
+    def dlq_schema(self) -> pa.Schema:
+        """The dead-letter lane: the full raw record plus why, where and when it failed."""
+        return pa.schema(
+            [*self.raw_schema, *(pa.field(self.stamped(s), t) for s, t in DLQ_COLUMNS)]
+        )
 
     @cached_property
     def decoded_file_fields(self) -> list[pa.Field]:
