@@ -133,6 +133,8 @@ class SegmentWriter:
 
     def _dead_letters(self, raw: pa.Table, decoded: pa.Table) -> pa.Table | None:
         """The raw rows whose payload did not decode, with reason, error, stage and time."""
+        if self._columns.decode_error not in decoded.column_names:
+            return None
         errors = decoded.column(self._columns.decode_error)
         if errors.null_count == len(errors):
             return None
