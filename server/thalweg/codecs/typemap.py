@@ -116,3 +116,92 @@ def avro_record_schema(schema: AvroSchema) -> pa.Schema:
         raise UnsupportedSchemaError("the top-level Avro schema must be a record")
     # Top-level columns are nullable in the lane: a tombstone or a failed row is all-null.
     return pa.schema([f.with_nullable(True) for f in t])
+
+
+def arrow_to_avro(t: pa.DataType, name: str, nullable: bool = True) -> AvroSchema:
+    """The Avro schema that :func:`avro_to_arrow` maps back to ``t`` (for encoding).
+
+    Nullable Arrow fields become ``["null", T]`` with a null default.
+    """
+    if pa.types.is_struct(t):
+        inner: AvroSchema = {
+            "type": "record",
+            "name": name,
+            "fields": [
+                _avro_field(t.field(i), f"{name}_{t.field(i).name}") for i in range(t.num_fields)
+            ],
+        }
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = {
+            "type": "array",
+            "items": arrow_to_avro(t.value_type, f"{name}_item", t.value_field.nullable),
+        }
+    elif pa.types.is_map(t):
+        if t.key_type != pa.string():
+            raise UnsupportedSchemaError("Avro maps need string keys")
+        inner = {
+            "type": "map",
+            "values": arrow_to_avro(t.item_type, f"{name}_value", t.item_field.nullable),
+        }
+    elif pa.types.is_decimal(t):
+        inner = {
+            "type": "bytes",
+            "logicalType": "decimal",
+            "precision": t.precision,
+            "scale": t.scale,
+        }
+    elif pa.types.is_timestamp(t):
+        unit = {"ms": "millis", "us": "micros"}.get(t.unit)
+        if unit is None:
+            raise UnsupportedSchemaError(f"Avro has no timestamp in {t.unit}")
+        prefix = "timestamp" if t.tz is not None else "local-timestamp"
+        inner = {"type": "long", "logicalType": f"{prefix}-{unit}"}
+    elif pa.types.is_date32(t):
+        inner = {"type": "int", "logicalType": "date"}
+    elif pa.types.is_time32(t):
+        inner = {"type": "int", "logicalType": "time-millis"}
+    elif pa.types.is_time64(t):
+        inner = {"type": "long", "logicalType": "time-micros"}
+    elif pa.types.is_fixed_size_binary(t):
+        inner = {"type": "fixed", "name": name, "size": t.byte_width}
+    else:
+        simple = {
+            pa.bool_(): "boolean",
+            pa.int8(): "int",
+            pa.int16(): "int",
+            pa.int32(): "int",
+            pa.uint8(): "int",
+            pa.uint16(): "int",
+            pa.int64(): "long",
+            pa.uint32(): "long",
+            pa.float16(): "float",
+            pa.float32(): "float",
+            pa.float64(): "double",
+            pa.string(): "string",
+            pa.large_string(): "string",
+            pa.binary(): "bytes",
+            pa.large_binary(): "bytes",
+            pa.null(): "null",
+        }
+        if t not in simple:
+            raise UnsupportedSchemaError(f"no Avro type for Arrow {t}")
+        inner = simple[t]
+    if nullable and inner != "null":
+        return ["null", inner]
+    return inner
+
+
+def _avro_field(f: pa.Field, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": f.name, "type": arrow_to_avro(f.type, name, f.nullable)}
+    if f.nullable:
+        out["default"] = None
+    return out
+
+
+def arrow_schema_to_avro(schema: pa.Schema, name: str) -> AvroSchema:
+    """A top-level Avro record for rows of ``schema`` (``name`` must be an Avro name)."""
+    return {
+        "type": "record",
+        "name": name,
+        "fields": [_avro_field(f, f"{name}_{f.name}") for f in schema],
+    }
