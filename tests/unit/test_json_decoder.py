@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pyarrow as pa
@@ -78,3 +79,35 @@ def test_many_poison_records_are_all_found() -> None:
     assert set(reasons(r)) == bad
     got = r.table.column("i").to_pylist()
     assert all(got[i] == i for i in range(5000) if i not in bad)
+
+
+def test_declared_json_schema_wins_over_inference() -> None:
+    from thalweg.codecs.typemap import json_schema_record
+
+    declared = json_schema_record(
+        {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "price": {"type": ["number", "null"]},
+                "at": {"type": "string", "format": "date-time"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+        }
+    )
+    d = JsonArrowDecoder(MetadataColumns(), declared, declared=True)
+    r = d.decode(
+        pa.array(
+            [
+                b'{"id": 1, "price": 2, "at": "2026-11-30T12:00:00Z", "tags": ["a"], "extra": 1}',
+                b'{"id": "one"}',
+                b'{"id": 3}',
+            ]
+        )
+    )
+    assert reasons(r) == {1: DecodeReason.TYPE_CONFLICT}
+    assert r.table.schema == declared  # no inferred "extra", price stays double
+    assert r.table.column("price").to_pylist() == [2.0, None, None]
+    noon = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+    assert r.table.column("at").to_pylist()[0] == noon
+    assert d.schema == declared

@@ -43,11 +43,16 @@ class JsonArrowDecoder:
     Args:
         columns: metadata column names; payload fields under its prefix are refused.
         schema: an initial pinned schema (for example loaded from the decoded lane).
+        declared: ``schema`` is a declared contract (a JSON Schema): it wins over
+            inference — fields it does not name are ignored and it never grows.
     """
 
-    def __init__(self, columns: MetadataColumns, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self, columns: MetadataColumns, schema: pa.Schema | None = None, *, declared: bool = False
+    ) -> None:
         self._columns = columns
         self._schema = schema if schema is not None else pa.schema([])
+        self._declared = declared and schema is not None
         self._lock = threading.Lock()
 
     @property
@@ -110,6 +115,8 @@ class JsonArrowDecoder:
         return out
 
     def _explicit_schema(self) -> pa.Schema:
+        if self._declared:
+            return self._schema
         return pa.schema([f for f in self._schema if not _has_null(f.type)])
 
     def _parse(self, values: pa.Array, *, single_block: bool = False) -> pa.Table:
@@ -125,7 +132,7 @@ class JsonArrowDecoder:
             ),
             parse_options=pj.ParseOptions(
                 explicit_schema=self._explicit_schema(),
-                unexpected_field_behavior="infer",
+                unexpected_field_behavior="ignore" if self._declared else "infer",
             ),
         )
 
@@ -267,7 +274,8 @@ class JsonArrowDecoder:
         return table.drop_columns(reserved), failures
 
     def _pin(self, seen: pa.Schema) -> None:
-        self._schema = _unify(self._schema, seen)
+        if not self._declared:
+            self._schema = _unify(self._schema, seen)
 
     def _conform(self, table: pa.Table) -> pa.Table:
         return conform(table, self._schema)
@@ -276,7 +284,7 @@ class JsonArrowDecoder:
 def _classify(message: str) -> DecodeReason:
     if "Column() changed from" in message:
         return DecodeReason.NOT_ONE_RECORD  # the payload is not a JSON object
-    if "changed from" in message:
+    if "changed from" in message or message.startswith("Failed to convert JSON to"):
         return DecodeReason.TYPE_CONFLICT
     return DecodeReason.SYNTAX
 

@@ -205,3 +205,44 @@ def arrow_schema_to_avro(schema: pa.Schema, name: str) -> AvroSchema:
         "name": name,
         "fields": [_avro_field(f, f"{name}_{f.name}") for f in schema],
     }
+
+
+def json_schema_to_arrow(schema: dict[str, Any]) -> pa.DataType:
+    """The Arrow type of a JSON Schema (draft 7 subset: type, properties, items, format).
+
+    ``{"type": ["string", "null"]}`` is a nullable string; ``format: date-time`` a
+    ``timestamp[us, UTC]``, ``format: date`` a ``date32``; ``integer`` is ``int64``,
+    ``number`` ``float64``. Objects without ``properties`` and ``oneOf``/``anyOf`` are
+    not covered.
+    """
+    t = schema.get("type")
+    types = [x for x in (t if isinstance(t, list) else [t]) if x != "null"]
+    if len(types) != 1:
+        raise UnsupportedSchemaError(f"JSON Schema type {t!r} is not a single type")
+    kind = types[0]
+    if kind == "object":
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            raise UnsupportedSchemaError("JSON Schema objects need 'properties'")
+        return pa.struct([pa.field(k, json_schema_to_arrow(v)) for k, v in props.items()])
+    if kind == "array":
+        return pa.list_(json_schema_to_arrow(schema.get("items", {"type": "string"})))
+    if kind == "string":
+        fmt = schema.get("format")
+        if fmt == "date-time":
+            return pa.timestamp("us", tz="UTC")
+        if fmt == "date":
+            return pa.date32()
+        return pa.string()
+    simple = {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
+    if kind not in simple:
+        raise UnsupportedSchemaError(f"JSON Schema type {kind!r} is not covered")
+    return simple[kind]
+
+
+def json_schema_record(schema: dict[str, Any]) -> pa.Schema:
+    """The lane schema of a top-level JSON Schema object (columns nullable)."""
+    t = json_schema_to_arrow(schema)
+    if not pa.types.is_struct(t):
+        raise UnsupportedSchemaError("the top-level JSON Schema must be an object")
+    return pa.schema([f.with_nullable(True) for f in t])

@@ -115,6 +115,11 @@ class KafkaSourceConfig(_Model):
     registry: RegistryConfig | None = Field(
         None, description="Schema source for format = 'avro' (Confluent wire format)."
     )
+    json_schema: Path | None = Field(
+        None,
+        description="For format = 'json': a JSON Schema file that fixes the decoded columns "
+        "(wins over inference; fields it does not name are ignored).",
+    )
     cluster: str | None = Field(
         None, description="Cluster name stamped in the lane and record ids; defaults to name."
     )
@@ -144,6 +149,8 @@ class KafkaSourceConfig(_Model):
         for topic in self.topics:
             if not topic or "/" in topic or topic in {".", ".."}:
                 raise ValueError(f"topics: {topic!r} is not a usable topic name")
+        if self.json_schema is not None and self.format != "json":
+            raise ValueError("json_schema applies to format = 'json' only")
         if self.format == "avro" and self.registry is None:
             raise ValueError(
                 "format = 'avro' needs a [sources.registry] table (url or schemas_dir)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from thalweg.codecs.base import ArrowDecoder
 from thalweg.codecs.framing import peel
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
+from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
-from thalweg.errors import LaneError, SourceError
+from thalweg.errors import ConfigError, LaneError, SourceError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
 from thalweg.lane.live import LiveEntry, LiveTail
@@ -90,6 +92,13 @@ class SourceRunner:
         if self.cfg.format == "avro":
             assert self._registry is not None
             return AvroArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
+        if self.cfg.json_schema is not None:
+            path = self.cfg.json_schema
+            try:
+                declared = json_schema_record(json.loads(path.read_text("utf-8")))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"source {self.cfg.name!r}: json_schema {path}: {exc}") from exc
+            return JsonArrowDecoder(self.ctx.columns, declared, declared=True)
         return JsonArrowDecoder(self.ctx.columns, pinned)
 
     async def _resolve_schemas(self, raw: pa.RecordBatch, stop: asyncio.Event) -> None:
