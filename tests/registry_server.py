@@ -20,6 +20,7 @@ class FakeRegistry:
         self, *, username: str | None = None, password: str | None = None, token: str | None = None
     ) -> None:
         self.schemas: dict[int, str] = {}
+        self.types: dict[int, str] = {}
         self.subjects: dict[str, list[int]] = {}
         self.requests: list[str] = []
         self.down = False
@@ -59,7 +60,10 @@ class FakeRegistry:
                 if parts[:2] == ["schemas", "ids"] and len(parts) == 3:
                     sid = int(parts[2])
                     if sid in registry.schemas:
-                        self._reply(200, {"schema": registry.schemas[sid]})
+                        body = {"schema": registry.schemas[sid]}
+                        if registry.types[sid] != "AVRO":  # the real API omits AVRO
+                            body["schemaType"] = registry.types[sid]
+                        self._reply(200, body)
                     else:
                         self._reply(404, {"error_code": 40403, "message": "Schema not found"})
                     return
@@ -101,11 +105,12 @@ class FakeRegistry:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def add(self, subject: str, schema: str | dict[str, Any]) -> int:
+    def add(self, subject: str, schema: str | dict[str, Any], schema_type: str = "AVRO") -> int:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         known = {existing: sid for sid, existing in self.schemas.items()}
         sid = known.get(text, len(self.schemas) + 1)
         self.schemas[sid] = text
+        self.types[sid] = schema_type
         versions = self.subjects.setdefault(subject, [])
         if sid not in versions:
             versions.append(sid)

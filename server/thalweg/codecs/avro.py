@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, conform
+from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, admit, assemble
 from thalweg.codecs.framing import HEADER, peel
 from thalweg.codecs.typemap import AvroSchema, UnsupportedSchemaError, avro_record_schema
 from thalweg.records.columns import MetadataColumns
@@ -150,27 +150,16 @@ class AvroArrowDecoder:
                 failures += [DecodeFailure(int(r), reason, str(compiled)) for r in rows]
                 continue
             table, bad = self._decode_group(values, rows, compiled)
-            try:
-                merged = pa.unify_schemas(
-                    [self._schema, table.schema], promote_options="permissive"
-                )
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                msg = f"schema id {schema_id} does not evolve the lane schema compatibly: {exc}"
-                failures += [DecodeFailure(int(r), DecodeReason.SCHEMA_CONFLICT, msg) for r in rows]
-                continue
-            reserved = [f for f in table.column_names if self._columns.is_reserved(f)]
-            if reserved:
-                msg = (
-                    f"payload field {reserved[0]!r} uses the reserved metadata prefix "
-                    f"{self._columns.prefix!r}"
-                )
-                failures += [DecodeFailure(int(r), DecodeReason.RESERVED_FIELD, msg) for r in rows]
+            merged, refused = admit(
+                self._schema, table.schema, rows, f"schema id {schema_id}", self._columns
+            )
+            if merged is None:
+                failures += refused
                 continue
             self._schema = merged
             failures += bad
-            good = np.setdiff1d(rows, [f.row for f in bad])
-            pieces.append((good, table))
-        return self._assemble(n, pieces, failures)
+            pieces.append((np.setdiff1d(rows, [f.row for f in bad]), table))
+        return assemble(n, self._schema, pieces, failures)
 
     def _compile(self, schema_id: int) -> _Compiled | Exception:
         if schema_id not in self._compiled:
@@ -231,24 +220,6 @@ class AvroArrowDecoder:
                 continue
             records.append(_plain(rec) if c.has_uuid else rec)  # type: ignore[arg-type]
         return pa.Table.from_pylist(records, schema=c.arrow), failures
-
-    def _assemble(
-        self, n: int, pieces: list[tuple[np.ndarray, pa.Table]], failures: list[DecodeFailure]
-    ) -> DecodeResult:
-        tables = [conform(t, self._schema) for _, t in pieces]
-        merged = pa.concat_tables(tables) if tables else self._schema.empty_table()
-        take = np.full(n, -1, dtype=np.int64)
-        if pieces:
-            rows = np.concatenate([r for r, _ in pieces])
-            take[rows] = np.arange(len(rows))
-        indices = pa.array(take, mask=take < 0)
-        table = merged.take(indices)
-        messages: list[str | None] = [None] * n
-        for f in failures:
-            messages[f.row] = f"{f.reason.value}: {f.message}"
-        errors = pa.array(messages, pa.string())
-        assert isinstance(errors, pa.StringArray)
-        return DecodeResult(table, errors, tuple(sorted(failures, key=lambda f: f.row)))
 
 
 def _has_union(t: pa.DataType) -> bool:

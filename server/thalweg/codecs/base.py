@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+
+from thalweg.records.columns import MetadataColumns
 
 
 class DecodeReason(StrEnum):
@@ -68,3 +73,48 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         [schema.empty_table(), table.select(keep)], promote_options="permissive"
     ).select(schema.names)
     return merged if merged.schema == schema else merged.cast(schema)
+
+
+def admit(
+    lane: pa.Schema,
+    group: pa.Schema,
+    rows: Sequence[int] | npt.NDArray[np.integer[Any]],
+    label: str,
+    columns: MetadataColumns,
+) -> tuple[pa.Schema | None, list[DecodeFailure]]:
+    """Whether one writer schema's rows may join the lane.
+
+    Returns the widened lane schema, or None with a failure per row when the writer
+    schema contradicts the lane (``schema_conflict``) or names a reserved field.
+    """
+    reserved = [name for name in group.names if columns.is_reserved(name)]
+    if reserved:
+        msg = f"payload field {reserved[0]!r} uses the reserved metadata prefix {columns.prefix!r}"
+        return None, [DecodeFailure(int(r), DecodeReason.RESERVED_FIELD, msg) for r in rows]
+    try:
+        return pa.unify_schemas([lane, group], promote_options="permissive"), []
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        msg = f"{label} does not evolve the lane schema compatibly: {exc}"
+        return None, [DecodeFailure(int(r), DecodeReason.SCHEMA_CONFLICT, msg) for r in rows]
+
+
+def assemble(
+    n: int,
+    lane: pa.Schema,
+    pieces: Sequence[tuple[npt.NDArray[np.int64], pa.Table]],
+    failures: Sequence[DecodeFailure],
+) -> DecodeResult:
+    """One row per input: each piece's rows where they came from, nulls elsewhere."""
+    tables = [conform(t, lane) for _, t in pieces]
+    merged = pa.concat_tables(tables) if tables else lane.empty_table()
+    take = np.full(n, -1, dtype=np.int64)
+    if pieces:
+        rows = np.concatenate([r for r, _ in pieces])
+        take[rows] = np.arange(len(rows))
+    table = merged.take(pa.array(take, mask=take < 0))
+    messages: list[str | None] = [None] * n
+    for f in failures:
+        messages[f.row] = f"{f.reason.value}: {f.message}"
+    errors = pa.array(messages, pa.string())
+    assert isinstance(errors, pa.StringArray)
+    return DecodeResult(table, errors, tuple(sorted(failures, key=lambda f: f.row)))

@@ -109,11 +109,16 @@ class KafkaSourceConfig(_Model):
     bootstrap_servers: str = Field(min_length=1)
     topics: list[str] = Field(min_length=1)
     group_id: str = "thalweg"
-    format: Literal["json", "avro", "none"] = Field(
+    format: Literal["json", "avro", "protobuf", "none"] = Field(
         "json", description="How the decoded lane reads record values ('none': raw lane only)."
     )
     registry: RegistryConfig | None = Field(
         None, description="Schema source for format = 'avro' (Confluent wire format)."
+    )
+    protobuf_descriptor_set: Path | None = Field(
+        None,
+        description="For format = 'protobuf': a FileDescriptorSet file (protoc "
+        "--descriptor_set_out --include_imports) instead of a registry.",
     )
     json_schema: Path | None = Field(
         None,

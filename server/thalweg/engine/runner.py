@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +40,7 @@ from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.registry import RegistryUnavailableError
-from thalweg.registry.factory import open_registry
+from thalweg.registry.factory import open_proto_schemas, open_registry
 from thalweg.sources.kafka import KafkaSource, PartitionKey
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,11 @@ class SourceRunner:
         self._paused = False
         self._fatal: BaseException | None = None
         ctx.health.register(self.component, "source", gates_readiness=True)
-        self._registry = open_registry(cfg.registry) if cfg.registry is not None else None
+        self._registry: Any = None
+        if cfg.format == "protobuf":
+            self._registry = open_proto_schemas(cfg)
+        elif cfg.registry is not None:
+            self._registry = open_registry(cfg.registry)
         self._unknown_ids: set[int] = set()
         if cfg.format != "none":
             reader = LaneReader(ctx.layout, ctx.columns)
@@ -92,6 +97,10 @@ class SourceRunner:
         if self.cfg.format == "avro":
             assert self._registry is not None
             return AvroArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
+        if self.cfg.format == "protobuf":
+            from thalweg.codecs.protobuf import ProtobufArrowDecoder  # the protobuf extra
+
+            return ProtobufArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
         if self.cfg.json_schema is not None:
             path = self.cfg.json_schema
             try:

@@ -76,6 +76,16 @@ class ConfluentRegistry:
             self._cache[schema_id] = schema
         return schema
 
+    def fetch_raw(self, schema_id: int) -> tuple[str, str] | None:
+        """``(schemaType, schema text)`` of any kind of schema (Avro, Protobuf, JSON)."""
+        body = self._request("GET", f"/schemas/ids/{schema_id}")
+        if body is None:
+            return None
+        try:
+            return str(body.get("schemaType", "AVRO")), str(body["schema"])
+        except KeyError as exc:
+            raise RegistryError(f"malformed registry answer for schema id {schema_id}") from exc
+
     def register(self, subject: str, schema: Any) -> int:
         """Register (or look up) ``schema`` under ``subject``; returns its id."""
         payload = json.dumps({"schema": json.dumps(schema)}).encode()

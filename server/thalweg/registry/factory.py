@@ -3,10 +3,35 @@
 from __future__ import annotations
 
 import ssl
+from typing import TYPE_CHECKING
 
-from thalweg.config.models import RegistryConfig
+from thalweg.config.models import KafkaSourceConfig, RegistryConfig
+from thalweg.errors import ConfigError
 from thalweg.registry.confluent import ConfluentRegistry
+
+if TYPE_CHECKING:
+    from thalweg.registry.proto_lookup import FileProtoSchemas, RegistryProtoSchemas
 from thalweg.registry.static import StaticRegistry
+
+
+def open_proto_schemas(cfg: KafkaSourceConfig) -> RegistryProtoSchemas | FileProtoSchemas:
+    """Protobuf schemas for ``format = "protobuf"``: a descriptor-set file or a registry."""
+    try:
+        from thalweg.registry.proto_lookup import FileProtoSchemas, RegistryProtoSchemas
+    except ImportError as exc:
+        raise ConfigError(
+            f"source {cfg.name!r}: format = 'protobuf' needs the 'protobuf' extra: "
+            "pip install 'thalweg[protobuf]'"
+        ) from exc
+    if cfg.protobuf_descriptor_set is not None:
+        return FileProtoSchemas(cfg.protobuf_descriptor_set)
+    assert cfg.registry is not None
+    registry = open_registry(cfg.registry)
+    if not isinstance(registry, ConfluentRegistry):
+        raise ConfigError(
+            f"source {cfg.name!r}: Protobuf schemas need a registry url or a descriptor set"
+        )
+    return RegistryProtoSchemas(registry)
 
 
 def open_registry(cfg: RegistryConfig) -> ConfluentRegistry | StaticRegistry:

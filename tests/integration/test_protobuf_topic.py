@@ -1,0 +1,74 @@
+"""A Protobuf topic end to end: schemas from the registry's .proto text, or from a file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+import thalweg_client
+from tests.conftest import RunningGateway
+from tests.registry_server import FakeRegistry
+from tests.unit.test_protobuf import frame
+from thalweg.codecs.protobuf import ProtoSchema
+from thalweg.registry.protoc import compile_proto
+
+pytestmark = pytest.mark.integration
+
+PROTO = """
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Order {
+  int64 id = 1;
+  string customer = 2;
+  repeated string tags = 3;
+  google.protobuf.Timestamp placed = 4;
+}
+"""
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    r = FakeRegistry()
+    yield r
+    r.stop()
+
+
+@pytest.mark.parametrize("source", ["registry", "descriptor_set"])
+def test_protobuf_topic(
+    source: str,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    registry: FakeRegistry,
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(1)
+    descriptor_set = compile_proto(PROTO)
+    order, _ = ProtoSchema(descriptor_set).message([0])
+    sid = registry.add(f"{topic}-value", PROTO, schema_type="PROTOBUF")
+    for i in range(20):
+        msg = order(id=i, customer=f"c{i}", tags=["a"] * (i % 3))
+        msg.placed.seconds = 1_700_000_000 + i
+        producer.produce(topic, frame(sid, [0], msg.SerializeToString()), partition=0)
+    producer.produce(topic, b"\x00\x00\x00", partition=0)  # poison: short header
+    producer.flush(10)
+    if source == "registry":
+        opts = {"registry": {"url": registry.url}}
+    else:
+        path = tmp_path / "shop.pb"
+        path.write_bytes(descriptor_set)
+        opts = {"protobuf_descriptor_set": str(path)}
+    gw = gateway_factory([topic], format="protobuf", **opts)
+    gw.wait_durable(topic, {0: 21})
+    with thalweg_client.connect(gw.flight_url) as client:
+        table = client.read(topic).sort_by("_twg_source_offset")
+        dlq = client.read(topic, lane="dlq")
+    assert table["id"].to_pylist() == [*range(20), None]
+    assert table["tags"].to_pylist()[:3] == [[], ["a"], ["a", "a"]]
+    assert int(table["placed"][5].as_py().timestamp()) == 1_700_000_005
+    assert table["_twg_source_offset"].to_pylist() == list(range(21))
+    assert dlq["_twg_dlq_reason"].to_pylist() == ["bad_framing"]
