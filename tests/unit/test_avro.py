@@ -12,6 +12,8 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thalweg.codecs import DecodeReason
 from thalweg.codecs.avro import AvroArrowDecoder, StaticSchemas
@@ -236,3 +238,69 @@ def test_reserved_prefix_and_unsupported_unions() -> None:
         DecodeReason.RESERVED_FIELD,
         DecodeReason.UNSUPPORTED,
     ]
+
+
+def test_container_files_decode_through_the_same_type_map() -> None:
+    from thalweg.codecs.avro import decode_container
+
+    for codec in ("null", "deflate", "snappy"):
+        buf = io.BytesIO()
+        fastavro.writer(
+            buf, fastavro.parse_schema(ALL_TYPES), [record(i) for i in range(4)], codec=codec
+        )
+        table, schema = decode_container(buf.getvalue())
+        assert schema["name"] == "t.All"
+        assert table.schema == avro_record_schema(ALL_TYPES)
+        assert table.to_pylist() == [expected_row(record(i)) for i in range(4)], codec
+    with pytest.raises(ValueError, match="container"):
+        decode_container(b"not avro")
+
+
+def test_value_decoder_shares_the_columnar_core() -> None:
+    from thalweg.codecs import ValueDecoder
+    from thalweg.errors import DecodeError
+
+    values = ValueDecoder(AvroArrowDecoder(COLS, StaticSchemas({1: SIMPLE})))
+    assert values.decode(frame(1, SIMPLE, {"id": 7, "s": "x"})) == {"id": 7, "s": "x"}
+    assert values.decode(None) is None
+    with pytest.raises(DecodeError, match="bad_framing"):
+        values.decode(b"\x05nope")
+
+
+PRIMITIVE = st.sampled_from(["boolean", "int", "long", "float", "double", "string", "bytes"])
+VALUES = {
+    "boolean": st.booleans(),
+    "int": st.integers(-(2**31), 2**31 - 1),
+    "long": st.integers(-(2**63), 2**63 - 1),
+    "float": st.floats(width=32, allow_nan=False),
+    "double": st.floats(allow_nan=False),
+    "string": st.text(max_size=20),
+    "bytes": st.binary(max_size=20),
+}
+
+
+@st.composite
+def schema_and_rows(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    n_fields = draw(st.integers(1, 6))
+    fields, strategies = [], {}
+    for i in range(n_fields):
+        t = draw(PRIMITIVE)
+        nullable = draw(st.booleans())
+        fields.append({"name": f"f{i}", "type": ["null", t] if nullable else t})
+        strategies[f"f{i}"] = st.none() | VALUES[t] if nullable else VALUES[t]
+    rows = draw(st.lists(st.fixed_dictionaries(strategies), min_size=1, max_size=15))
+    return {"type": "record", "name": "H", "fields": fields}, rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(schema_and_rows())
+def test_generated_schemas_decode_identically_on_both_paths(
+    case: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    schema, rows = case
+    values = pa.array([frame(3, schema, r) for r in rows], pa.binary())
+    native = AvroArrowDecoder(COLS, StaticSchemas({3: schema})).decode(values)
+    fallback = AvroArrowDecoder(COLS, StaticSchemas({3: schema}), native=False).decode(values)
+    assert native.failures == () and fallback.failures == ()
+    assert native.table.equals(fallback.table)
+    assert native.table.to_pylist() == rows

@@ -7,7 +7,20 @@ the raw lane and a failure is attributable to its record.
 
 from __future__ import annotations
 
-from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeReason, DecodeResult
+from thalweg.codecs.base import (
+    ArrowDecoder,
+    DecodeFailure,
+    DecodeReason,
+    DecodeResult,
+    ValueDecoder,
+)
 from thalweg.codecs.json import JsonArrowDecoder
 
-__all__ = ["ArrowDecoder", "DecodeFailure", "DecodeReason", "DecodeResult", "JsonArrowDecoder"]
+__all__ = [
+    "ArrowDecoder",
+    "DecodeFailure",
+    "DecodeReason",
+    "DecodeResult",
+    "JsonArrowDecoder",
+    "ValueDecoder",
+]

@@ -118,3 +118,31 @@ def assemble(
     errors = pa.array(messages, pa.string())
     assert isinstance(errors, pa.StringArray)
     return DecodeResult(table, errors, tuple(sorted(failures, key=lambda f: f.row)))
+
+
+class ValueDecoder:
+    """Record-at-a-time decoding (bytes → dict) over an :class:`ArrowDecoder`.
+
+    The same schema resolution as the columnar path — it *is* the columnar path on a
+    one-row batch — so the two can never disagree. For consumers that want one record.
+    """
+
+    def __init__(self, decoder: ArrowDecoder) -> None:
+        self._decoder = decoder
+
+    def decode(self, payload: bytes | None) -> dict[str, Any] | None:
+        """The payload's fields; None for a tombstone.
+
+        Raises:
+            DecodeError: the payload does not decode (the message says why).
+        """
+        from thalweg.errors import DecodeError
+
+        if payload is None:
+            return None
+        result = self._decoder.decode(pa.array([payload], pa.binary()))
+        if result.failures:
+            f = result.failures[0]
+            raise DecodeError(f"{f.reason.value}: {f.message}")
+        row: dict[str, Any] = result.table.to_pylist()[0]
+        return row
