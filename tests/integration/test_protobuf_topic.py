@@ -55,6 +55,19 @@ def test_protobuf_topic(
         msg.placed.seconds = 1_700_000_000 + i
         producer.produce(topic, frame(sid, [0], msg.SerializeToString()), partition=0)
     producer.produce(topic, b"\x00\x00\x00", partition=0)  # poison: short header
+    expected = 21
+    if source == "registry":  # a second schema version adds a field mid-stream
+        v2 = PROTO.replace(
+            "google.protobuf.Timestamp placed = 4;",
+            "google.protobuf.Timestamp placed = 4;\n  string note = 5;",
+        )
+        sid2 = registry.add(f"{topic}-value", v2, schema_type="PROTOBUF")
+        order2, _ = ProtoSchema(compile_proto(v2)).message([0])
+        for i in range(20, 25):
+            producer.produce(
+                topic, frame(sid2, [0], order2(id=i, note=f"n{i}").SerializeToString()), partition=0
+            )
+        expected = 26
     producer.flush(10)
     if source == "registry":
         opts = {"registry": {"url": registry.url}}
@@ -63,12 +76,15 @@ def test_protobuf_topic(
         path.write_bytes(descriptor_set)
         opts = {"protobuf_descriptor_set": str(path)}
     gw = gateway_factory([topic], format="protobuf", **opts)
-    gw.wait_durable(topic, {0: 21})
+    gw.wait_durable(topic, {0: expected})
     with thalweg_client.connect(gw.flight_url) as client:
         table = client.read(topic).sort_by("_twg_source_offset")
         dlq = client.read(topic, lane="dlq")
-    assert table["id"].to_pylist() == [*range(20), None]
+    ids = [*range(20), None] + ([*range(20, 25)] if source == "registry" else [])
+    assert table["id"].to_pylist() == ids
     assert table["tags"].to_pylist()[:3] == [[], ["a"], ["a", "a"]]
     assert int(table["placed"][5].as_py().timestamp()) == 1_700_000_005
-    assert table["_twg_source_offset"].to_pylist() == list(range(21))
+    assert table["_twg_source_offset"].to_pylist() == list(range(expected))
+    if source == "registry":
+        assert table["note"].to_pylist() == [None] * 21 + [f"n{i}" for i in range(20, 25)]
     assert dlq["_twg_dlq_reason"].to_pylist() == ["bad_framing"]

@@ -6,6 +6,7 @@ mirror the decoders: Confluent-framed Avro (magic 0 + schema id + body) and JSON
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import struct
@@ -57,3 +58,60 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("latin-1")
     return str(value)
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class ProtobufEncoder:
+    """Encodes rows as one Protobuf message type, framed with schema id and indexes.
+
+    Args:
+        schema_id: the registry id of the schema.
+        message_class: the message class (from :class:`thalweg.codecs.protobuf.ProtoSchema`).
+        indexes: where the message sits in its file (Confluent's message indexes).
+    """
+
+    def __init__(
+        self, schema_id: int, message_class: Any, indexes: list[int] | None = None
+    ) -> None:
+        from google.protobuf import json_format
+
+        self._parse = json_format.ParseDict
+        self._cls = message_class
+        idx = indexes or [0]
+        tail = b"\x00" if idx == [0] else _zigzag(len(idx)) + b"".join(_zigzag(i) for i in idx)
+        self._header = b"\x00" + struct.pack(">I", schema_id) + tail
+
+    def encode(self, table: pa.Table | pa.RecordBatch) -> list[bytes]:
+        out = []
+        for row in table.to_pylist():
+            msg = self._parse(_proto_ready(row), self._cls())
+            out.append(self._header + msg.SerializeToString())
+        return out
+
+
+def _proto_ready(value: Any) -> Any:
+    """Arrow's Python values as protobuf's JSON mapping expects them."""
+    if isinstance(value, dict):
+        return {k: _proto_ready(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        if value and isinstance(value[0], tuple) and len(value[0]) == 2:
+            return {str(k): _proto_ready(v) for k, v in value}
+        return [_proto_ready(v) for v in value]
+    if isinstance(value, bytes):
+        import base64
+
+        return base64.b64encode(value).decode()
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.timedelta):
+        return f"{value.total_seconds():.6f}s"
+    return value
