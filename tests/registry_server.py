@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -17,7 +18,12 @@ from typing import Any
 
 class FakeRegistry:
     def __init__(
-        self, *, username: str | None = None, password: str | None = None, token: str | None = None
+        self,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.schemas: dict[int, str] = {}
         self.types: dict[int, str] = {}
@@ -101,7 +107,13 @@ class FakeRegistry:
                     self._reply(404, {"error_code": 404, "message": "Not found"})
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:  # (certfile, keyfile)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 

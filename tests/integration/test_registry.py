@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +68,44 @@ def test_5xx_and_refused_are_retriable(registry: FakeRegistry) -> None:
     registry.stop()
     with pytest.raises(RegistryUnavailableError, match="unreachable"):
         ConfluentRegistry(registry.url, timeout_s=2).fetch(sid)
+
+
+def test_tls_registry(tmp_path: Path) -> None:
+    """https with a private CA: trusted via ssl_cafile; untrusted is a config error, not
+    an outage (not retriable)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = FakeRegistry(tls=(str(cert), str(key)))
+    try:
+        sid = server.add("s", SCHEMA)
+        assert server.url.startswith("https://")
+        trusted = ConfluentRegistry(
+            server.url, ssl_context=ssl.create_default_context(cafile=str(cert))
+        )
+        assert trusted.fetch(sid) == SCHEMA
+        with pytest.raises(RegistryError, match="not trusted") as info:
+            ConfluentRegistry(server.url, timeout_s=2).fetch(sid)
+        assert not info.value.retriable
+    finally:
+        server.stop()

@@ -128,7 +128,15 @@ class ConfluentRegistry:
             if exc.code >= 500:
                 raise RegistryUnavailableError(f"registry {self.url} answered {exc.code}") from exc
             raise RegistryError(f"registry {self.url} refused {method} {path}: {exc.code}") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):
+                # Configuration, not an outage: retrying cannot fix an untrusted certificate.
+                why = exc.reason.verify_message
+                raise RegistryError(
+                    f"registry {self.url}: TLS certificate not trusted ({why}); set ssl_cafile"
+                ) from exc
+            raise RegistryUnavailableError(f"registry {self.url} unreachable: {exc}") from exc
+        except (TimeoutError, ConnectionError) as exc:
             raise RegistryUnavailableError(f"registry {self.url} unreachable: {exc}") from exc
         except ValueError as exc:
             raise RegistryError(f"registry {self.url} sent something that is not JSON") from exc
