@@ -157,7 +157,9 @@ def test_type_map() -> None:
             "fields": [{"name": "v", "type": ["int", "string", "null"]}],
         }
     )
-    assert pa.types.is_union(union.field("v").type)
+    assert union.field("v").type == pa.struct(
+        [pa.field("int", pa.int32()), pa.field("string", pa.string())]
+    )
 
 
 SIMPLE = {
@@ -229,14 +231,85 @@ def test_schema_evolution_additive_and_incompatible() -> None:
     assert dec.schema.field("id").type == pa.int64()  # never changed by the bad writer
 
 
-def test_reserved_prefix_and_unsupported_unions() -> None:
+def test_reserved_prefix_is_refused() -> None:
     reserved = {"type": "record", "name": "R", "fields": [{"name": "_twg_x", "type": "int"}]}
-    union = {"type": "record", "name": "U", "fields": [{"name": "v", "type": ["int", "string"]}]}
-    dec = AvroArrowDecoder(COLS, StaticSchemas({1: reserved, 2: union}))
-    result = dec.decode(pa.array([frame(1, reserved, {"_twg_x": 1}), frame(2, union, {"v": 3})]))
-    assert [f.reason for f in result.failures] == [
-        DecodeReason.RESERVED_FIELD,
-        DecodeReason.UNSUPPORTED,
+    dec = AvroArrowDecoder(COLS, StaticSchemas({1: reserved}))
+    result = dec.decode(pa.array([frame(1, reserved, {"_twg_x": 1})]))
+    assert [f.reason for f in result.failures] == [DecodeReason.RESERVED_FIELD]
+
+
+A = {"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]}
+UNIONS = {
+    "type": "record",
+    "name": "U",
+    "fields": [
+        {"name": "simple", "type": ["null", "long", "string"]},
+        {"name": "complex", "type": [A, {"type": "array", "items": "int"}, "boolean"]},
+        # (a record and a map in one union are ambiguous to a writer handed a dict)
+        {"name": "kv", "type": [{"type": "map", "values": "long"}, "string"]},
+        {
+            "name": "nested",
+            "type": {
+                "type": "record",
+                "name": "N",
+                "fields": [{"name": "u", "type": ["int", "string"]}],
+            },
+        },
+    ],
+}
+UNION_ROWS = [
+    (
+        {"simple": 5, "complex": {"x": 1}, "kv": {"k": 3}, "nested": {"u": 1}},
+        {
+            "simple": {"long": 5, "string": None},
+            "complex": {"A": {"x": 1}, "array": None, "boolean": None},
+            "kv": {"map": [("k", 3)], "string": None},
+            "nested": {"u": {"int": 1, "string": None}},
+        },
+    ),
+    (
+        {"simple": "s", "complex": [1, 2], "kv": "text", "nested": {"u": "t"}},
+        {
+            "simple": {"long": None, "string": "s"},
+            "complex": {"A": None, "array": [1, 2], "boolean": None},
+            "kv": {"map": None, "string": "text"},
+            "nested": {"u": {"int": None, "string": "t"}},
+        },
+    ),
+    (
+        {"simple": None, "complex": True, "kv": {}, "nested": {"u": 2}},
+        {
+            "simple": None,
+            "complex": {"A": None, "array": None, "boolean": True},
+            "kv": {"map": [], "string": None},
+            "nested": {"u": {"int": 2, "string": None}},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "per-record"])
+def test_general_unions_become_one_field_per_branch(native: bool) -> None:
+    values = pa.array([frame(1, UNIONS, r) for r, _ in UNION_ROWS], pa.binary())
+    result = AvroArrowDecoder(COLS, StaticSchemas({1: UNIONS}), native=native).decode(values)
+    assert result.failures == ()
+    assert result.table.to_pylist() == [want for _, want in UNION_ROWS]
+
+
+def test_simple_unions_decode_natively_into_the_same_shape() -> None:
+    schema = {
+        "type": "record",
+        "name": "S",
+        "fields": [{"name": "v", "type": ["null", "int", "string"]}],
+    }
+    values = pa.array([frame(1, schema, {"v": v}) for v in (1, "a", None)])
+    native = AvroArrowDecoder(COLS, StaticSchemas({1: schema})).decode(values).table
+    slow = AvroArrowDecoder(COLS, StaticSchemas({1: schema}), native=False).decode(values).table
+    assert native.equals(slow)
+    assert native.to_pylist() == [
+        {"v": {"int": 1, "string": None}},
+        {"v": {"int": None, "string": "a"}},
+        {"v": None},
     ]
 
 

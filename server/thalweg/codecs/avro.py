@@ -14,6 +14,8 @@ a registry is I/O and lives outside this package (``thalweg.registry``).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import decimal
 import io
 import json
 import os
@@ -30,7 +32,13 @@ import pyarrow.compute as pc
 
 from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, admit, assemble
 from thalweg.codecs.framing import HEADER, peel
-from thalweg.codecs.typemap import AvroSchema, UnsupportedSchemaError, avro_record_schema
+from thalweg.codecs.typemap import (
+    AvroSchema,
+    UnsupportedSchemaError,
+    avro_record_schema,
+    branch_name,
+    is_general_union,
+)
 from thalweg.records.columns import MetadataColumns
 
 
@@ -73,11 +81,9 @@ class _Compiled:
         self.schema = schema
         self.parsed = fastavro.parse_schema(schema)
         self.arrow = avro_record_schema(schema)
-        if any(_has_union(f.type) for f in self.arrow):
-            raise UnsupportedSchemaError(
-                "unions other than [null, T] map to Arrow dense unions, which this version "
-                "does not decode yet"
-            )
+        self.named: dict[str, Any] = {}
+        _collect_named(schema, self.named)
+        self.has_unions = _walk_unions(schema, self.named)
         self.has_uuid = '"uuid"' in json.dumps(schema)
         # DataFusion turns uuid strings into 16 raw bytes; on the wire a uuid is its
         # 36-character string, which is what the type map wants.
@@ -194,7 +200,7 @@ class AvroArrowDecoder:
             table = datafusion.SessionContext().read_avro(path).to_arrow_table()
             if table.num_rows != len(bodies):
                 return None
-            return table.select(c.arrow.names).cast(c.arrow)
+            return _unions_to_structs(table.select(c.arrow.names)).cast(c.arrow)
         except Exception:  # any native failure means: decode per record
             return None
         finally:
@@ -208,7 +214,12 @@ class AvroArrowDecoder:
         failures: list[DecodeFailure] = []
         for row, body in zip(rows, bodies, strict=True):
             try:
-                rec = fastavro.schemaless_reader(io.BytesIO(body), c.parsed)
+                rec = fastavro.schemaless_reader(
+                    io.BytesIO(body),
+                    c.parsed,
+                    return_record_name=c.has_unions,
+                    return_record_name_override=c.has_unions,
+                )
             except Exception as exc:  # fastavro raises many kinds
                 failures.append(
                     DecodeFailure(
@@ -218,14 +229,147 @@ class AvroArrowDecoder:
                     )
                 )
                 continue
+            if c.has_unions:
+                rec = _shape(c.schema, rec, c.named)
             records.append(_plain(rec) if c.has_uuid else rec)  # type: ignore[arg-type]
         return pa.Table.from_pylist(records, schema=c.arrow), failures
 
 
-def _has_union(t: pa.DataType) -> bool:
-    if pa.types.is_union(t):
+def _collect_named(schema: Any, out: dict[str, Any]) -> None:
+    if isinstance(schema, list):
+        for b in schema:
+            _collect_named(b, out)
+    elif isinstance(schema, dict):
+        if schema.get("type") in ("record", "enum", "fixed") and "name" in schema:
+            out[schema["name"]] = schema
+            out[schema["name"].rsplit(".", 1)[-1]] = schema
+        for f in schema.get("fields", []):
+            _collect_named(f["type"], out)
+        for key in ("items", "values"):
+            if key in schema:
+                _collect_named(schema[key], out)
+
+
+def _walk_unions(schema: Any, named: dict[str, Any], seen: frozenset[str] = frozenset()) -> bool:
+    if is_general_union(schema):
         return True
-    return any(_has_union(t.field(i).type) for i in range(t.num_fields))
+    if isinstance(schema, list):
+        return any(_walk_unions(b, named, seen) for b in schema)
+    if isinstance(schema, str):
+        target = named.get(schema)
+        if target is None or schema in seen:
+            return False
+        return _walk_unions(target, named, seen | {schema})
+    if isinstance(schema, dict):
+        if any(_walk_unions(f["type"], named, seen) for f in schema.get("fields", [])):
+            return True
+        return any(_walk_unions(schema[k], named, seen) for k in ("items", "values") if k in schema)
+    return False
+
+
+_INT32 = range(-(2**31), 2**31)
+
+
+def _accepts(branch: Any, value: Any, named: dict[str, Any]) -> bool:
+    """Whether ``value`` (as fastavro returns it) belongs to ``branch``."""
+    if isinstance(branch, str) and branch in named:
+        branch = named[branch]
+    if isinstance(branch, str):
+        return {
+            "null": value is None,
+            "boolean": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool) and value in _INT32,
+            "long": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, float),
+            "double": isinstance(value, float),
+            "string": isinstance(value, str),
+            "bytes": isinstance(value, bytes),
+        }.get(branch, False)
+    kind, logical = branch.get("type"), branch.get("logicalType")
+    if logical == "decimal":
+        return isinstance(value, decimal.Decimal)
+    if logical == "uuid":
+        return isinstance(value, uuid.UUID)
+    if logical == "date":
+        return isinstance(value, dt.date) and not isinstance(value, dt.datetime)
+    if logical in ("time-millis", "time-micros"):
+        return isinstance(value, dt.time)
+    if logical and logical.endswith(("timestamp-millis", "timestamp-micros")):
+        return isinstance(value, dt.datetime)
+    if kind == "record":
+        name = branch["name"].rsplit(".", 1)[-1]
+        return (isinstance(value, tuple) and value[0].rsplit(".", 1)[-1] == name) or isinstance(
+            value, dict
+        )
+    if kind == "enum":
+        return isinstance(value, str) and value in branch["symbols"]
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "map":
+        return isinstance(value, dict)
+    if kind == "fixed":
+        return isinstance(value, bytes) and len(value) == branch["size"]
+    return _accepts(kind, value, named) if isinstance(kind, str) else False
+
+
+def _shape(schema: Any, value: Any, named: dict[str, Any]) -> Any:
+    """fastavro's value in the type map's shape: a general union becomes
+    ``{branch: value}`` with one branch set; named records lose their name tag."""
+    if isinstance(schema, str) and schema in named:
+        schema = named[schema]
+    if isinstance(schema, list):
+        if value is None:
+            return None
+        branches = [b for b in schema if b != "null"]
+        if len(branches) == 1:
+            return _shape(branches[0], value, named)
+        for b in branches:
+            if _accepts(b, value, named):
+                inner = value[1] if isinstance(value, tuple) else value
+                out = dict.fromkeys(branch_name(x) for x in branches)
+                out[branch_name(b)] = _shape(b, inner, named)
+                return out
+        raise ValueError(f"value {value!r} matches no branch of {schema!r}")
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value = value[1]  # a record's name tag outside a general union
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "record" and isinstance(value, dict):
+            return {
+                f["name"]: _shape(f["type"], value.get(f["name"]), named) for f in schema["fields"]
+            }
+        if kind == "array" and isinstance(value, list):
+            return [_shape(schema["items"], v, named) for v in value]
+        if kind == "map" and isinstance(value, dict):
+            return {k: _shape(schema["values"], v, named) for k, v in value.items()}
+    return value
+
+
+def _unions_to_structs(table: pa.Table) -> pa.Table:
+    """DataFusion's dense unions → the type map's struct-of-branches, column by column."""
+    columns = [_union_column(col) for col in table.columns]
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def _union_column(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if not pa.types.is_union(col.type):
+        return col
+    chunks = []
+    for arr in col.chunks:
+        types = np.asarray(arr.type_codes)
+        offsets = np.asarray(arr.offsets)
+        fields, children = [], []
+        is_null = np.zeros(len(arr), dtype=bool)
+        for i, f in enumerate(arr.type):
+            if pa.types.is_null(f.type):
+                is_null |= types == arr.type.type_codes[i]
+                continue
+            hit = types == arr.type.type_codes[i]
+            idx = pa.array(np.where(hit, offsets, 0), mask=~hit)
+            fields.append(pa.field(f.name, f.type))
+            children.append(arr.field(i).take(idx))
+        chunks.append(pa.StructArray.from_arrays(children, fields=fields, mask=pa.array(is_null)))
+    return pa.chunked_array(chunks)
 
 
 def _strip_uuid(schema: Any) -> Any:

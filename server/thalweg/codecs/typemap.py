@@ -54,9 +54,9 @@ def _logical(schema: dict[str, Any]) -> pa.DataType | None:
 def avro_to_arrow(schema: AvroSchema, named: dict[str, pa.DataType] | None = None) -> pa.DataType:
     """The Arrow type of an Avro schema.
 
-    ``["null", T]`` (either order) is a nullable ``T``; any other union a dense union of
-    its branches, in order. Enums are strings, maps ``map<string, T>``, fixed
-    ``fixed_size_binary``. Unknown logical types fall back to their base type, as the
+    ``["null", T]`` (either order) is a nullable ``T``; any other union a struct with one
+    nullable field per non-null branch (named by :func:`branch_name`), exactly one set.
+    Enums are strings, maps ``map<string, T>``, fixed ``fixed_size_binary``. Unknown logical types fall back to their base type, as the
     Avro specification requires.
     """
     named = {} if named is None else named
@@ -72,8 +72,9 @@ def avro_to_arrow(schema: AvroSchema, named: dict[str, pa.DataType] | None = Non
             return avro_to_arrow(branches[0], named)
         if not branches:
             return pa.null()
-        fields = [pa.field(f"b{i}", avro_to_arrow(b, named)) for i, b in enumerate(schema)]
-        return pa.dense_union(fields, type_codes=list(range(len(fields))))
+        # Parquet has no union type, so the lane stores a general union the way spark-avro
+        # does: a struct with one nullable field per non-null branch, exactly one set.
+        return pa.struct([pa.field(branch_name(b), avro_to_arrow(b, named)) for b in branches])
     t = schema.get("type")
     logical = _logical(schema)
     if logical is not None:
@@ -103,6 +104,24 @@ def avro_to_arrow(schema: AvroSchema, named: dict[str, pa.DataType] | None = Non
     if isinstance(t, str | list | dict):
         return avro_to_arrow(t, named)
     raise UnsupportedSchemaError(f"unsupported Avro schema {schema!r}")
+
+
+def branch_name(schema: AvroSchema) -> str:
+    """The field name of a union branch: the primitive or named type, else its kind."""
+    if isinstance(schema, str):
+        return schema.rsplit(".", 1)[-1]
+    if isinstance(schema, dict):
+        if "name" in schema:
+            return str(schema["name"]).rsplit(".", 1)[-1]
+        if "logicalType" in schema:
+            return str(schema["logicalType"])
+        return str(schema.get("type"))
+    raise UnsupportedSchemaError(f"a union directly inside a union: {schema!r}")
+
+
+def is_general_union(schema: AvroSchema) -> bool:
+    """True for a union with more than one non-null branch."""
+    return isinstance(schema, list) and len([b for b in schema if b != "null"]) > 1
 
 
 def _nullable(schema: AvroSchema) -> bool:
