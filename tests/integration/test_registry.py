@@ -109,3 +109,21 @@ def test_tls_registry(tmp_path: Path) -> None:
         assert not info.value.retriable
     finally:
         server.stop()
+
+
+def test_encoder_for_topic_registers_under_the_topic_subject(registry: FakeRegistry) -> None:
+    import pyarrow as pa
+
+    from thalweg.codecs.avro import AvroArrowDecoder
+    from thalweg.records import MetadataColumns
+    from thalweg.registry.encoding import avro_encoder_for_topic
+
+    client = ConfluentRegistry(registry.url, username="svc", password="pw")
+    table = pa.table({"id": [1, 2], "name": ["a", None]})
+    encoder = avro_encoder_for_topic(client, "orders.v1", table.schema)
+    assert registry.subjects["orders.v1-value"] == [encoder.schema_id]
+    again = avro_encoder_for_topic(client, "orders.v1", table.schema)
+    assert again.schema_id == encoder.schema_id  # idempotent
+    payloads = encoder.encode(table)
+    decoded = AvroArrowDecoder(MetadataColumns(), client).decode(pa.array(payloads))
+    assert decoded.table.to_pylist() == table.to_pylist()

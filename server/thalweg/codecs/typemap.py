@@ -56,8 +56,8 @@ def avro_to_arrow(schema: AvroSchema, named: dict[str, pa.DataType] | None = Non
 
     ``["null", T]`` (either order) is a nullable ``T``; any other union a struct with one
     nullable field per non-null branch (named by :func:`branch_name`), exactly one set.
-    Enums are strings, maps ``map<string, T>``, fixed ``fixed_size_binary``. Unknown logical types fall back to their base type, as the
-    Avro specification requires.
+    Enums are strings, maps ``map<string, T>``, fixed ``fixed_size_binary``. Unknown
+    logical types fall back to their base type, as the Avro specification requires.
     """
     named = {} if named is None else named
     if isinstance(schema, str):

@@ -140,3 +140,8 @@ class ConfluentRegistry:
             raise RegistryUnavailableError(f"registry {self.url} unreachable: {exc}") from exc
         except ValueError as exc:
             raise RegistryError(f"registry {self.url} sent something that is not JSON") from exc
+
+
+def topic_subject(topic: str, *, key: bool = False) -> str:
+    """Confluent's default TopicNameStrategy: ``<topic>-value`` (or ``-key``)."""
+    return f"{topic}-{'key' if key else 'value'}"
