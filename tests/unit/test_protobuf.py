@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from thalweg.codecs import DecodeReason
+from thalweg.codecs.framing import zigzag_varint
 from thalweg.codecs.protobuf import ProtobufArrowDecoder, ProtoSchema, message_indexes
 from thalweg.records import MetadataColumns
 from thalweg.registry.protoc import compile_proto
@@ -60,15 +61,7 @@ def schema() -> ProtoSchema:
 
 
 def frame(schema_id: int, indexes: list[int], body: bytes) -> bytes:
-    def zz(n: int) -> bytes:
-        n = (n << 1) ^ (n >> 63)
-        out = bytearray()
-        while n & ~0x7F:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        out.append(n)
-        return bytes(out)
-
+    zz = zigzag_varint
     idx = b"\x00" if indexes == [0] else zz(len(indexes)) + b"".join(zz(i) for i in indexes)
     return b"\x00" + struct.pack(">I", schema_id) + idx + body
 

@@ -20,7 +20,6 @@ import io
 import json
 import os
 import tempfile
-import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -30,8 +29,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, admit, assemble
-from thalweg.codecs.framing import HEADER, peel
+from thalweg.codecs.base import (
+    DecodeFailure,
+    DecodeReason,
+    DecodeResult,
+    LaneDecoder,
+    admit,
+    assemble,
+)
+from thalweg.codecs.framing import HEADER, peel, zigzag_varint
 from thalweg.codecs.typemap import (
     AvroSchema,
     UnsupportedSchemaError,
@@ -48,29 +54,19 @@ class SchemaLookup(Protocol):
     def get(self, schema_id: int) -> AvroSchema | None: ...
 
 
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def container_file(schema: AvroSchema, bodies: list[bytes]) -> bytes:
     """An Avro Object Container File holding ``bodies``, one record per block."""
     sync = os.urandom(16)
     meta = {"avro.schema": json.dumps(schema).encode(), "avro.codec": b"null"}
     head = bytearray(b"Obj\x01")
-    head += _varint(len(meta))
+    head += zigzag_varint(len(meta))
     for k, v in meta.items():
-        head += _varint(len(k)) + k.encode() + _varint(len(v)) + v
+        head += zigzag_varint(len(k)) + k.encode() + zigzag_varint(len(v)) + v
     head += b"\x00" + sync
-    one = _varint(1)
+    one = zigzag_varint(1)
     parts = [bytes(head)]
     for body in bodies:
-        parts += (one + _varint(len(body)), body, sync)
+        parts += (one + zigzag_varint(len(body)), body, sync)
     return b"".join(parts)
 
 
@@ -90,7 +86,7 @@ class _Compiled:
         self.native_schema = _strip_uuid(schema) if self.has_uuid else schema
 
 
-class AvroArrowDecoder:
+class AvroArrowDecoder(LaneDecoder):
     """Decodes Confluent-framed Avro payloads of any known schema id.
 
     Args:
@@ -107,21 +103,11 @@ class AvroArrowDecoder:
         native: bool = True,
         schema: pa.Schema | None = None,
     ) -> None:
-        self._columns = columns
+        super().__init__(columns, schema)
         self._schemas = schemas
         self._native = native
         self._compiled: dict[int, _Compiled | Exception] = {}
-        self._schema = schema if schema is not None else pa.schema([])
-        self._lock = threading.Lock()
         self._tmp = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def decode(self, values: pa.Array) -> DecodeResult:
-        with self._lock:
-            return self._decode(values)
 
     def _decode(self, values: pa.Array) -> DecodeResult:
         n = len(values)

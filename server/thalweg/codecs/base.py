@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -111,6 +113,8 @@ def assemble(
     if pieces:
         rows = np.concatenate([r for r, _ in pieces])
         take[rows] = np.arange(len(rows))
+    if failures:  # a row can parse and still fail later (a reserved field): it stays null
+        take[np.array([f.row for f in failures], dtype=np.int64)] = -1
     table = merged.take(pa.array(take, mask=take < 0))
     messages: list[str | None] = [None] * n
     for f in failures:
@@ -146,3 +150,25 @@ class ValueDecoder:
             raise DecodeError(f"{f.reason.value}: {f.message}")
         row: dict[str, Any] = result.table.to_pylist()[0]
         return row
+
+
+class LaneDecoder(ABC):
+    """What every format's decoder shares: the lane schema so far, and one decode at a
+    time (the schema only grows, and a decode reads and widens it)."""
+
+    def __init__(self, columns: MetadataColumns, schema: pa.Schema | None = None) -> None:
+        self._columns = columns
+        self._schema = schema if schema is not None else pa.schema([])
+        self._lock = threading.Lock()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def decode(self, values: pa.Array) -> DecodeResult:
+        with self._lock:
+            return self._decode(values)
+
+    @abstractmethod
+    def _decode(self, values: pa.Array) -> DecodeResult:
+        """Decode one batch; called under the lock."""

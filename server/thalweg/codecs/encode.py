@@ -15,6 +15,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
+from thalweg.codecs.framing import zigzag_varint
 from thalweg.codecs.typemap import AvroSchema
 
 
@@ -60,16 +61,6 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 class ProtobufEncoder:
     """Encodes rows as one Protobuf message type, framed with schema id and indexes.
 
@@ -87,7 +78,11 @@ class ProtobufEncoder:
         self._parse = json_format.ParseDict
         self._cls = message_class
         idx = indexes or [0]
-        tail = b"\x00" if idx == [0] else _zigzag(len(idx)) + b"".join(_zigzag(i) for i in idx)
+        tail = (
+            b"\x00"
+            if idx == [0]
+            else zigzag_varint(len(idx)) + b"".join(zigzag_varint(i) for i in idx)
+        )
         self._header = b"\x00" + struct.pack(">I", schema_id) + tail
 
     def encode(self, table: pa.Table | pa.RecordBatch) -> list[bytes]:

@@ -52,3 +52,14 @@ def peel(values: pa.Array) -> Framing:
         | data[g + 4].astype(np.int64)
     )
     return Framing(ids, ~valid, short, bad_magic)
+
+
+def zigzag_varint(n: int) -> bytes:
+    """Avro's and Confluent's integer encoding: zigzag, then 7-bit groups, low first."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

@@ -15,7 +15,6 @@ of rows already written. Numbers promote int → double (Arrow's permissive unif
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, conform
+from thalweg.codecs.base import (
+    DecodeFailure,
+    DecodeReason,
+    DecodeResult,
+    LaneDecoder,
+    assemble,
+)
 from thalweg.records.columns import MetadataColumns
 
 _MIN_BLOCK = 1 << 20
@@ -37,7 +42,7 @@ class _Piece:
     table: pa.Table
 
 
-class JsonArrowDecoder:
+class JsonArrowDecoder(LaneDecoder):
     """Decodes newline-free or pretty-printed JSON objects, one per payload.
 
     Args:
@@ -50,18 +55,8 @@ class JsonArrowDecoder:
     def __init__(
         self, columns: MetadataColumns, schema: pa.Schema | None = None, *, declared: bool = False
     ) -> None:
-        self._columns = columns
-        self._schema = schema if schema is not None else pa.schema([])
+        super().__init__(columns, schema)
         self._declared = declared and schema is not None
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def decode(self, values: pa.Array) -> DecodeResult:
-        with self._lock:
-            return self._decode(values)
 
     # -- internals -------------------------------------------------------------------
 
@@ -87,19 +82,8 @@ class JsonArrowDecoder:
         failures.extend(reserved)
         self._pin(merged.schema)
 
-        take = np.full(n, -1, dtype=np.int64)
-        good_rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
-        take[good_rows] = np.arange(len(good_rows))
-        failed_rows = np.array([f.row for f in failures], dtype=np.int64)
-        take[failed_rows] = -1
-        indices = pa.array(take, mask=take < 0)
-        table = self._conform(merged).take(indices)
-        messages: list[str | None] = [None] * n
-        for f in failures:
-            messages[f.row] = f"{f.reason.value}: {f.message}"
-        errors = pa.array(messages, pa.string())
-        assert isinstance(errors, pa.StringArray)
-        return DecodeResult(table, errors, tuple(sorted(failures, key=lambda f: f.row)))
+        rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
+        return assemble(n, self._schema, [(rows, merged)] if pieces else [], failures)
 
     @staticmethod
     def _stripped_lengths(values: pa.Array) -> np.ndarray:
@@ -276,9 +260,6 @@ class JsonArrowDecoder:
     def _pin(self, seen: pa.Schema) -> None:
         if not self._declared:
             self._schema = _unify(self._schema, seen)
-
-    def _conform(self, table: pa.Table) -> pa.Table:
-        return conform(table, self._schema)
 
 
 def _classify(message: str) -> DecodeReason:

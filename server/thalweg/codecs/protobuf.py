@@ -13,7 +13,6 @@ runtime (upb, in C) and its fields read into Arrow columns typed by
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -23,7 +22,14 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
-from thalweg.codecs.base import DecodeFailure, DecodeReason, DecodeResult, admit, assemble
+from thalweg.codecs.base import (
+    DecodeFailure,
+    DecodeReason,
+    DecodeResult,
+    LaneDecoder,
+    admit,
+    assemble,
+)
 from thalweg.codecs.framing import HEADER, peel
 from thalweg.codecs.typemap import UnsupportedSchemaError
 from thalweg.records.columns import MetadataColumns
@@ -214,24 +220,14 @@ class ProtoLookup(Protocol):
     def get(self, schema_id: int) -> ProtoSchema | None: ...
 
 
-class ProtobufArrowDecoder:
+class ProtobufArrowDecoder(LaneDecoder):
     """Decodes Confluent-framed Protobuf payloads into one lane per topic."""
 
     def __init__(
         self, columns: MetadataColumns, schemas: ProtoLookup, *, schema: pa.Schema | None = None
     ) -> None:
-        self._columns = columns
+        super().__init__(columns, schema)
         self._schemas = schemas
-        self._schema = schema if schema is not None else pa.schema([])
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def decode(self, values: pa.Array) -> DecodeResult:
-        with self._lock:
-            return self._decode(values)
 
     def _decode(self, values: pa.Array) -> DecodeResult:
         framing = peel(values)
