@@ -95,6 +95,61 @@ class Client:
             return info.schema.empty_table()
         return pa.concat_tables(tables)
 
+    def write(
+        self,
+        topic: str,
+        table: pa.Table | pa.RecordBatch,
+        *,
+        key: Any = None,
+        headers: Any = None,
+        partition: Any = None,
+        timestamp: Any = None,
+    ) -> list[dict[str, Any]]:
+        """Produce ``table``'s rows into ``topic`` through the gateway.
+
+        ``table`` has either a ``value`` column (the payloads) or payload columns the
+        gateway encodes with the topic's format. ``key``, ``headers``, ``partition`` and
+        ``timestamp`` may be columns of ``table`` or given here (one value per row).
+
+        Returns:
+            One acknowledgement per batch: ``{"rows": n, "partitions": {"<p>": [first,
+            last]}}`` with the offsets the broker assigned.
+        """
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        for name, values in (
+            ("key", key),
+            ("headers", headers),
+            ("partition", partition),
+            ("timestamp", timestamp),
+        ):
+            if values is not None:
+                table = table.append_column(
+                    name,
+                    pa.array(values)
+                    if not isinstance(values, pa.Array | pa.ChunkedArray)
+                    else values,
+                )
+        descriptor = fl.FlightDescriptor.for_path("topics", topic)
+        writer, reader = self._flight.do_put(descriptor, table.schema)
+        acks = []
+        try:
+            for batch in table.to_batches(max_chunksize=65536):
+                writer.write_batch(batch)
+                acks.append(json.loads(reader.read().to_pybytes()))
+            writer.done_writing()
+        finally:
+            writer.close()
+        return acks
+
+    def describe(self, topic: str) -> dict[str, Any]:
+        """Partitions of ``topic`` with their earliest, durable, committed and latest
+        positions."""
+        action = fl.Action("describe-topic", json.dumps({"topic": topic}).encode())
+        results = list(self._flight.do_action(action))
+        answer: dict[str, Any] = json.loads(results[0].body.to_pybytes())
+        return answer
+
     def close(self) -> None:
         """Cancel open streams (a follow stream ends on the server too), then close.
 

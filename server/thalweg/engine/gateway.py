@@ -68,7 +68,12 @@ class Gateway:
         )
         self._probe_lane()
         self.flight = GatewayFlightServer(
-            g.flight_listen, self.catalog, self.metrics, advertise=g.flight_advertise
+            g.flight_listen,
+            self.catalog,
+            self.metrics,
+            advertise=g.flight_advertise,
+            sources={t: s for s in cfg.sources for t in s.topics},
+            health=self.health.tree,
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")

@@ -406,6 +406,7 @@ class SourceRunner:
             log.warning("%s (will commit with the next segment)", exc)
             return
         buf.committed = durable
+        self.ctx.live.mark_committed(buf.topic, buf.partition, durable)
         self.ctx.metrics.committed.labels(*self._labels(key)).set(durable)
 
     async def _flush_now(self, key: PartitionKey) -> None:

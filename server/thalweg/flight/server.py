@@ -7,19 +7,27 @@ specific read. Every endpoint covers one partition, so readers can fetch in para
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from thalweg.errors import TicketError
+from thalweg.config.models import KafkaSourceConfig
+from thalweg.errors import ThalwegError, TicketError
 from thalweg.flight.plan import output_schema, plan_read
+from thalweg.flight.put import PutPlan, plan_put
 from thalweg.flight.stream import read_stream
 from thalweg.flight.tickets import ReadTicket, parse_ticket
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
+from thalweg.registry.confluent import ConfluentRegistry
+from thalweg.registry.encoding import avro_encoder_for_topic
+from thalweg.registry.factory import open_registry
+from thalweg.sinks.kafka import KafkaWriter
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +52,16 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         catalog: LaneCatalog,
         metrics: Metrics,
         advertise: str | None = None,
+        *,
+        sources: dict[str, KafkaSourceConfig] | None = None,
+        health: Callable[[], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(location, **kwargs)
         self._catalog = catalog
         self._metrics = metrics
+        self._sources = sources or {}
+        self._health = health or dict
         self._closing = False
         host = location.split("://", 1)[1].rsplit(":", 1)[0]
         self.url = advertise or f"grpc://{host}:{self.port}"
@@ -118,6 +131,113 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 streams.dec()
 
         return fl.GeneratorStream(plan.schema, batches())
+
+    # -- writes ------------------------------------------------------------------
+
+    def do_put(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+    ) -> None:
+        """Produce the rows of ``["topics", <topic>]`` and acknowledge each batch with
+        ``{"rows": n, "partitions": {"<p>": [first, last]}}`` as PutResult metadata."""
+        self._metrics.flight_calls.labels("do_put").inc()
+        try:
+            topic = self._put_topic(descriptor)
+            source = self._sources.get(topic)
+            plan = plan_put(topic, reader.schema, source, self._avro_encoder(topic, source))
+        except (TicketError, ThalwegError) as exc:
+            raise _invalid(TicketError(str(exc))) from exc
+        assert source is not None
+        written = asyncio.run(self._produce(plan, source, reader, writer))
+        self._metrics.flight_rows.labels("do_put").inc(written)
+
+    async def _produce(
+        self,
+        plan: PutPlan,
+        source: KafkaSourceConfig,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+    ) -> int:
+        total = 0
+        async with KafkaWriter(source.bootstrap_servers, max_request_size=16 << 20) as out:
+            for chunk in reader:
+                batch = chunk.data
+                try:
+                    batch.validate(full=True)
+                    records = plan.records(batch)
+                except (pa.ArrowException, TicketError) as exc:
+                    raise _invalid(
+                        TicketError(
+                            f"invalid batch after row {total} ({exc}); {total} rows were produced"
+                        )
+                    ) from exc
+                try:
+                    placed = await out.send_records(plan.topic, records)
+                except ThalwegError as exc:
+                    raise fl.FlightServerError(
+                        f"producing to {plan.topic!r} failed after {total} rows: {exc}"
+                    ) from exc
+                total += len(placed)
+                ranges: dict[str, list[int]] = {}
+                for w in placed:
+                    r = ranges.setdefault(str(w.partition), [w.offset, w.offset])
+                    r[0], r[1] = min(r[0], w.offset), max(r[1], w.offset)
+                ack = {"rows": len(placed), "partitions": ranges}
+                writer.write(pa.py_buffer(json.dumps(ack).encode()))
+        return total
+
+    def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:
+        if descriptor.descriptor_type != fl.DescriptorType.PATH:
+            raise TicketError("do_put takes a path descriptor ['topics', <topic>]")
+        path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
+        if len(path) != 2 or path[0] != "topics":
+            raise TicketError(f"unknown descriptor path {path!r}; use ['topics', <topic>]")
+        return str(path[1])
+
+    def _avro_encoder(
+        self, topic: str, source: KafkaSourceConfig | None
+    ) -> Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None:
+        if source is None or source.registry is None or source.registry.url is None:
+            return None
+        registry = open_registry(source.registry)
+        assert isinstance(registry, ConfluentRegistry)
+
+        def make(schema: pa.Schema) -> Callable[[pa.Table], list[bytes]]:
+            return avro_encoder_for_topic(registry, topic, schema).encode
+
+        return make
+
+    # -- actions -------------------------------------------------------------------
+
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+        return [
+            (
+                "describe-topic",
+                "Partitions with earliest/durable/committed/latest positions. "
+                'Body: {"topic": "<name>"}',
+            ),
+            ("health", "The gateway's health tree (as /health)."),
+        ]
+
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
+        self._metrics.flight_calls.labels("do_action").inc()
+        if action.type == "health":
+            yield json.dumps(self._health()).encode()
+            return
+        if action.type == "describe-topic":
+            try:
+                body = json.loads(action.body.to_pybytes() or b"{}")
+                topic = body["topic"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise pa.ArrowInvalid('describe-topic takes {"topic": "<name>"}') from exc
+            if topic not in self._catalog.topics():
+                raise pa.ArrowInvalid(f"unknown topic {topic!r}")
+            yield json.dumps(self._catalog.describe(topic)).encode()
+            return
+        raise pa.ArrowInvalid(f"unknown action {action.type!r}; see list_actions")
 
     def shutdown(self) -> None:
         """End follow streams, then stop (gRPC waits for open calls to finish)."""

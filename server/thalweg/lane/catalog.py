@@ -85,6 +85,25 @@ class LaneCatalog:
             return pa.schema([])
         return pa.schema([f for f in schema if not self.columns.is_reserved(f.name)])
 
+    def describe(self, topic: str) -> dict[str, object]:
+        """Per partition: the lane's first position, durable end, committed offset and
+        the next position the gateway will ingest."""
+        parts = []
+        for p in self.partitions(topic):
+            cov = scan_coverage(self.layout, topic, p)
+            state = self.live.state(topic, p)
+            parts.append(
+                {
+                    "partition": p,
+                    "earliest": cov.ranges[0][0] if cov.ranges else None,
+                    "durable": self.durable_end(topic, p),
+                    "committed": state.committed if state is not None else None,
+                    "latest": self.high_water(topic, p),
+                    "durable_rows": self.durable_rows(topic, p),
+                }
+            )
+        return {"topic": topic, "partitions": parts}
+
     def durable_rows(self, topic: str, partition: int) -> int:
         """Rows in the partition's durable raw lane, from file footers."""
         return sum(

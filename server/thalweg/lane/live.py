@@ -34,6 +34,7 @@ class _Partition:
     entries: deque[LiveEntry] = field(default_factory=deque)
     durable_end: int | None = None
     high_water: int | None = None
+    committed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class PartitionState:
 
     durable_end: int | None  # exclusive end of the durable lane
     high_water: int | None  # next position the gateway will ingest
+    committed: int | None = None  # what the group has committed
 
 
 class LiveTail:
@@ -74,12 +76,16 @@ class LiveTail:
                 part.entries.popleft()
             self._bump()
 
+    def mark_committed(self, topic: str, partition: int, offset: int) -> None:
+        with self._cond:
+            self._parts.setdefault((topic, partition), _Partition()).committed = offset
+
     def state(self, topic: str, partition: int) -> PartitionState | None:
         with self._cond:
             part = self._parts.get((topic, partition))
             if part is None:
                 return None
-            return PartitionState(part.durable_end, part.high_water)
+            return PartitionState(part.durable_end, part.high_water, part.committed)
 
     def entries_from(self, topic: str, partition: int, position: int) -> list[LiveEntry]:
         """Entries holding positions ``>= position``, oldest first."""

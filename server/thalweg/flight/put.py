@@ -1,0 +1,164 @@
+"""``do_put`` into a topic: which rows become which records, checked before producing.
+
+A put's columns are either
+
+* ``value`` (binary or string) — the payload as is — or
+* payload columns, encoded with the topic's format (``json``; ``avro`` through the
+  registry, writer schema registered under ``<topic>-value``),
+
+plus, optionally, ``key`` (binary/string), ``headers``
+(``list<struct<key, value>>``), ``partition`` (integer) and ``timestamp`` (timestamp or
+epoch milliseconds). Anything else about the schema is refused before a row is produced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from thalweg.config.models import KafkaSourceConfig
+from thalweg.errors import TicketError
+from thalweg.records.model import Locator, RawRecord, Timestamp
+
+ENVELOPE = ("key", "headers", "partition", "timestamp")
+
+
+@dataclass(frozen=True)
+class PutPlan:
+    """How the batches of one put become records."""
+
+    topic: str
+    source: KafkaSourceConfig
+    payload_columns: tuple[str, ...]  # empty: a ``value`` column carries the payload
+    encode: Callable[[pa.Table], list[bytes]] | None
+
+    def records(self, batch: pa.RecordBatch) -> list[RawRecord]:
+        """The records of one (already validated) batch, in row order."""
+        table = pa.Table.from_batches([batch])
+        if self.encode is not None:
+            values: list[Any] = self.encode(table.select(list(self.payload_columns)))
+        else:
+            values = [_bytes(v) for v in table.column("value").to_pylist()]
+        n = table.num_rows
+        keys = _column(table, "key", n, _bytes)
+        headers = _column(table, "headers", n, _headers)
+        partitions = _column(table, "partition", n, lambda p: -1 if p is None else int(p))
+        stamps = _timestamps(table, n)
+        return [
+            RawRecord(
+                key=keys[i],
+                value=values[i],
+                headers=headers[i] or (),
+                timestamp=Timestamp(stamps[i]),
+                locator=Locator(
+                    self.source.cluster_name,
+                    self.topic,
+                    partitions[i] if partitions[i] is not None else -1,
+                ),
+            )
+            for i in range(n)
+        ]
+
+
+def plan_put(
+    topic: str,
+    schema: pa.Schema,
+    source: KafkaSourceConfig | None,
+    avro_encoder: Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None = None,
+) -> PutPlan:
+    """Check a put's schema against the topic; raises :class:`TicketError` saying why."""
+    if source is None:
+        raise TicketError(
+            f"topic {topic!r} is not configured on this gateway; cannot produce to it"
+        )
+    for f in schema:
+        if isinstance(f.type, pa.ExtensionType) or (
+            f.metadata and b"ARROW:extension:name" in f.metadata
+        ):
+            raise TicketError(f"column {f.name!r}: extension types are not accepted")
+    _check_envelope(schema)
+    if "value" in schema.names:
+        t = schema.field("value").type
+        if not (
+            pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+        ):
+            raise TicketError(f"column 'value' must be binary or string, not {t}")
+        extra = [n for n in schema.names if n not in ("value", *ENVELOPE)]
+        if extra:
+            allowed = ", ".join(("value", *ENVELOPE))
+            raise TicketError(f"with a 'value' column, {extra[0]!r} has no meaning ({allowed})")
+        return PutPlan(topic, source, (), None)
+    payload = tuple(n for n in schema.names if n not in ENVELOPE)
+    if not payload:
+        raise TicketError("a put needs a 'value' column or payload columns to encode")
+    payload_schema = pa.schema([schema.field(n) for n in payload])
+    if source.format == "json":
+        from thalweg.codecs.encode import JsonEncoder
+
+        return PutPlan(topic, source, payload, JsonEncoder().encode)
+    if source.format == "avro":
+        if avro_encoder is None:
+            raise TicketError(f"topic {topic!r}: encoding Avro needs a registry url in its source")
+        return PutPlan(topic, source, payload, avro_encoder(payload_schema))
+    raise TicketError(
+        f"topic {topic!r} has format {source.format!r}: send a 'value' column with the "
+        "encoded payloads"
+    )
+
+
+def _check_envelope(schema: pa.Schema) -> None:
+    checks = {
+        "key": lambda t: pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_null(t),
+        "partition": pa.types.is_integer,
+        "timestamp": lambda t: pa.types.is_timestamp(t) or pa.types.is_integer(t),
+        "headers": lambda t: (
+            pa.types.is_list(t)
+            and pa.types.is_struct(t.value_type)
+            and {t.value_type.field(i).name for i in range(t.value_type.num_fields)}
+            == {"key", "value"}
+        ),
+    }
+    for name, ok in checks.items():
+        if name in schema.names and not ok(schema.field(name).type):
+            raise TicketError(f"column {name!r} has an unusable type {schema.field(name).type}")
+
+
+def _bytes(v: Any) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    return str(v).encode("utf-8")
+
+
+def _headers(v: Any) -> tuple[tuple[bytes, bytes | None], ...]:
+    if v is None:
+        return ()
+    out = []
+    for h in v:
+        key = _bytes(h["key"])
+        if key is None:
+            raise TicketError("a header key is null")
+        out.append((key, _bytes(h["value"])))
+    return tuple(out)
+
+
+def _column(table: pa.Table, name: str, n: int, convert: Callable[[Any], Any]) -> list[Any]:
+    if name not in table.column_names:
+        return [None] * n
+    return [convert(v) for v in table.column(name).to_pylist()]
+
+
+def _timestamps(table: pa.Table, n: int) -> list[int]:
+    now = time.time_ns() // 1_000_000
+    if "timestamp" not in table.column_names:
+        return [now] * n
+    col = table.column("timestamp")
+    if pa.types.is_timestamp(col.type):
+        col = col.cast(pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
+    return [now if v is None else int(v) for v in col.to_pylist()]

@@ -1,0 +1,131 @@
+"""do_put into topics, and the operator actions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+import thalweg_client
+from tests.conftest import RunningGateway
+from tests.registry_server import FakeRegistry
+
+pytestmark = pytest.mark.integration
+
+
+def test_put_values_with_keys_headers_timestamps(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    topic = topic_factory(2)
+    gw = gateway_factory([topic], format="none")
+    stamps = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i) for i in range(6)]
+    table = pa.table({"value": [b"v%d" % i for i in range(5)] + [b""]})
+    with thalweg_client.connect(gw.flight_url) as client:
+        acks = client.write(
+            topic,
+            table,
+            key=[b"k0", None, b"", b"k3", b"k4", b"k5"],
+            headers=[[{"key": b"h", "value": b"1"}, {"key": b"h", "value": None}]] + [[]] * 5,
+            partition=[0, 1, 0, 1, 0, 1],
+            timestamp=pa.array(stamps, pa.timestamp("ms", tz="UTC")),
+        )
+        assert acks == [{"rows": 6, "partitions": {"0": [0, 2], "1": [0, 2]}}]
+        gw.wait_durable(topic, {0: 3, 1: 3})
+        raw = client.read(topic, lane="raw").sort_by(
+            [("_twg_source_partition", "ascending"), ("_twg_source_offset", "ascending")]
+        )
+        described = client.describe(topic)
+    got = raw.to_pylist()
+    assert [r["_twg_source_value"] for r in got] == [b"v0", b"v2", b"v4", b"v1", b"v3", b""]
+    assert [r["_twg_source_key"] for r in got] == [b"k0", b"", b"k4", None, b"k3", b"k5"]
+    assert got[0]["_twg_source_headers"] == [
+        {"key": b"h", "value": b"1"},
+        {"key": b"h", "value": None},
+    ]
+    assert got[0]["_twg_source_timestamp"] == stamps[0]
+    parts = {p["partition"]: p for p in described["partitions"]}
+    assert parts[0]["durable"] == 3 and parts[0]["committed"] == 3 and parts[0]["earliest"] == 0
+
+
+def test_put_payload_columns_encoded_as_json(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    topic = topic_factory(1)
+    gw = gateway_factory([topic])
+    rows = pa.table({"id": [1, 2, 3], "name": ["a", None, "c"]})
+    with thalweg_client.connect(gw.flight_url) as client:
+        assert client.write(topic, rows)[0]["rows"] == 3
+        gw.wait_durable(topic, {0: 3})
+        back = client.read(topic, metadata="none")
+    assert back.select(["id", "name"]).to_pylist() == rows.to_pylist()
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    r = FakeRegistry()
+    yield r
+    r.stop()
+
+
+def test_put_payload_columns_encoded_as_avro(
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    registry: FakeRegistry,
+) -> None:
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="avro", registry={"url": registry.url})
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "amount": pa.array([1.5, None])})
+    with thalweg_client.connect(gw.flight_url) as client:
+        client.write(topic, rows)
+        gw.wait_durable(topic, {0: 2})
+        back = client.read(topic, metadata="none")
+    assert registry.subjects[f"{topic}-value"] == [1]
+    assert back.to_pylist() == rows.to_pylist()
+
+
+def test_bad_puts_are_refused_before_anything_is_produced(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="none")
+    client = fl.FlightClient(gw.flight_url)
+    cases = [
+        (["topics", "nope"], pa.table({"value": [b"x"]}), "not configured"),
+        (["topics", topic], pa.table({"value": [1]}), "must be binary or string"),
+        (["topics", topic], pa.table({"value": [b"x"], "colour": ["red"]}), "'colour'"),
+        (["topics", topic], pa.table({"value": [b"x"], "partition": ["a"]}), "'partition'"),
+        (["topics", topic], pa.table({"id": [1]}), "'value' column"),
+        (["nodes", topic], pa.table({"value": [b"x"]}), "unknown descriptor path"),
+    ]
+
+    def put(path: list[str], table: pa.Table) -> None:
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path(*path), table.schema)
+        writer.write_table(table)
+        writer.close()
+
+    for path, table, needle in cases:
+        with pytest.raises(pa.ArrowInvalid, match=needle):
+            put(path, table)
+    with thalweg_client.connect(gw.flight_url) as c:
+        parts = c.describe(topic)["partitions"]
+    assert all(p["latest"] == 0 for p in parts), "something was produced"
+
+
+def test_actions(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    topic = topic_factory(1)
+    gw = gateway_factory([topic])
+    client = fl.FlightClient(gw.flight_url)
+    names = {a.type for a in client.list_actions()}
+    assert names == {"describe-topic", "health"}
+    health = json.loads(next(iter(client.do_action(fl.Action("health", b"")))).body.to_pybytes())
+    assert "raw_lane" in health["components"]
+    with pytest.raises(pa.ArrowInvalid, match="unknown action"):
+        list(client.do_action(fl.Action("reboot", b"")))
+    with pytest.raises(pa.ArrowInvalid, match="unknown topic"):
+        list(client.do_action(fl.Action("describe-topic", b'{"topic": "nope"}')))
