@@ -132,12 +132,7 @@ class SourceRunner:
                 except RegistryUnavailableError as exc:
                     self.ctx.metrics.registry_errors.labels(self.cfg.name).inc()
                     self.ctx.health.set(self.component, State.DEGRADED, str(exc))
-                    log.warning("%s; retrying in %.1fs", exc, delay)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay)
-                    if stop.is_set():
-                        raise
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    delay = await _backoff(stop, exc, delay)
             if found is None:
                 self._unknown_ids.add(schema_id)
             self.ctx.health.set(self.component, State.UP, "connected")
@@ -186,12 +181,7 @@ class SourceRunner:
                 return
             except SourceError as exc:
                 self.ctx.health.set(self.component, State.DOWN, str(exc))
-                log.warning("%s; retrying in %.1fs", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                if stop.is_set():
-                    raise
-                delay = min(delay * 2, RETRY_MAX_S)
+                delay = await _backoff(stop, exc, delay)
 
     # -- rebalance -----------------------------------------------------------------
 
@@ -429,3 +419,13 @@ class SourceRunner:
 
     def _labels(self, key: PartitionKey) -> tuple[str, str, str]:
         return (self.cfg.name, key[0], str(key[1]))
+
+
+async def _backoff(stop: asyncio.Event, exc: Exception, delay: float) -> float:
+    """Wait ``delay`` (cut short by ``stop``, which re-raises ``exc``); the next delay."""
+    log.warning("%s; retrying in %.1fs", exc, delay)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay)
+    if stop.is_set():
+        raise exc
+    return min(delay * 2, RETRY_MAX_S)
