@@ -20,6 +20,8 @@ def ticket(
     start: Position = "earliest",
     end: Position = "now",
     metadata: str = "locator",
+    columns: list[str] | None = None,
+    filter: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON ticket for a read (the same object any language can send).
 
@@ -30,6 +32,10 @@ def ticket(
         start: ``"earliest"`` | ``"latest"`` | ``{"offset": N}`` | ``{"timestamp_ms": N}``.
         end: ``"now"`` | ``"follow"`` | ``{"offset": N}`` (exclusive) | ``{"timestamp_ms": N}``.
         metadata: ``"none"`` | ``"locator"`` | ``"all"`` metadata columns (decoded lane).
+        columns: output columns to keep, in order.
+        filter: conditions that must all hold, e.g.
+            ``[{"column": "id", "op": ">=", "value": 10}]`` (ops ``== != < <= > >= in
+            is_null is_valid``); pushed into the gateway's Parquet scans where possible.
     """
     out: dict[str, Any] = {
         "topic": topic,
@@ -40,6 +46,10 @@ def ticket(
     }
     if partitions is not None:
         out["partitions"] = list(partitions)
+    if columns is not None:
+        out["columns"] = list(columns)
+    if filter is not None:
+        out["filter"] = [dict(c) for c in filter]
     return out
 
 

@@ -187,3 +187,56 @@ def test_readme_pandas_and_duckdb_usage(loaded: tuple[str, RunningGateway]) -> N
     assert len(df) == 300 and df["id"].sum() == sum(range(300))
     rel = duckdb.sql("select count(*), sum(price) from orders where _twg_decode_error is null")
     assert rel.fetchall() == [(300, sum(i * 0.5 for i in range(300)))]
+
+
+def test_projection_and_filters(loaded: tuple[str, RunningGateway], producer: Producer) -> None:
+    topic, gw = loaded
+    with thalweg_client.connect(gw.flight_url) as client:
+        cols = ["id", "_twg_source_offset"]
+        some = client.read(topic, columns=cols, filter=[{"column": "id", "op": ">=", "value": 290}])
+        assert some.column_names == cols
+        assert sorted(some["id"].to_pylist()) == list(range(290, 300))
+        both = client.read(
+            topic,
+            filter=[
+                {"column": "price", "op": "<", "value": 2.0},
+                {"column": "name", "op": "in", "value": ["n1", "n2", "n9"]},
+            ],
+        )
+        assert sorted(both["id"].to_pylist()) == [1, 2]
+        # metadata=all: filter on a raw-only column, rows stay aligned with their payload.
+        keyed = client.read(
+            topic,
+            metadata="all",
+            filter=[{"column": "_twg_source_key", "op": "==", "value": "42"}],
+        )
+        assert keyed["id"].to_pylist() == [42]
+        raw = client.read(
+            topic,
+            lane="raw",
+            columns=["_twg_source_value"],
+            filter=[{"column": "_twg_source_partition", "op": "==", "value": 1}],
+        )
+        assert raw.column_names == ["_twg_source_value"] and raw.num_rows == 100
+        schema = client.schema(topic, columns=["name", "id"])
+        assert schema.names == ["name", "id"]
+        for bad, needle in (
+            ({"columns": ["nope"]}, "'nope'"),
+            ({"filter": [{"column": "nope", "op": "==", "value": 1}]}, "'nope'"),
+            ({"filter": [{"column": "id", "op": "==", "value": "x"}]}, "does not fit"),
+            ({"filter": [{"column": "id", "op": "like", "value": 1}]}, "filter"),
+        ):
+            with pytest.raises(pa.ArrowInvalid, match=needle):
+                client.read(topic, **bad)
+
+        # A filtered follow applies the filter to live rows too.
+        reader = client.stream(
+            topic, end="follow", filter=[{"column": "id", "op": ">=", "value": 305}]
+        )
+        produce_json(producer, topic, 3, 10, start=300)
+        got: list[int] = []
+        for batch in reader:
+            got.extend(batch.column("id").to_pylist())
+            if len(got) >= 5:
+                break
+        assert sorted(got) == [305, 306, 307, 308, 309]

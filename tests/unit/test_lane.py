@@ -95,3 +95,24 @@ def test_prefix_change_is_refused(tmp_path: Path) -> None:
     LaneLayout(tmp_path).claim("_twg_")
     with pytest.raises(PrefixMismatchError, match="refused"):
         LaneLayout(tmp_path).claim("_x_")
+
+
+def test_segment_reads_push_projection_and_filter_into_the_scan(tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    from thalweg.lane.reader import LaneReader
+
+    layout, w = writer(tmp_path)
+    w.write("t", 0, raw(list(range(10))), None, 0, 10)
+    reader = LaneReader(layout, COLS)
+    wanted = {COLS.source("key"), COLS.timestamp}
+    predicate = pc.field(COLS.offset) >= 7
+    [(table, _)] = list(
+        reader.read_pairs(
+            "t", 0, 0, 10, decoded=False, with_raw=False, wanted=wanted, predicate=predicate
+        )
+    )
+    # Only the wanted columns (plus the offset, needed for ranges) were read...
+    assert set(table.column_names) == wanted | {COLS.offset}
+    # ...and only the rows the predicate keeps.
+    assert table.column(COLS.offset).to_pylist() == [7, 8, 9]

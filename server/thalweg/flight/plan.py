@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from thalweg.errors import TicketError
 from thalweg.flight.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
@@ -24,14 +25,64 @@ class PartitionRange:
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
+    """A resolved read. ``full_schema`` is what the lane gives before projection;
+    ``schema`` what the stream sends; ``predicate`` the ticket's filter, if any."""
+
     ticket: ReadTicket
     schema: pa.Schema
     payload_schema: pa.Schema
     ranges: tuple[PartitionRange, ...]
+    full_schema: pa.Schema
+    predicate: pc.Expression | None = None
+
+    def finish(self, table: pa.Table) -> pa.Table:
+        """Filter, then project, a shaped table (exact whatever the source pushed down)."""
+        if self.predicate is not None:
+            table = table.filter(self.predicate)
+        return table.select(self.schema.names) if table.schema != self.schema else table
+
+
+def build_predicate(ticket: ReadTicket, schema: pa.Schema) -> pc.Expression | None:
+    """The ticket's filter as an Arrow expression; refuses unknown columns and values of
+    the wrong type for the column."""
+    if not ticket.filter:
+        return None
+    expr: pc.Expression | None = None
+    for cond in ticket.filter:
+        if schema.get_field_index(cond.column) < 0:
+            raise TicketError(f"filter column {cond.column!r} is not in the read's schema")
+        col = pc.field(cond.column)
+        if cond.op == "is_null":
+            term = col.is_null()
+        elif cond.op == "is_valid":
+            term = col.is_valid()
+        else:
+            t = schema.field(cond.column).type
+            try:
+                if cond.op == "in":
+                    if not isinstance(cond.value, list):
+                        raise TicketError(f"filter 'in' on {cond.column!r} needs a list")
+                    term = col.isin(pa.array(cond.value, t))
+                else:
+                    value = pa.scalar(cond.value, t)
+                    term = {
+                        "==": col == value,
+                        "!=": col != value,
+                        "<": col < value,
+                        "<=": col <= value,
+                        ">": col > value,
+                        ">=": col >= value,
+                    }[cond.op]
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+                raise TicketError(
+                    f"filter value for {cond.column!r} does not fit {t}: {exc}"
+                ) from exc
+        expr = term if expr is None else expr & term
+    return expr
 
 
 def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, pa.Schema]:
-    """The stream schema and the payload part of it."""
+    """The lane's stream schema (before projection) and the payload part of it."""
     if ticket.lane is Lane.RAW:
         return catalog.columns.raw_schema, pa.schema([])
     if ticket.lane is Lane.DLQ:
@@ -59,14 +110,21 @@ def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
             f"topic {ticket.topic!r} has no partition {missing[0]} "
             f"(known: {', '.join(map(str, known)) or 'none yet'})"
         )
-    schema, payload = output_schema(catalog, ticket)
+    full, payload = output_schema(catalog, ticket)
+    schema = full
+    if ticket.columns is not None:
+        unknown = [c for c in ticket.columns if full.get_field_index(c) < 0]
+        if unknown:
+            raise TicketError(f"column {unknown[0]!r} is not in the read's schema")
+        schema = pa.schema([full.field(c) for c in ticket.columns])
+    predicate = build_predicate(ticket, full)
     ranges = []
     for p in wanted:
         durable = catalog.durable_end(ticket.topic, p)
         start = _start(catalog, ticket.topic, p, ticket.start, durable)
         end = _end(catalog, ticket.topic, p, ticket.end, durable)
         ranges.append(PartitionRange(p, start, end))
-    return ReadPlan(ticket, schema, payload, tuple(ranges))
+    return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
 
 
 def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int) -> int:

@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import ThalwegError, TicketError
-from thalweg.flight.plan import output_schema, plan_read
+from thalweg.flight.plan import plan_read
 from thalweg.flight.put import PutPlan, plan_put
 from thalweg.flight.stream import read_stream
 from thalweg.flight.tickets import ReadTicket, parse_ticket
@@ -98,10 +98,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> fl.SchemaResult:
         self._metrics.flight_calls.labels("get_schema").inc()
         try:
-            ticket = self._ticket_of(descriptor)
-            if ticket.topic not in self._catalog.topics():
-                raise TicketError(f"unknown topic {ticket.topic!r}")
-            schema, _ = output_schema(self._catalog, ticket)
+            schema = plan_read(self._catalog, self._ticket_of(descriptor)).schema
         except TicketError as exc:
             raise _invalid(exc) from exc
         return fl.SchemaResult(schema)

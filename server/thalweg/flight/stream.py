@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.flight.plan import ReadPlan
@@ -19,7 +20,7 @@ from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.live import LiveEntry
 from thalweg.lane.reader import offset_slice, rebatch
-from thalweg.lane.shape import shape_decoded
+from thalweg.lane.shape import conform, shape_decoded
 from thalweg.records.columns import MetadataPolicy
 
 _WAIT_S = 0.2
@@ -42,6 +43,7 @@ def read_stream(
     decoded = plan.ticket.lane is Lane.DECODED
     with_raw = not decoded or plan.ticket.metadata is MetadataPolicy.ALL
     off = catalog.columns.offset
+    wanted, pushed = _pushdown(catalog, plan)
     active = sorted(cursors)
     while active:
         seen = catalog.live.version()
@@ -55,7 +57,14 @@ def read_stream(
             if pos < durable:
                 upto = durable if end is None else min(durable, end)
                 for raw, dec in catalog.reader.read_pairs(
-                    topic, p, pos, upto, decoded=decoded, with_raw=with_raw
+                    topic,
+                    p,
+                    pos,
+                    upto,
+                    decoded=decoded,
+                    with_raw=with_raw,
+                    wanted=wanted,
+                    predicate=pushed,
                 ):
                     yield from rebatch(_shape(catalog, plan, raw, dec))
                 cursors[p] = upto
@@ -84,7 +93,32 @@ def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBat
             table = pq.read_table(seg.path).replace_schema_metadata(None)
             lo, hi = offset_slice(table, off, r.start, end)
             if hi > lo:
-                yield from rebatch(table.slice(lo, hi - lo).cast(plan.schema))
+                yield from rebatch(plan.finish(table.slice(lo, hi - lo).cast(plan.full_schema)))
+
+
+def _pushdown(catalog: LaneCatalog, plan: ReadPlan) -> tuple[set[str] | None, pc.Expression | None]:
+    """Which columns a segment read needs, and whether the filter can go into it.
+
+    Columns: the projected ones, the filter's, and the metadata the shaping step uses.
+    The filter is pushed only when it names columns the one file read holds.
+    """
+    t = plan.ticket
+    if t.columns is None:
+        wanted = None
+    else:
+        filter_cols = {c.column for c in t.filter or []}
+        meta = {f.name for f in catalog.columns.decoded_file_fields}
+        wanted = set(t.columns) | filter_cols | meta
+    if plan.predicate is None or (t.lane is Lane.DECODED and t.metadata is MetadataPolicy.ALL):
+        return wanted, None
+    filter_cols = {c.column for c in t.filter or []}
+    if t.lane is Lane.RAW:
+        stored = set(catalog.columns.raw_schema.names)
+    else:
+        stored = set(plan.payload_schema.names) | {
+            f.name for f in catalog.columns.decoded_file_fields
+        }
+    return wanted, plan.predicate if filter_cols <= stored else None
 
 
 def _shape_live(
@@ -100,6 +134,9 @@ def _shape(
 ) -> pa.Table:
     if plan.ticket.lane is Lane.RAW:
         assert raw is not None
-        return raw.select(plan.schema.names).cast(plan.schema)
+        return plan.finish(conform(raw, plan.full_schema))
     assert dec is not None
-    return shape_decoded(dec, raw, plan.schema, catalog.columns, plan.ticket.metadata, _now_us())
+    shaped = shape_decoded(
+        dec, raw, plan.full_schema, catalog.columns, plan.ticket.metadata, _now_us()
+    )
+    return plan.finish(shaped)

@@ -8,7 +8,7 @@ refused rather than ignored, so a client never silently gets something it did no
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,6 +35,14 @@ class TimestampPosition(_Model):
     timestamp_ms: int
 
 
+class Condition(_Model):
+    """One row condition; a ticket's ``filter`` is the AND of its conditions."""
+
+    column: str = Field(min_length=1)
+    op: Literal["==", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_valid"]
+    value: Any = None
+
+
 Start = Literal["earliest", "latest"] | OffsetPosition | TimestampPosition
 End = Literal["now", "follow"] | OffsetPosition | TimestampPosition
 
@@ -59,6 +67,10 @@ class ReadTicket(_Model):
     start: Start = "earliest"
     end: End = "now"
     metadata: MetadataPolicy = MetadataPolicy.LOCATOR
+    columns: list[str] | None = Field(
+        None, min_length=1, description="Output columns to keep, in this order (all: omit)."
+    )
+    filter: list[Condition] | None = Field(None, description="Rows where all conditions hold.")
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_defaults=False).encode()
@@ -83,6 +95,7 @@ def parse_ticket(data: bytes) -> ReadTicket:
             "lane": "decoded | raw",
             "metadata": "none | locator | all",
             "v": f"supported ticket version is {TICKET_VERSION}",
+            "filter": '[{"column": c, "op": "==|!=|<|<=|>|>=|in|is_null|is_valid", "value": v}]',
         }.get(loc, "")
         more = f" (expected {hint})" if hint else ""
         raise TicketError(f"invalid ticket field {loc!r}: {first['msg']}{more}") from exc

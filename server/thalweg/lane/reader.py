@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.lane.layout import Lane, LaneLayout, Segment
@@ -40,19 +42,34 @@ class LaneReader:
         ]
 
     def read_pairs(
-        self, topic: str, partition: int, start: int, end: int, *, decoded: bool, with_raw: bool
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        *,
+        decoded: bool,
+        with_raw: bool,
+        wanted: set[str] | None = None,
+        predicate: pc.Expression | None = None,
     ) -> Iterator[tuple[pa.Table | None, pa.Table | None]]:
         """Yield ``(raw, decoded)`` tables of ``[start, end)``, segment by segment.
 
         Only the rows in range are kept; the two tables of a pair hold the same rows.
+        ``wanted`` limits the columns read from the segment (the offset column is always
+        read); ``predicate`` is pushed into the Parquet scan of the one file read — the
+        caller passes it only when no twin has to stay row-aligned.
         """
         off = self._columns.offset
         for seg in self.segments_between(topic, partition, start, end):
-            raw = pq.read_table(seg.path) if with_raw or not decoded else None
-            dec = None
+            dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
+            raw = dec = None
+            if with_raw or not decoded:
+                raw = self._read(
+                    seg.path, wanted if not decoded else None, None if decoded else predicate
+                )
             if decoded:
-                dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
-                dec = pq.read_table(dpath)
+                dec = self._read(dpath, wanted, None if with_raw else predicate)
             ref = dec if dec is not None else raw
             assert ref is not None
             lo, hi = offset_slice(ref, off, start, end)
@@ -62,6 +79,15 @@ class LaneReader:
                 raw.slice(lo, hi - lo) if raw is not None else None,
                 dec.slice(lo, hi - lo) if dec is not None else None,
             )
+
+    def _read(
+        self, path: Path, wanted: set[str] | None, predicate: pc.Expression | None
+    ) -> pa.Table:
+        columns = None
+        if wanted is not None:
+            present = pq.read_schema(path).names
+            columns = [c for c in present if c in wanted or c == self._columns.offset]
+        return pq.read_table(path, columns=columns, filters=predicate).replace_schema_metadata(None)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int, end: int) -> int | None:
         """The first offset below ``end`` whose record timestamp is ``>= ts_ms``.
