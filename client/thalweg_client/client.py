@@ -56,16 +56,18 @@ def ticket(
 class Client:
     """A connection to one gateway."""
 
-    def __init__(self, location: str, **kwargs: Any) -> None:
+    def __init__(self, location: str, *, token: str | None = None, **kwargs: Any) -> None:
         self.location = location
         self._flight = fl.FlightClient(location, **kwargs)
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = fl.FlightCallOptions(headers=headers)
         # Strong references: the RecordBatchReader handed out does not keep these alive.
         self._streams: list[fl.FlightStreamReader] = []
 
     def topics(self) -> list[str]:
         """Topics the gateway can serve."""
         names = []
-        for info in self._flight.list_flights():
+        for info in self._flight.list_flights(options=self._options):
             path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
             names.append(path[1])
         return sorted(names)
@@ -73,7 +75,7 @@ class Client:
     def schema(self, topic: str, **options: Any) -> pa.Schema:
         """The schema a read with ``options`` would return."""
         desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
-        return self._flight.get_schema(desc).schema
+        return self._flight.get_schema(desc, options=self._options).schema
 
     def stream(self, topic: str, **options: Any) -> pa.RecordBatchReader:
         """One stream over all requested partitions (use ``end="follow"`` to tail).
@@ -81,7 +83,7 @@ class Client:
         A follow stream runs until :meth:`close` (or leaving the ``with`` block).
         """
         body = json.dumps(ticket(topic, **options)).encode()
-        reader = self._flight.do_get(fl.Ticket(body))
+        reader = self._flight.do_get(fl.Ticket(body), options=self._options)
         self._streams.append(reader)
         return reader.to_reader()
 
@@ -94,10 +96,10 @@ class Client:
         if options.get("end") == "follow":
             raise ValueError("read() needs a bounded end; use stream() to follow")
         desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
-        info = self._flight.get_flight_info(desc)
+        info = self._flight.get_flight_info(desc, options=self._options)
 
         def fetch(endpoint: fl.FlightEndpoint) -> pa.Table:
-            return self._flight.do_get(endpoint.ticket).read_all()
+            return self._flight.do_get(endpoint.ticket, options=self._options).read_all()
 
         with ThreadPoolExecutor(max(1, parallel)) as pool:
             tables = list(pool.map(fetch, info.endpoints))
@@ -141,7 +143,7 @@ class Client:
                     else values,
                 )
         descriptor = fl.FlightDescriptor.for_path("topics", topic)
-        writer, reader = self._flight.do_put(descriptor, table.schema)
+        writer, reader = self._flight.do_put(descriptor, table.schema, options=self._options)
         acks = []
         try:
             for batch in table.to_batches(max_chunksize=65536):
@@ -156,7 +158,7 @@ class Client:
         """Partitions of ``topic`` with their earliest, durable, committed and latest
         positions."""
         action = fl.Action("describe-topic", json.dumps({"topic": topic}).encode())
-        results = list(self._flight.do_action(action))
+        results = list(self._flight.do_action(action, options=self._options))
         answer: dict[str, Any] = json.loads(results[0].body.to_pybytes())
         return answer
 
@@ -178,6 +180,7 @@ class Client:
         self.close()
 
 
-def connect(location: str, **kwargs: Any) -> Client:
-    """Connect to a gateway at ``location`` (e.g. ``grpc://127.0.0.1:8815``)."""
-    return Client(location, **kwargs)
+def connect(location: str, *, token: str | None = None, **kwargs: Any) -> Client:
+    """Connect to a gateway at ``location`` (e.g. ``grpc://127.0.0.1:8815``); ``token``
+    is sent as a bearer token on every call when the gateway requires one."""
+    return Client(location, token=token, **kwargs)

@@ -20,6 +20,33 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class FlightToken(_Model):
+    """One caller of the Flight API and what it may do.
+
+    ``read`` and ``write`` are topic-name patterns (``fnmatch``: ``orders``, ``orders.*``,
+    ``*``). Reading covers list_flights, get_flight_info, get_schema, do_get and
+    describe-topic; writing covers do_put.
+    """
+
+    name: str = Field(min_length=1)
+    token: SecretStr
+    read: list[str] = Field(default_factory=lambda: ["*"])
+    write: list[str] = Field(default_factory=list)
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value()) < 16:
+            raise ValueError("tokens must be at least 16 characters")
+        return v
+
+
+class FlightAuthConfig(_Model):
+    """Bearer-token authentication for Flight; without it the Flight API is open."""
+
+    tokens: list[FlightToken] = Field(min_length=1)
+
+
 class GatewayConfig(_Model):
     """Process-wide settings."""
 
@@ -35,6 +62,9 @@ class GatewayConfig(_Model):
     gc_tuning: bool = Field(
         True,
         description="Raise the GC threshold and freeze start-up objects (2x ingest rate).",
+    )
+    auth: FlightAuthConfig | None = Field(
+        None, description="Bearer tokens and per-topic permissions for Flight callers."
     )
 
     @field_validator("flight_listen", "flight_advertise")
@@ -194,6 +224,8 @@ class ThalwegConfig(_Model):
     def secrets(self) -> list[str]:
         """Dotted paths of every configured secret (values never shown)."""
         out = []
+        if self.gateway.auth is not None:
+            out += [f"gateway.auth.tokens.{i}.token" for i in range(len(self.gateway.auth.tokens))]
         for i, source in enumerate(self.sources):
             if source.sasl_password is not None:
                 out.append(f"sources.{i}.sasl_password")

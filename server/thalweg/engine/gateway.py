@@ -74,6 +74,7 @@ class Gateway:
             advertise=g.flight_advertise,
             sources={t: s for s in cfg.sources for t in s.topics},
             health=self.health.tree,
+            auth=g.auth,
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")

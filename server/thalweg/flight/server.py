@@ -16,8 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from thalweg.config.models import KafkaSourceConfig
+from thalweg.config.models import FlightAuthConfig, KafkaSourceConfig
 from thalweg.errors import ThalwegError, TicketError
+from thalweg.flight.auth import MIDDLEWARE_KEY, TokenAuthFactory, principal_of
 from thalweg.flight.plan import plan_read
 from thalweg.flight.put import PutPlan, plan_put
 from thalweg.flight.stream import read_stream
@@ -55,8 +56,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         *,
         sources: dict[str, KafkaSourceConfig] | None = None,
         health: Callable[[], dict[str, Any]] | None = None,
+        auth: FlightAuthConfig | None = None,
         **kwargs: Any,
     ) -> None:
+        if auth is not None:
+            kwargs["middleware"] = {MIDDLEWARE_KEY: TokenAuthFactory(auth)}
         super().__init__(location, **kwargs)
         self._catalog = catalog
         self._metrics = metrics
@@ -73,8 +77,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> Iterator[fl.FlightInfo]:
         self._metrics.flight_calls.labels("list_flights").inc()
         prefix = criteria.decode("utf-8", "replace") if criteria else ""
+        caller = principal_of(context)
         for topic in self._catalog.topics():
-            if topic.startswith(prefix):
+            if topic.startswith(prefix) and caller.may("read", topic):
                 ticket = ReadTicket(topic=topic)
                 try:
                     yield self._info(fl.FlightDescriptor.for_path("topics", topic), ticket)
@@ -89,7 +94,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> fl.FlightInfo:
         self._metrics.flight_calls.labels("get_flight_info").inc()
         try:
-            return self._info(descriptor, self._ticket_of(descriptor))
+            return self._info(descriptor, self._readable(context, self._ticket_of(descriptor)))
         except TicketError as exc:
             raise _invalid(exc) from exc
 
@@ -98,7 +103,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> fl.SchemaResult:
         self._metrics.flight_calls.labels("get_schema").inc()
         try:
-            schema = plan_read(self._catalog, self._ticket_of(descriptor)).schema
+            ticket = self._readable(context, self._ticket_of(descriptor))
+            schema = plan_read(self._catalog, ticket).schema
         except TicketError as exc:
             raise _invalid(exc) from exc
         return fl.SchemaResult(schema)
@@ -108,7 +114,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._metrics.flight_calls.labels("do_get").inc()
         try:
-            plan = plan_read(self._catalog, parse_ticket(ticket.ticket))
+            plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
         except TicketError as exc:
             raise _invalid(exc) from exc
         streams = self._metrics.flight_active_streams
@@ -143,6 +149,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self._metrics.flight_calls.labels("do_put").inc()
         try:
             topic = self._put_topic(descriptor)
+        except TicketError as exc:
+            raise _invalid(exc) from exc
+        if not principal_of(context).may("write", topic):
+            raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
+        try:
             source = self._sources.get(topic)
             plan = plan_put(topic, reader.schema, source, self._avro_encoder(topic, source))
         except (TicketError, ThalwegError) as exc:
@@ -230,7 +241,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 topic = body["topic"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise pa.ArrowInvalid('describe-topic takes {"topic": "<name>"}') from exc
-            if topic not in self._catalog.topics():
+            if topic not in self._catalog.topics() or not principal_of(context).may("read", topic):
                 raise pa.ArrowInvalid(f"unknown topic {topic!r}")
             yield json.dumps(self._catalog.describe(topic)).encode()
             return
@@ -242,6 +253,12 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         super().shutdown()
 
     # -- helpers -------------------------------------------------------------------
+
+    def _readable(self, context: fl.ServerCallContext, ticket: ReadTicket) -> ReadTicket:
+        """The ticket, if the caller may read its topic; else "unknown topic" (no leak)."""
+        if not principal_of(context).may("read", ticket.topic):
+            raise TicketError(f"unknown topic {ticket.topic!r}")
+        return ticket
 
     def _ticket_of(self, descriptor: fl.FlightDescriptor) -> ReadTicket:
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
