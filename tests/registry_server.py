@@ -39,7 +39,7 @@ class FakeRegistry:
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
-                pass
+                """Quiet: tests read ``registry.requests`` instead of a log."""
 
             def _reply(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

@@ -211,12 +211,11 @@ class JsonArrowDecoder(LaneDecoder):
         kept: list[_Piece] = []
         failures: list[DecodeFailure] = []
         for piece in pieces:
-            try:
-                acc = _unify(acc, piece.table.schema)
+            widened = _try_unify(acc, piece.table.schema)
+            if widened is not None:
+                acc = widened
                 kept.append(piece)
                 continue
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                pass
             for row in piece.rows:
                 one = np.array([row])
                 table, error, _reason = self._try(values, one)
@@ -273,6 +272,13 @@ def _classify(message: str) -> DecodeReason:
 def _row_hint(message: str) -> int | None:
     match = _ROW_HINT.search(message)
     return int(match.group(1)) if match else None
+
+
+def _try_unify(a: pa.Schema, b: pa.Schema) -> pa.Schema | None:
+    try:
+        return _unify(a, b)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
 
 
 def _unify(a: pa.Schema, b: pa.Schema) -> pa.Schema:
