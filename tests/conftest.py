@@ -8,6 +8,7 @@ memory, so every test uses its own topic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -85,13 +86,20 @@ class NoidaBroker:
         raise RuntimeError("noida-db did not start")
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
-            os.kill(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
+        """Stop the whole process group: ``noida-db`` is a wrapper that starts the real
+        binary as a child, which would outlive a signal to the wrapper alone."""
+        try:
+            group = os.getpgid(self._proc.pid)
+        except ProcessLookupError:
+            return
+        os.killpg(group, signal.SIGTERM)
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(group, signal.SIGKILL)
+            self._proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)  # any child still in the group
 
 
 @pytest.fixture(scope="session")

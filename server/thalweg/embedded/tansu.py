@@ -87,15 +87,16 @@ class TansuBroker:
         raise ThalwegError(f"tansu did not listen on {self.bootstrap} within {timeout}s")
 
     def stop(self) -> None:
-        """Stop the broker by pid (TERM, then KILL)."""
+        """Stop the broker by its pid's process group (TERM, then KILL)."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        os.kill(proc.pid, signal.SIGTERM)
+        group = os.getpgid(proc.pid)  # its own session: the group holds nothing else
+        os.killpg(group, signal.SIGTERM)
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
             proc.wait(5)
 
     def __enter__(self) -> TansuBroker:
