@@ -21,10 +21,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from thalweg.config import parse_config
@@ -265,3 +265,50 @@ def produce_aio(
             await p.stop()
 
     asyncio.run(run())
+
+
+class ConfluentRecord(NamedTuple):
+    """confluent-kafka's Message in the shape the raw-lane builder reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def consume_confluent(bootstrap: str, topic: str, n: int) -> list[ConfluentRecord]:
+    """The first ``n`` records of partition 0 as a plain confluent-kafka consumer sees them."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"diff-{topic}",
+            "enable.auto.commit": False,
+            "log_level": 2,
+        }
+    )
+    c.assign([TopicPartition(topic, 0, 0)])
+    out: list[ConfluentRecord] = []
+    deadline = time.monotonic() + 30
+    while len(out) < n and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None or m.error() is not None:
+            continue
+        ts_type, ts = m.timestamp()
+        out.append(
+            ConfluentRecord(
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                ts,
+                1 if ts_type == TIMESTAMP_LOG_APPEND_TIME else 0,
+                m.key(),
+                m.value(),
+                list(m.headers() or []),
+            )
+        )
+    c.close()
+    return out

@@ -6,16 +6,14 @@ expose must agree. A difference means one client (or our adapter to it) changes 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 import thalweg_client
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, consume_confluent
 from tests.corpus.edge_records import EDGES
 from tests.integration.test_fidelity import produce_edges
 from thalweg.embedded import TansuBroker
@@ -23,52 +21,6 @@ from thalweg.records import MetadataColumns, build_raw_batch
 
 pytestmark = pytest.mark.integration
 COLS = MetadataColumns()
-
-
-class ConfluentRecord(NamedTuple):
-    """confluent-kafka's Message in the shape the raw-lane builder reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    timestamp_type: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-
-
-def consume_confluent(bootstrap: str, topic: str, n: int) -> list[ConfluentRecord]:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"diff-{topic}",
-            "enable.auto.commit": False,
-            "log_level": 2,
-        }
-    )
-    c.assign([TopicPartition(topic, 0, 0)])
-    out: list[ConfluentRecord] = []
-    deadline = time.monotonic() + 30
-    while len(out) < n and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is None or m.error() is not None:
-            continue
-        ts_type, ts = m.timestamp()
-        out.append(
-            ConfluentRecord(
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                ts,
-                1 if ts_type == TIMESTAMP_LOG_APPEND_TIME else 0,
-                m.key(),
-                m.value(),
-                list(m.headers() or []),
-            )
-        )
-    c.close()
-    return out
 
 
 def test_aiokafka_and_confluent_kafka_lanes_agree(

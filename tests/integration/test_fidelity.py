@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 import thalweg_client
-from tests.conftest import RunningGateway, produce_aio
+from tests.conftest import RunningGateway, consume_confluent, produce_aio
 from tests.corpus.edge_records import EDGES
 from thalweg.embedded import TansuBroker
 from thalweg.records import MetadataColumns
@@ -75,24 +74,7 @@ def test_edge_values_survive_parquet_and_flight(
 
 def broker_view(bootstrap: str, topic: str, n: int) -> list[tuple[int, int]]:
     """(offset, timestamp) of ``n`` records as a plain confluent-kafka consumer sees them."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"plain-{topic}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "log_level": 2,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[tuple[int, int]] = []
-    deadline = time.monotonic() + 20
-    while len(out) < n and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and msg.error() is None:
-            out.append((msg.offset(), msg.timestamp()[1]))
-    consumer.close()
-    return out
+    return [(r.offset, r.timestamp) for r in consume_confluent(bootstrap, topic, n)]
 
 
 def test_timestamps_match_a_plain_consumer(
