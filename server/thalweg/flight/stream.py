@@ -20,7 +20,7 @@ from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.live import LiveEntry
 from thalweg.lane.reader import offset_slice, rebatch
-from thalweg.lane.shape import conform, shape_decoded
+from thalweg.lane.shape import fit_stream_schema, shape_decoded
 from thalweg.records.columns import MetadataPolicy
 
 _WAIT_S = 0.2
@@ -134,7 +134,7 @@ def _shape(
 ) -> pa.Table:
     if plan.ticket.lane is Lane.RAW:
         assert raw is not None
-        return plan.finish(conform(raw, plan.full_schema))
+        return plan.finish(fit_stream_schema(raw, plan.full_schema))
     assert dec is not None
     shaped = shape_decoded(
         dec, raw, plan.full_schema, catalog.columns, plan.ticket.metadata, _now_us()

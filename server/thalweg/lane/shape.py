@@ -16,7 +16,7 @@ def decoded_schema(
     return pa.schema([*payload, *columns.metadata_fields(policy)])
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def fit_stream_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give ``table`` exactly ``schema``: drop extra columns, add missing ones as nulls.
 
     A column whose type cannot be cast (a field that was all-null when the stream began
@@ -52,7 +52,7 @@ def shape_decoded(
     """
     if policy is MetadataPolicy.NONE:
         decoded = decoded.filter(pc.is_null(decoded.column(columns.decode_error)))
-        return conform(decoded, schema)
+        return fit_stream_schema(decoded, schema)
     if policy is MetadataPolicy.ALL:
         assert raw is not None
         extra = {name: raw.column(name) for name in raw.column_names}
@@ -62,4 +62,4 @@ def shape_decoded(
         for name, col in extra.items():
             if name not in decoded.column_names or name == columns.emit_ts:
                 decoded = decoded.append_column(name, col)
-    return conform(decoded, schema)
+    return fit_stream_schema(decoded, schema)
