@@ -70,10 +70,21 @@ def start_gateway(config: Path, log: Path) -> subprocess.Popen[bytes]:
             "--config",
             str(config),
         ],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=open(log, "ab"),
         start_new_session=True,
     )
+
+
+def wait_started(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Block until the gateway printed its start-up line (its signal handlers are set)."""
+    out = proc.stdout
+    assert out is not None
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert line and line[0].startswith(b"thalweg"), f"gateway did not start: {line}"
 
 
 def produce(bootstrap: str, topic: str, done: threading.Event) -> None:
@@ -152,6 +163,7 @@ def test_sigkill_loses_and_duplicates_nothing(
             time.sleep(0.2)
         else:
             pytest.fail(f"lane did not catch up: {ends} != {expected}")
+        wait_started(proc)  # a graceful stop is asserted, not a stop during start-up
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

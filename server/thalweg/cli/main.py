@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -60,14 +61,27 @@ def cli(ctx: click.Context, output: str, log_level: str) -> None:
     _setup_logging(log_level)
 
 
+# Set by a SIGINT/SIGTERM that arrives before the event loop runs (imports, binding
+# ports): start-up then finishes and the gateway stops cleanly instead of dying mid-way.
+_EARLY_STOP = threading.Event()
+
+
+def _catch_signals_early() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: _EARLY_STOP.set())
+
+
 def run_until_signal(main: object) -> None:
-    """Run ``main(stop)`` with SIGINT/SIGTERM setting ``stop``."""
+    """Run ``main(stop)`` with SIGINT/SIGTERM setting ``stop`` (including one received
+    during start-up)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if _EARLY_STOP.is_set():
+            stop.set()
         await main(stop)  # type: ignore[operator]
 
     asyncio.run(runner())
@@ -209,6 +223,7 @@ def quickstart(
 
 
 def main() -> None:
+    _catch_signals_early()
     cli(obj={})
 
 

@@ -125,9 +125,13 @@ class KafkaSource:
 
     async def stop(self) -> None:
         """Leave the group and close connections."""
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
+        consumer = self._consumer
+        if consumer is not None:
+            # Keep the reference until stop() returns: a rebalance callback may still be
+            # running (a stop during start-up) and asks the consumer for committed offsets.
             try:
                 await consumer.stop()
             except KafkaError as exc:  # leaving is best effort: the session times out
                 log.warning("source %s: error while leaving the group: %s", self.cfg.name, exc)
+            finally:
+                self._consumer = None
