@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench clean
+.PHONY: quickstart test lint bench proto clean
 
 $(BIN)/twg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,11 +18,17 @@ test: $(BIN)/twg
 	$(BIN)/pytest -q
 
 lint: $(BIN)/twg
-	$(BIN)/ruff check server client tests load-tests
+	$(BIN)/ruff check server client tests load-tests flight-tickets
 	$(BIN)/mypy
 
 bench: $(BIN)/twg
 	$(BIN)/python load-tests/ingest_bench.py
+
+# Recompile the ticket contract after editing proto/ (a test checks it is current).
+proto: $(BIN)/twg
+	$(BIN)/python -m grpc_tools.protoc -Iproto \
+		--descriptor_set_out=client/thalweg_client/wire/ticket_v1.desc \
+		proto/thalweg/flight/v1/ticket.proto
 
 clean:
 	rm -rf $(VENV) twg-quickstart .pytest_cache .mypy_cache .ruff_cache

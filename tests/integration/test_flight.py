@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from thalweg_client.wire import encode_ticket
 
 pytestmark = pytest.mark.integration
 
@@ -155,8 +156,11 @@ def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> Non
     topic, gw = loaded
     client = fl.FlightClient(gw.flight_url)
     cases = {
-        b"not json": "not a JSON object",
-        b"[1,2]": "not a JSON object",
+        b"not json": "neither a JSON object nor a protobuf",
+        b"[1,2]": "neither a JSON object nor a protobuf",
+        b"{oops": "not a JSON object",
+        encode_ticket({"topic": topic}) + b"\x50\x01": "unknown field number(s) [10]",
+        encode_ticket({"topic": "nope"}): "unknown topic 'nope'",
         json.dumps({"topic": "nope"}).encode(): "unknown topic 'nope'",
         json.dumps({"topic": topic, "lane": "cooked"}).encode(): "lane",
         json.dumps({"topic": topic, "start": "yesterday"}).encode(): "start",
@@ -170,10 +174,12 @@ def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> Non
             client.do_get(fl.Ticket(body)).read_all()
         message = str(info.value).split(". Detail:")[0]
         assert needle in message, (body, message)
-    # The server is still serving after all that.
+    # The server is still serving after all that, in both ticket forms.
     assert (
         client.do_get(fl.Ticket(json.dumps({"topic": topic}).encode())).read_all().num_rows == 300
     )
+    binary = client.do_get(fl.Ticket(encode_ticket({"topic": topic, "partitions": [0]})))
+    assert binary.read_all().num_rows == gw.gateway.catalog.durable_end(topic, 0)
 
 
 def test_readme_pandas_and_duckdb_usage(loaded: tuple[str, RunningGateway]) -> None:

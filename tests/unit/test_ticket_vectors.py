@@ -1,17 +1,27 @@
-"""The golden ticket vectors in ``flight-tickets/vectors`` against the server's parser."""
+"""The golden ticket vectors in ``flight-tickets/`` against the server's parser.
+
+The same files are read by ``test_client_ticket_vectors.py`` against the client's codec,
+so server and client are held to one contract.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from thalweg.errors import TicketError
-from thalweg.flight.tickets import parse_ticket
+from thalweg.flight.tickets import ReadTicket, parse_ticket
 
-VECTORS = Path(__file__).resolve().parents[2] / "flight-tickets" / "vectors"
+ROOT = Path(__file__).resolve().parents[2]
+TICKETS = ROOT / "flight-tickets"
+VECTORS = TICKETS / "vectors"
+BINARY = json.loads((VECTORS / "binary.json").read_text())
 
 
 def load(name: str) -> list[dict[str, Any]]:
@@ -31,3 +41,56 @@ def test_invalid_vectors_are_refused_naming_the_field(case: dict[str, Any]) -> N
     with pytest.raises(TicketError) as info:
         parse_ticket(json.dumps(case["ticket"]).encode())
     assert f"'{case['field']}'" in str(info.value)
+
+
+@pytest.mark.parametrize("case", BINARY["valid"], ids=lambda c: c["hex"][:40])
+def test_binary_vectors_mean_the_same_as_their_json_twin(case: dict[str, Any]) -> None:
+    ticket = parse_ticket(bytes.fromhex(case["hex"]))
+    assert ticket.model_dump(mode="json") == case["means"]
+    assert ticket == parse_ticket(json.dumps(case["ticket"]).encode())
+
+
+@pytest.mark.parametrize("case", BINARY["invalid"], ids=lambda c: c["why"])
+def test_invalid_binary_vectors_are_refused_naming_the_field(case: dict[str, Any]) -> None:
+    with pytest.raises(TicketError) as info:
+        parse_ticket(bytes.fromhex(case["hex"]))
+    assert f"'{case['field']}'" in str(info.value)
+
+
+def test_every_valid_json_vector_has_a_binary_twin() -> None:
+    assert [c["ticket"] for c in BINARY["valid"]] == [c["ticket"] for c in load("valid.json")]
+
+
+def test_the_published_json_schema_is_the_servers() -> None:
+    published = json.loads((TICKETS / "ticket.schema.json").read_text())
+    generated = ReadTicket.model_json_schema()
+    assert {k: v for k, v in published.items() if not k.startswith("$schema")} == {
+        "$id": published["$id"],
+        **generated,
+    }
+
+
+def test_the_json_schema_agrees_with_the_vectors() -> None:
+    schema = json.loads((TICKETS / "ticket.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for case in load("valid.json"):
+        assert not list(validator.iter_errors(case["ticket"])), case
+    for case in load("invalid.json"):
+        assert list(validator.iter_errors(case["ticket"])), case
+
+
+def test_the_shipped_descriptor_set_is_compiled_from_the_proto(tmp_path: Path) -> None:
+    out = tmp_path / "ticket_v1.desc"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"--descriptor_set_out={out}",
+            str(ROOT / "proto/thalweg/flight/v1/ticket.proto"),
+        ],
+        check=True,
+    )
+    shipped = ROOT / "client/thalweg_client/wire/ticket_v1.desc"
+    assert out.read_bytes() == shipped.read_bytes(), "run `make proto`"

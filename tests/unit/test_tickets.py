@@ -36,8 +36,11 @@ def test_defaults_and_positions() -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        (b"\xff", "not a JSON object"),
-        (b"3", "not a JSON object"),
+        (b"\xff", "neither a JSON object nor a protobuf"),
+        (b"3", "neither a JSON object nor a protobuf"),
+        (b"[1]", "neither a JSON object nor a protobuf"),
+        (b" [1]", "neither a JSON object nor a protobuf"),
+        (b"{[1]", "not a JSON object"),
         (b"{}", "'topic'"),
         (b'{"topic": "o", "lane": "x"}', "decoded | raw"),
         (b'{"topic": "o", "start": {"offset": -1}}', "start"),

@@ -1,8 +1,10 @@
 """Flight tickets and read commands: a typed, versioned model of what a reader asks for.
 
-The wire form for now is a JSON object (any language can write one by hand); a protobuf
-form with the same fields is planned (``proto/``). Unknown fields and versions are
-refused rather than ignored, so a client never silently gets something it did not ask for.
+A ticket arrives as a JSON object (any language can write one by hand) or as the
+protobuf ``thalweg.flight.v1.ReadTicket`` (``proto/``); the binary form is decoded into
+the JSON object that means the same read, so one set of rules validates both. Unknown
+fields and versions are refused rather than ignored, so a client never silently gets
+something it did not ask for.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from thalweg.errors import TicketError
 from thalweg.lane.layout import Lane
 from thalweg.records.columns import MetadataPolicy
+from thalweg_client.wire import WireError, decode_ticket, is_json_ticket
 
 TICKET_VERSION = 1
 
@@ -63,27 +66,36 @@ class ReadTicket(_Model):
     v: Annotated[int, Field(ge=TICKET_VERSION, le=TICKET_VERSION)] = TICKET_VERSION
     topic: str = Field(min_length=1)
     lane: Lane = Lane.DECODED
-    partitions: list[Annotated[int, Field(ge=0)]] | None = None
+    partitions: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
     start: Start = "earliest"
     end: End = "now"
     metadata: MetadataPolicy = MetadataPolicy.LOCATOR
     columns: list[str] | None = Field(
         None, min_length=1, description="Output columns to keep, in this order (all: omit)."
     )
-    filter: list[Condition] | None = Field(None, description="Rows where all conditions hold.")
+    filter: list[Condition] | None = Field(
+        None, min_length=1, description="Rows where all conditions hold."
+    )
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_defaults=False).encode()
 
 
 def parse_ticket(data: bytes) -> ReadTicket:
-    """Parse a JSON ticket; raises :class:`TicketError` saying exactly what is wrong."""
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TicketError(f"ticket is not a JSON object: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise TicketError("ticket is not a JSON object")
+    """Parse a JSON or binary ticket; raises :class:`TicketError` saying exactly what is
+    wrong, naming the field."""
+    if not is_json_ticket(data):
+        try:
+            obj: Any = decode_ticket(data)
+        except WireError as exc:
+            raise TicketError(str(exc)) from exc
+    else:
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TicketError(f"ticket is not a JSON object: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise TicketError("ticket is not a JSON object")
     try:
         return ReadTicket.model_validate(obj)
     except ValidationError as exc:
