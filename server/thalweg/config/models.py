@@ -20,31 +20,130 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _read_secret(path: Path, what: str) -> SecretStr:
+    try:
+        return SecretStr(path.read_text(encoding="utf-8").strip())
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} file {str(path)!r}: {exc.strerror}") from exc
+
+
 class FlightToken(_Model):
     """One caller of the Flight API and what it may do.
 
     ``read`` and ``write`` are topic-name patterns (``fnmatch``: ``orders``, ``orders.*``,
     ``*``). Reading covers list_flights, get_flight_info, get_schema, do_get and
-    describe-topic; writing covers do_put.
+    describe-topic; writing covers do_put. The token is given inline or, better, as
+    ``token_file`` (read once at start; surrounding whitespace ignored).
     """
 
     name: str = Field(min_length=1)
-    token: SecretStr
+    token: SecretStr | None = None
+    token_file: Path | None = None
     read: list[str] = Field(default_factory=lambda: ["*"])
     write: list[str] = Field(default_factory=list)
 
-    @field_validator("token")
-    @classmethod
-    def _long_enough(cls, v: SecretStr) -> SecretStr:
-        if len(v.get_secret_value()) < 16:
+    @model_validator(mode="after")
+    def _one_source(self) -> FlightToken:
+        if (self.token is None) == (self.token_file is None):
+            raise ValueError("set exactly one of token and token_file")
+        if self.token_file is not None:
+            object.__setattr__(self, "token", _read_secret(self.token_file, "token"))
+        assert self.token is not None
+        if len(self.token.get_secret_value()) < 16:
             raise ValueError("tokens must be at least 16 characters")
-        return v
+        return self
+
+
+class FlightUser(_Model):
+    """A caller that signs in with HTTP basic credentials (Flight's basic-token handshake)
+    and then uses the session token the gateway hands back. Permissions as for tokens."""
+
+    name: str = Field(min_length=1, pattern=r"^[^:]+$")
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    read: list[str] = Field(default_factory=lambda: ["*"])
+    write: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FlightUser:
+        if (self.password is None) == (self.password_file is None):
+            raise ValueError("set exactly one of password and password_file")
+        if self.password_file is not None:
+            object.__setattr__(self, "password", _read_secret(self.password_file, "password"))
+        assert self.password is not None
+        if len(self.password.get_secret_value()) < 8:
+            raise ValueError("passwords must be at least 8 characters")
+        return self
 
 
 class FlightAuthConfig(_Model):
-    """Bearer-token authentication for Flight; without it the Flight API is open."""
+    """Who may call the Flight API; without this section the Flight API is open."""
 
-    tokens: list[FlightToken] = Field(min_length=1)
+    tokens: list[FlightToken] = Field(default_factory=list)
+    users: list[FlightUser] = Field(default_factory=list)
+    session_ttl_s: float = Field(
+        3600.0, gt=0, description="Lifetime of a session token issued to a basic-auth user."
+    )
+
+    @model_validator(mode="after")
+    def _someone(self) -> FlightAuthConfig:
+        if not self.tokens and not self.users:
+            raise ValueError("auth needs at least one token or user")
+        names = [t.name for t in self.tokens] + [u.name for u in self.users]
+        if len(set(names)) != len(names):
+            raise ValueError("auth: two callers share a name")
+        return self
+
+
+class FlightTlsConfig(_Model):
+    """TLS for the Flight server; with ``client_ca_file``, mutual TLS (a client must
+    present a certificate signed by that CA before any call is served)."""
+
+    cert_file: Path = Field(description="PEM certificate chain of the server.")
+    key_file: Path = Field(description="PEM private key of the server.")
+    client_ca_file: Path | None = Field(
+        None, description="PEM CA bundle; when set, client certificates are required."
+    )
+
+    def read(self) -> tuple[bytes, bytes, bytes | None]:
+        """The PEM bytes, with a config error naming the file that cannot be read."""
+        out: list[bytes | None] = []
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path is None:
+                out.append(None)
+                continue
+            try:
+                out.append(Path(path).read_bytes())
+            except OSError as exc:
+                raise ValueError(f"gateway.tls.{name}: cannot read {path}: {exc.strerror}") from exc
+        cert, key, ca = out
+        assert cert is not None
+        assert key is not None
+        return cert, key, ca
+
+
+class FlightServingConfig(_Model):
+    """How Flight serves: endpoint slicing, follow-stream lag, and per-caller limits."""
+
+    slice_rows: int = Field(
+        1_000_000, ge=1, description="A bounded read gets one endpoint per this many records."
+    )
+    follow_max_lag_records: int | None = Field(
+        5_000_000,
+        ge=1,
+        description="A follow stream that, once caught up, falls this many records behind "
+        "the partition's newest record ends with an error (None: never).",
+    )
+    max_streams_per_caller: int = Field(
+        32, ge=1, description="Concurrent do_get/do_put calls one caller may hold."
+    )
+    max_put_bytes: int = Field(
+        1 << 30, ge=1, description="Bytes one do_put call may send (Arrow buffer sizes)."
+    )
+    max_batch_bytes: int = Field(
+        64 * MiB, ge=1, description="Largest single record batch a do_put may send."
+    )
 
 
 class GatewayConfig(_Model):
@@ -64,14 +163,35 @@ class GatewayConfig(_Model):
         description="Raise the GC threshold and freeze start-up objects (2x ingest rate).",
     )
     auth: FlightAuthConfig | None = Field(
-        None, description="Bearer tokens and per-topic permissions for Flight callers."
+        None, description="Tokens, users and per-topic permissions for Flight callers."
     )
+    tls: FlightTlsConfig | None = Field(
+        None, description="TLS (or mutual TLS) for Flight; needs flight_listen grpc+tls://."
+    )
+    flight: FlightServingConfig = Field(default_factory=FlightServingConfig)
+    idempotent_producer: bool = Field(
+        False,
+        description="do_put produces with Kafka's idempotent producer (needs broker "
+        "support; tansu has none).",
+    )
+
+    @model_validator(mode="after")
+    def _tls_matches_scheme(self) -> GatewayConfig:
+        tls_url = self.flight_listen.startswith("grpc+tls://")
+        if self.tls is not None and not tls_url:
+            raise ValueError("gateway.tls is set, so flight_listen must be grpc+tls://host:port")
+        if self.tls is None and tls_url:
+            raise ValueError("flight_listen is grpc+tls:// but gateway.tls is not set")
+        return self
 
     @field_validator("flight_listen", "flight_advertise")
     @classmethod
     def _grpc_url(cls, v: str | None) -> str | None:
-        if v is not None and not (v.startswith(("grpc://", "grpc+tcp://")) and ":" in v[7:]):
-            raise ValueError("must look like grpc://host:port")
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        if scheme not in ("grpc", "grpc+tcp", "grpc+tls") or not sep or ":" not in rest:
+            raise ValueError("must look like grpc://host:port (or grpc+tls://host:port)")
         return v
 
     @field_validator("http_listen")
@@ -226,6 +346,7 @@ class ThalwegConfig(_Model):
         out = []
         if self.gateway.auth is not None:
             out += [f"gateway.auth.tokens.{i}.token" for i in range(len(self.gateway.auth.tokens))]
+            out += [f"gateway.auth.users.{i}.password" for i in range(len(self.gateway.auth.users))]
         for i, source in enumerate(self.sources):
             if source.sasl_password is not None:
                 out.append(f"sources.{i}.sasl_password")

@@ -75,6 +75,9 @@ class Gateway:
             sources={t: s for s in cfg.sources for t in s.topics},
             health=self.health.tree,
             auth=g.auth,
+            tls=g.tls,
+            serving=g.flight,
+            idempotent_producer=g.idempotent_producer,
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")

@@ -75,11 +75,7 @@ def plan_put(
         raise TicketError(
             f"topic {topic!r} is not configured on this gateway; cannot produce to it"
         )
-    for f in schema:
-        if isinstance(f.type, pa.ExtensionType) or (
-            f.metadata and b"ARROW:extension:name" in f.metadata
-        ):
-            raise TicketError(f"column {f.name!r}: extension types are not accepted")
+    refuse_unsafe_types(schema)
     _check_envelope(schema)
     if "value" in schema.names:
         t = schema.field("value").type
@@ -111,6 +107,29 @@ def plan_put(
         f"topic {topic!r} has format {source.format!r}: send a 'value' column with the "
         "encoded payloads"
     )
+
+
+def refuse_unsafe_types(schema: pa.Schema) -> None:
+    """Refuse extension types at any depth: a put carries data, and an extension type
+    (pickled Python ones above all) is code or meaning the gateway will not take on."""
+
+    def check(f: pa.Field, path: str) -> None:
+        if isinstance(f.type, pa.ExtensionType) or (
+            f.metadata and b"ARROW:extension:name" in f.metadata
+        ):
+            raise TicketError(f"column {path!r}: extension types are not accepted")
+        t = f.type
+        if pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                check(t.field(i), f"{path}.{t.field(i).name}")
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            check(t.value_field, f"{path}[]")
+        elif pa.types.is_map(t):
+            check(t.key_field, f"{path}.key")
+            check(t.item_field, f"{path}.value")
+
+    for f in schema:
+        check(f, f.name)
 
 
 def _check_envelope(schema: pa.Schema) -> None:

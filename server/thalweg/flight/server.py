@@ -10,19 +10,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from thalweg.config.models import FlightAuthConfig, KafkaSourceConfig
+from thalweg.config.models import (
+    FlightAuthConfig,
+    FlightServingConfig,
+    FlightTlsConfig,
+    KafkaSourceConfig,
+)
 from thalweg.errors import ThalwegError, TicketError
-from thalweg.flight.auth import MIDDLEWARE_KEY, TokenAuthFactory, principal_of
+from thalweg.flight.auth import MIDDLEWARE_KEY, TokenAuthFactory, caller_key, principal_of
+from thalweg.flight.endpoints import plan_endpoints
+from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.plan import plan_read
-from thalweg.flight.put import PutPlan, plan_put
-from thalweg.flight.stream import read_stream
-from thalweg.flight.tickets import ReadTicket, parse_ticket
+from thalweg.flight.put import PutPlan, plan_put, refuse_unsafe_types
+from thalweg.flight.stream import FollowLagError, read_stream
+from thalweg.flight.tickets import OffsetPosition, ReadTicket, parse_ticket
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 from thalweg.registry.confluent import ConfluentRegistry
@@ -57,18 +65,30 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         sources: dict[str, KafkaSourceConfig] | None = None,
         health: Callable[[], dict[str, Any]] | None = None,
         auth: FlightAuthConfig | None = None,
+        tls: FlightTlsConfig | None = None,
+        serving: FlightServingConfig | None = None,
+        idempotent_producer: bool = False,
         **kwargs: Any,
     ) -> None:
         if auth is not None:
             kwargs["middleware"] = {MIDDLEWARE_KEY: TokenAuthFactory(auth)}
+        if tls is not None:
+            cert, key, client_ca = tls.read()
+            kwargs["tls_certificates"] = [fl.CertKeyPair(cert, key)]
+            if client_ca is not None:  # mutual TLS: no call without a trusted client cert
+                kwargs["verify_client"] = True
+                kwargs["root_certificates"] = client_ca
         super().__init__(location, **kwargs)
+        self._limits = serving or FlightServingConfig()
+        self._streams = StreamLimiter(self._limits.max_streams_per_caller)
+        self._idempotent = idempotent_producer
         self._catalog = catalog
         self._metrics = metrics
         self._sources = sources or {}
         self._health = health or dict
         self._closing = False
-        host = location.split("://", 1)[1].rsplit(":", 1)[0]
-        self.url = advertise or f"grpc://{host}:{self.port}"
+        host = location.partition("://")[2].rsplit(":", 1)[0]
+        self.url = advertise or f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
 
     # -- discovery -----------------------------------------------------------------
 
@@ -117,23 +137,36 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
         except TicketError as exc:
             raise _invalid(exc) from exc
+        slot = self._streams.acquire(caller_key(context))
         streams = self._metrics.flight_active_streams
+        streams.inc()
+
+        def stopped() -> bool:
+            return self._closing or bool(context.is_cancelled())
 
         def batches() -> Iterator[pa.RecordBatch]:
-            streams.inc()
             try:
-
-                def stopped() -> bool:
-                    return self._closing or bool(context.is_cancelled())
-
-                for batch in read_stream(self._catalog, plan, stopped):
+                for batch in read_stream(
+                    self._catalog, plan, stopped, max_lag=self._limits.follow_max_lag_records
+                ):
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                     yield batch
+            except FollowLagError as exc:
+                raise fl.FlightUnavailableError(str(exc)) from exc
             finally:
-                streams.dec()
+                release()
 
-        return fl.GeneratorStream(plan.schema, batches())
+        def release() -> None:
+            if slot_state["held"]:
+                slot_state["held"] = False
+                streams.dec()
+                slot.release()
+
+        slot_state = {"held": True}
+        gen = batches()
+        weakref.finalize(gen, release)  # a stream cancelled before its first batch
+        return fl.GeneratorStream(plan.schema, gen)
 
     # -- writes ------------------------------------------------------------------
 
@@ -154,12 +187,17 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         if not principal_of(context).may("write", topic):
             raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
         try:
+            refuse_unsafe_types(reader.schema)
             source = self._sources.get(topic)
             plan = plan_put(topic, reader.schema, source, self._avro_encoder(topic, source))
         except (TicketError, ThalwegError) as exc:
             raise _invalid(TicketError(str(exc))) from exc
         assert source is not None
-        written = asyncio.run(self._produce(plan, source, reader, writer))
+        slot = self._streams.acquire(caller_key(context))
+        try:
+            written = asyncio.run(self._produce(plan, source, reader, writer))
+        finally:
+            slot.release()
         self._metrics.flight_rows.labels("do_put").inc(written)
 
     async def _produce(
@@ -169,11 +207,41 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
     ) -> int:
+        """Validate, encode and produce batch by batch; every refusal says how many rows
+        were already produced (and acknowledged), so the caller knows exactly what landed."""
         total = 0
-        async with KafkaWriter(source.bootstrap_servers, max_request_size=16 << 20) as out:
-            for chunk in reader:
-                batch = chunk.data
+        received = 0
+        limits = self._limits
+        async with KafkaWriter(
+            source.bootstrap_servers,
+            max_request_size=16 << 20,
+            idempotent=self._idempotent,
+        ) as out:
+            while True:
                 try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                except pa.ArrowException as exc:
+                    raise _invalid(
+                        TicketError(f"unreadable Arrow stream ({exc}); {total} rows were produced")
+                    ) from exc
+                batch = chunk.data
+                if batch is None:  # metadata-only message
+                    continue
+                size = batch.get_total_buffer_size()
+                received += size
+                try:
+                    if size > limits.max_batch_bytes:
+                        raise TicketError(
+                            f"a batch of {size} bytes exceeds gateway.flight.max_batch_bytes "
+                            f"({limits.max_batch_bytes}); send smaller batches"
+                        )
+                    if received > limits.max_put_bytes:
+                        raise TicketError(
+                            f"this put exceeds gateway.flight.max_put_bytes "
+                            f"({limits.max_put_bytes}); split it into several puts"
+                        )
                     batch.validate(full=True)
                     records = plan.records(batch)
                 except (pa.ArrowException, TicketError) as exc:
@@ -189,6 +257,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                         f"producing to {plan.topic!r} failed after {total} rows: {exc}"
                     ) from exc
                 total += len(placed)
+                self._metrics.flight_bytes.labels("do_put").inc(size)
                 ranges: dict[str, list[int]] = {}
                 for w in placed:
                     r = ranges.setdefault(str(w.partition), [w.offset, w.offset])
@@ -269,15 +338,30 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return parse_ticket(descriptor.command)
 
     def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
+        """Endpoints of the read; each carries ``{"partition", "start", "end", "rows",
+        "bytes"}`` as app metadata, and the totals are set when every part is known."""
         plan = plan_read(self._catalog, ticket)
-        endpoints = [
-            fl.FlightEndpoint(
-                ticket.model_copy(update={"partitions": [r.partition]}).to_bytes(), [self.url]
+        parts = plan_endpoints(self._catalog, plan, self._limits.slice_rows)
+        endpoints = []
+        for part in parts:
+            meta = {
+                "partition": part.ticket.partitions[0] if part.ticket.partitions else None,
+                "start": _offset(part.ticket.start),
+                "end": _offset(part.ticket.end),
+                "rows": part.rows,
+                "bytes": part.bytes,
+            }
+            endpoints.append(
+                fl.FlightEndpoint(
+                    part.ticket.to_bytes(), [self.url], app_metadata=json.dumps(meta).encode()
+                )
             )
-            for r in plan.ranges
-        ]
-        # Exact counts come from segment footers; known only for whole-lane reads.
-        total = -1
-        if ticket.start == "earliest" and ticket.end == "now":
-            total = sum(self._catalog.durable_rows(ticket.topic, r.partition) for r in plan.ranges)
-        return fl.FlightInfo(plan.schema, descriptor, endpoints, total, -1)
+        rows = [p.rows for p in parts]
+        nbytes = [p.bytes for p in parts]
+        total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
+        total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
+        return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
+
+
+def _offset(position: object) -> int | None:
+    return position.offset if isinstance(position, OffsetPosition) else None

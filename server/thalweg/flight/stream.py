@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from thalweg.errors import ThalwegError
 from thalweg.flight.plan import ReadPlan
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
@@ -30,10 +31,25 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+class FollowLagError(ThalwegError):
+    """A follow stream fell further behind its partition's newest record than allowed."""
+
+
 def read_stream(
-    catalog: LaneCatalog, plan: ReadPlan, cancelled: Callable[[], bool]
+    catalog: LaneCatalog,
+    plan: ReadPlan,
+    cancelled: Callable[[], bool],
+    *,
+    max_lag: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the plan's rows; ends when every partition reached its end or on cancel."""
+    """Yield the plan's rows; ends when every partition reached its end or on cancel.
+
+    The generator only advances when the client takes a batch (gRPC flow control), so a
+    slow reader holds at most the batch in hand; behind the live tail it reads history
+    from Parquet, never making the gateway keep rows for it. A follow partition that has
+    once caught up and then falls more than ``max_lag`` records behind the newest record
+    raises :class:`FollowLagError`, naming the offsets to resume from.
+    """
     topic = plan.ticket.topic
     if plan.ticket.lane is Lane.DLQ:
         yield from _dead_letters(catalog, plan)
@@ -45,6 +61,7 @@ def read_stream(
     off = catalog.columns.offset
     wanted, pushed = _pushdown(catalog, plan)
     active = sorted(cursors)
+    caught_up: set[int] = set()
     while active:
         seen = catalog.live.version()
         progressed = False
@@ -53,6 +70,8 @@ def read_stream(
             if end is not None and pos >= end:
                 active.remove(p)
                 continue
+            if end is None and max_lag is not None:
+                _check_lag(catalog, topic, p, pos, max_lag, caught_up, cursors)
             durable = catalog.durable_end(topic, p)
             if pos < durable:
                 upto = durable if end is None else min(durable, end)
@@ -67,6 +86,10 @@ def read_stream(
                     predicate=pushed,
                 ):
                     yield from rebatch(_shape(catalog, plan, raw, dec))
+                    ref = dec if dec is not None else raw
+                    if end is None and max_lag is not None and ref is not None and len(ref):
+                        done = int(ref.column(off)[-1].as_py()) + 1
+                        _check_lag(catalog, topic, p, done, max_lag, caught_up, cursors)
                 cursors[p] = upto
                 progressed = True
                 continue
@@ -80,6 +103,30 @@ def read_stream(
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
+
+
+def _check_lag(
+    catalog: LaneCatalog,
+    topic: str,
+    p: int,
+    pos: int,
+    max_lag: int,
+    caught_up: set[int],
+    cursors: dict[int, int],
+) -> None:
+    """A partition counts as caught up once its cursor reached the newest record; only
+    then does falling behind count (catching up from history is not lag)."""
+    newest = catalog.high_water(topic, p)
+    lag = newest - pos
+    if lag <= 0:
+        caught_up.add(p)
+    elif p in caught_up and lag > max_lag:
+        resume = ", ".join(f"{q}: {o}" for q, o in sorted(cursors.items()))
+        raise FollowLagError(
+            f"follow stream of {topic!r} fell {lag} records behind partition {p} "
+            f"(gateway.flight.follow_max_lag_records = {max_lag}); read faster, or "
+            f"resume from offsets {{{resume}}}"
+        )
 
 
 def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBatch]:

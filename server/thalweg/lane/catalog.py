@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +22,7 @@ from thalweg.lane.reader import LaneReader
 from thalweg.records.columns import MetadataColumns
 
 _DISK_TTL_S = 1.0
+_STATS_CACHE_MAX = 200_000
 
 
 class LaneCatalog:
@@ -44,6 +46,7 @@ class LaneCatalog:
         self._decoded_topics = decoded_topics or set
         self._configured = configured_topics or list
         self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
+        self._stats_cache: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     def topics(self) -> list[str]:
@@ -107,6 +110,28 @@ class LaneCatalog:
     def durable_rows(self, topic: str, partition: int) -> int:
         """Rows in the partition's durable raw lane, from file footers."""
         return sum(
-            pq.read_metadata(s.path).num_rows
-            for s in self.layout.segments(Lane.RAW, topic, partition)
+            self.segment_stats(s.path)[0] for s in self.layout.segments(Lane.RAW, topic, partition)
         )
+
+    def segment_stats(self, path: Path) -> tuple[int, int]:
+        """``(rows, uncompressed bytes)`` of one segment, from its footer.
+
+        Segments are immutable once renamed into place, so the footer is read once; the
+        byte figure is Parquet's uncompressed size, the closest cheap estimate of what
+        the rows weigh in Arrow.
+        """
+        key = str(path)
+        with self._lock:
+            hit = self._stats_cache.get(key)
+        if hit is not None:
+            return hit
+        meta = pq.read_metadata(path)
+        stats = (
+            meta.num_rows,
+            sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
+        )
+        with self._lock:
+            if len(self._stats_cache) >= _STATS_CACHE_MAX:
+                self._stats_cache.clear()
+            self._stats_cache[key] = stats
+        return stats

@@ -95,6 +95,15 @@ class LiveTail:
                 return []
             return [e for e in part.entries if e.last >= position]
 
+    def nbytes(self) -> int:
+        """Arrow bytes held by all live entries (what the tail costs in memory)."""
+        with self._cond:
+            return sum(
+                e.raw.nbytes + (e.decoded.nbytes if e.decoded is not None else 0)
+                for part in self._parts.values()
+                for e in part.entries
+            )
+
     def partitions(self, topic: str) -> list[int]:
         with self._cond:
             return sorted(p for t, p in self._parts if t == topic)

@@ -45,6 +45,8 @@ class KafkaWriter:
         columns: metadata names (to read raw-lane batches and Value dicts).
         keep_partition: write each record to the partition it was read from (default);
             otherwise the producer's partitioner decides.
+        idempotent: use the idempotent producer (no duplicates on retry); the broker must
+            support it (tansu does not: its InitProducerId answers are refused).
     """
 
     def __init__(
@@ -53,12 +55,16 @@ class KafkaWriter:
         columns: MetadataColumns | None = None,
         *,
         keep_partition: bool = True,
+        idempotent: bool = False,
         **producer: Any,
     ) -> None:
         self.columns = columns or MetadataColumns()
         self.keep_partition = keep_partition
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers, acks="all", **producer
+            bootstrap_servers=bootstrap_servers,
+            acks="all",
+            enable_idempotence=idempotent,
+            **producer,
         )
 
     async def __aenter__(self) -> KafkaWriter:
