@@ -133,7 +133,7 @@ class FlightServingConfig(_Model):
         5_000_000,
         ge=1,
         description="A follow stream that, once caught up, falls this many records behind "
-        "the partition's newest record ends with an error (None: never).",
+        "the partition's durable end ends with an error (None: never).",
     )
     max_streams_per_caller: int = Field(
         32, ge=1, description="Concurrent do_get/do_put calls one caller may hold."

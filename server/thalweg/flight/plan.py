@@ -95,6 +95,12 @@ def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, 
             "read lane 'raw'"
         )
     payload = catalog.payload_schema(ticket.topic)
+    if not len(payload) and ticket.end == "follow":
+        # A stream's schema is fixed when it starts; an empty one would carry no rows.
+        raise TicketError(
+            f"topic {ticket.topic!r} has no decoded columns yet, and a follow stream needs "
+            "them up front: retry once its first record is decoded, or follow lane 'raw'"
+        )
     return decoded_schema(payload, catalog.columns, ticket.metadata), payload
 
 

@@ -47,7 +47,7 @@ def read_stream(
     The generator only advances when the client takes a batch (gRPC flow control), so a
     slow reader holds at most the batch in hand; behind the live tail it reads history
     from Parquet, never making the gateway keep rows for it. A follow partition that has
-    once caught up and then falls more than ``max_lag`` records behind the newest record
+    once caught up and then falls more than ``max_lag`` records behind the durable end
     raises :class:`FollowLagError`, naming the offsets to resume from.
     """
     topic = plan.ticket.topic
@@ -114,16 +114,16 @@ def _check_lag(
     caught_up: set[int],
     cursors: dict[int, int],
 ) -> None:
-    """A partition counts as caught up once its cursor reached the newest record; only
-    then does falling behind count (catching up from history is not lag)."""
-    newest = catalog.high_water(topic, p)
-    lag = newest - pos
+    """Lag is what is already durable and not yet sent: records that just arrived are
+    not lag (a reader that keeps up reads them from the live tail). A partition counts
+    once its cursor has reached the durable end; catching up from history is not lag."""
+    lag = catalog.durable_end(topic, p) - pos
     if lag <= 0:
         caught_up.add(p)
     elif p in caught_up and lag > max_lag:
         resume = ", ".join(f"{q}: {o}" for q, o in sorted(cursors.items()))
         raise FollowLagError(
-            f"follow stream of {topic!r} fell {lag} records behind partition {p} "
+            f"follow stream of {topic!r} fell {lag} records behind partition {p}'s durable end "
             f"(gateway.flight.follow_max_lag_records = {max_lag}); read faster, or "
             f"resume from offsets {{{resume}}}"
         )
