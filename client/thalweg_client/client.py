@@ -9,6 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from thalweg_client.wire import encode_ticket
+
 Position = str | dict[str, int]
 
 
@@ -56,10 +58,40 @@ def ticket(
 class Client:
     """A connection to one gateway."""
 
-    def __init__(self, location: str, *, token: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        location: str,
+        *,
+        token: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        tls_root_certs: bytes | None = None,
+        cert_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        ticket_encoding: str = "json",
+        **kwargs: Any,
+    ) -> None:
+        if ticket_encoding not in ("json", "protobuf"):
+            raise ValueError("ticket_encoding is 'json' or 'protobuf'")
+        if token is not None and username is not None:
+            raise ValueError("give a token or a username/password, not both")
         self.location = location
+        self._encoding = ticket_encoding
+        for name, value in (
+            ("tls_root_certs", tls_root_certs),
+            ("cert_chain", cert_chain),
+            ("private_key", private_key),
+        ):
+            if value is not None:
+                kwargs[name] = value
         self._flight = fl.FlightClient(location, **kwargs)
-        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        headers: list[tuple[bytes, bytes]] = []
+        if token:
+            headers = [(b"authorization", f"Bearer {token}".encode())]
+        elif username is not None:
+            # Flight's basic-token handshake: the gateway answers with a session token.
+            headers = [self._flight.authenticate_basic_token(username, password or "")]
+        self._headers = headers
         self._options = fl.FlightCallOptions(headers=headers)
         # Strong references: the RecordBatchReader handed out does not keep these alive.
         self._streams: list[fl.FlightStreamReader] = []
@@ -74,7 +106,7 @@ class Client:
 
     def schema(self, topic: str, **options: Any) -> pa.Schema:
         """The schema a read with ``options`` would return."""
-        desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
+        desc = fl.FlightDescriptor.for_command(self._encode(ticket(topic, **options)))
         return self._flight.get_schema(desc, options=self._options).schema
 
     def stream(self, topic: str, **options: Any) -> pa.RecordBatchReader:
@@ -82,7 +114,7 @@ class Client:
 
         A follow stream runs until :meth:`close` (or leaving the ``with`` block).
         """
-        body = json.dumps(ticket(topic, **options)).encode()
+        body = self._encode(ticket(topic, **options))
         reader = self._flight.do_get(fl.Ticket(body), options=self._options)
         self._streams.append(reader)
         return reader.to_reader()
@@ -95,7 +127,7 @@ class Client:
         """
         if options.get("end") == "follow":
             raise ValueError("read() needs a bounded end; use stream() to follow")
-        desc = fl.FlightDescriptor.for_command(json.dumps(ticket(topic, **options)))
+        desc = fl.FlightDescriptor.for_command(self._encode(ticket(topic, **options)))
         info = self._flight.get_flight_info(desc, options=self._options)
 
         def fetch(endpoint: fl.FlightEndpoint) -> pa.Table:
@@ -106,6 +138,29 @@ class Client:
         if not tables:
             return info.schema.empty_table()
         return pa.concat_tables(tables)
+
+    def to_pandas(self, topic: str, **options: Any) -> Any:
+        """:meth:`read` as a pandas DataFrame (needs pandas installed)."""
+        return self.read(topic, **options).to_pandas()
+
+    def to_polars(self, topic: str, **options: Any) -> Any:
+        """:meth:`read` as a polars DataFrame (needs polars installed)."""
+        try:
+            import polars
+        except ImportError as exc:
+            raise ImportError("to_polars needs polars: pip install polars") from exc
+        return polars.from_arrow(self.read(topic, **options))
+
+    def endpoints(self, topic: str, **options: Any) -> fl.FlightInfo:
+        """The read's FlightInfo: schema, endpoints (tickets and locations) and totals —
+        for spreading a read over workers yourself (see :mod:`thalweg_client.spark`)."""
+        desc = fl.FlightDescriptor.for_command(self._encode(ticket(topic, **options)))
+        return self._flight.get_flight_info(desc, options=self._options)
+
+    @property
+    def call_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers sent on every call (a worker re-uses them to fetch endpoints)."""
+        return list(self._headers)
 
     def write(
         self,
@@ -162,6 +217,11 @@ class Client:
         answer: dict[str, Any] = json.loads(results[0].body.to_pybytes())
         return answer
 
+    def _encode(self, t: dict[str, Any]) -> bytes:
+        if self._encoding == "protobuf":
+            return encode_ticket(t)
+        return json.dumps(t).encode()
+
     def close(self) -> None:
         """Cancel open streams (a follow stream ends on the server too), then close.
 
@@ -181,6 +241,15 @@ class Client:
 
 
 def connect(location: str, *, token: str | None = None, **kwargs: Any) -> Client:
-    """Connect to a gateway at ``location`` (e.g. ``grpc://127.0.0.1:8815``); ``token``
-    is sent as a bearer token on every call when the gateway requires one."""
+    """Connect to a gateway.
+
+    Args:
+        location: ``grpc://host:port``, or ``grpc+tls://host:port`` for a TLS gateway.
+        token: a bearer token, sent on every call.
+        username, password: sign in with basic credentials instead; the gateway hands
+            back a session token that is sent from then on.
+        tls_root_certs: PEM CA bundle to trust (a private CA); system roots otherwise.
+        cert_chain, private_key: PEM client certificate and key, for mutual TLS.
+        ticket_encoding: ``"json"`` (default) or ``"protobuf"`` tickets on the wire.
+    """
     return Client(location, token=token, **kwargs)

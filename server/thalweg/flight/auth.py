@@ -134,6 +134,21 @@ class TokenAuthFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
         return token
 
 
+class HandshakeOnly(fl.ServerAuthHandler):  # type: ignore[misc]
+    """Lets Flight's Handshake call through to the middleware.
+
+    pyarrow answers Handshake with UNIMPLEMENTED unless an auth handler is installed,
+    and ``authenticate_basic_token`` is a Handshake; the real checks are the
+    middleware's, so this handler accepts everything it is shown.
+    """
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""
+
+
 def principal_of(context: fl.ServerCallContext) -> Principal:
     """The caller of ``context`` (everyone may do everything when auth is off)."""
     middleware = context.get_middleware(MIDDLEWARE_KEY)

@@ -24,7 +24,13 @@ from thalweg.config.models import (
     KafkaSourceConfig,
 )
 from thalweg.errors import ThalwegError, TicketError
-from thalweg.flight.auth import MIDDLEWARE_KEY, TokenAuthFactory, caller_key, principal_of
+from thalweg.flight.auth import (
+    MIDDLEWARE_KEY,
+    HandshakeOnly,
+    TokenAuthFactory,
+    caller_key,
+    principal_of,
+)
 from thalweg.flight.endpoints import plan_endpoints
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.plan import plan_read
@@ -72,6 +78,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> None:
         if auth is not None:
             kwargs["middleware"] = {MIDDLEWARE_KEY: TokenAuthFactory(auth)}
+            if auth.users:
+                kwargs["auth_handler"] = HandshakeOnly()
         if tls is not None:
             cert, key, client_ca = tls.read()
             kwargs["tls_certificates"] = [fl.CertKeyPair(cert, key)]
