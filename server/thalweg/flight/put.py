@@ -114,7 +114,7 @@ def refuse_unsafe_types(schema: pa.Schema) -> None:
     (pickled Python ones above all) is code or meaning the gateway will not take on."""
 
     def check(f: pa.Field, path: str) -> None:
-        if isinstance(f.type, pa.ExtensionType) or (
+        if isinstance(f.type, pa.BaseExtensionType) or (
             f.metadata and b"ARROW:extension:name" in f.metadata
         ):
             raise TicketError(f"column {path!r}: extension types are not accepted")

@@ -230,7 +230,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                     chunk = reader.read_chunk()
                 except StopIteration:
                     break
-                except pa.ArrowException as exc:
+                except (pa.ArrowException, OSError) as exc:  # ArrowIOError is an OSError
                     raise _invalid(
                         TicketError(f"unreadable Arrow stream ({exc}); {total} rows were produced")
                     ) from exc
