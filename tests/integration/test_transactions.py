@@ -10,6 +10,8 @@ import asyncio
 import uuid
 from collections.abc import Callable
 
+import pyarrow as pa
+import pyarrow.flight as fl
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -138,3 +140,46 @@ def test_log_append_time_is_the_brokers(
     stamps = raw["_twg_source_timestamp"].cast("int64").to_pylist()
     assert all(before - 1000 <= ts <= after + 1000 for ts in stamps), (before, stamps, after)
     assert stamps == sorted(stamps)
+
+
+def test_put_with_the_idempotent_producer(
+    noida: NoidaBroker,
+    gateway_factory: Callable[..., RunningGateway],
+    topic_factory: Callable[..., str],
+) -> None:
+    """``gateway.idempotent_producer``: puts go through on a broker with idempotence
+    (noida-db); on tansu, which has none, the put fails with an error that says so,
+    after producing nothing."""
+    topic = f"idem-{uuid.uuid4().hex[:8]}"
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap)
+        await admin.start()
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+        await admin.close()
+
+    asyncio.run(create())
+    gw = gateway_factory(
+        [topic],
+        bootstrap_servers=noida.bootstrap,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        format="none",
+        gateway={"idempotent_producer": True},
+    )
+    with thalweg_client.connect(gw.flight_url) as client:
+        acks = client.write(topic, pa.table({"value": [b"a", b"b", b"c"]}))
+        assert acks == [{"rows": 3, "partitions": {"0": [0, 2]}}]
+        gw.wait_durable(topic, {0: 3})
+        assert client.read(topic, lane="raw").column("_twg_source_value").to_pylist() == [
+            b"a",
+            b"b",
+            b"c",
+        ]
+
+    on_tansu = topic_factory(1)
+    gw2 = gateway_factory([on_tansu], format="none", gateway={"idempotent_producer": True})
+    with thalweg_client.connect(gw2.flight_url) as client:
+        with pytest.raises(fl.FlightServerError, match="idempotent") as info:
+            client.write(on_tansu, pa.table({"value": [b"x"]}))
+        assert "0 rows" in str(info.value)

@@ -220,11 +220,21 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         total = 0
         received = 0
         limits = self._limits
-        async with KafkaWriter(
-            source.bootstrap_servers,
-            max_request_size=16 << 20,
-            idempotent=self._idempotent,
-        ) as out:
+        out = KafkaWriter(
+            source.bootstrap_servers, max_request_size=16 << 20, idempotent=self._idempotent
+        )
+        try:
+            await out.start()
+        except ThalwegError as exc:
+            hint = (
+                " (gateway.idempotent_producer is on: the broker must support idempotent producers)"
+                if self._idempotent
+                else ""
+            )
+            raise fl.FlightServerError(
+                f"cannot start a producer for {plan.topic!r}: {exc}{hint}; 0 rows were produced"
+            ) from exc
+        try:
             while True:
                 try:
                     chunk = reader.read_chunk()
@@ -272,6 +282,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                     r[0], r[1] = min(r[0], w.offset), max(r[1], w.offset)
                 ack = {"rows": len(placed), "partitions": ranges}
                 writer.write(pa.py_buffer(json.dumps(ack).encode()))
+        finally:
+            await out.stop()
         return total
 
     def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:

@@ -67,15 +67,23 @@ class KafkaWriter:
             **producer,
         )
 
-    async def __aenter__(self) -> KafkaWriter:
+    async def start(self) -> None:
+        """Connect; on failure the producer is closed again and SourceError raised."""
         try:
             await self._producer.start()
         except KafkaError as exc:
+            await self._producer.stop()
             raise SourceError(f"cannot connect a producer: {exc}") from exc
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> KafkaWriter:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._producer.stop()
+        await self.stop()
 
     async def send_records(self, topic: str, records: Sequence[RawRecord]) -> list[Written]:
         """Produce ``records`` in order and wait for every acknowledgement."""
