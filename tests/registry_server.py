@@ -83,15 +83,15 @@ class FakeRegistry:
                         self._reply(404, {"error_code": 40402, "message": "Version not found"})
                         return
                     sid = versions[v - 1]
-                    self._reply(
-                        200,
-                        {
-                            "subject": parts[1],
-                            "version": v,
-                            "id": sid,
-                            "schema": registry.schemas[sid],
-                        },
-                    )
+                    answer = {
+                        "subject": parts[1],
+                        "version": v,
+                        "id": sid,
+                        "schema": registry.schemas[sid],
+                    }
+                    if registry.types[sid] != "AVRO":
+                        answer["schemaType"] = registry.types[sid]
+                    self._reply(200, answer)
                     return
                 self._reply(404, {"error_code": 404, "message": "Not found"})
 

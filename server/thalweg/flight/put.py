@@ -4,7 +4,8 @@ A put's columns are either
 
 * ``value`` (binary or string) — the payload as is — or
 * payload columns, encoded with the topic's format (``json``; ``avro`` through the
-  registry, writer schema registered under ``<topic>-value``),
+  registry, writer schema registered under ``<topic>-value``; ``protobuf`` with the
+  message registered under ``<topic>-value`` or the source's descriptor set),
 
 plus, optionally, ``key`` (binary/string), ``headers``
 (``list<struct<key, value>>``), ``partition`` (integer) and ``timestamp`` (timestamp or
@@ -69,6 +70,7 @@ def plan_put(
     schema: pa.Schema,
     source: KafkaSourceConfig | None,
     avro_encoder: Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None = None,
+    protobuf_encoder: Callable[[], tuple[Any, pa.Schema]] | None = None,
 ) -> PutPlan:
     """Check a put's schema against the topic; raises :class:`TicketError` saying why."""
     if source is None:
@@ -103,10 +105,35 @@ def plan_put(
         if avro_encoder is None:
             raise TicketError(f"topic {topic!r}: encoding Avro needs a registry url in its source")
         return PutPlan(topic, source, payload, avro_encoder(payload_schema))
+    if source.format == "protobuf":
+        if protobuf_encoder is None:
+            raise TicketError(
+                f"topic {topic!r}: encoding Protobuf needs a registry url or a descriptor set"
+            )
+        encoder, fields = protobuf_encoder()
+        unknown = [n for n in payload if fields.get_field_index(n) < 0]
+        if unknown:
+            raise TicketError(
+                f"column {unknown[0]!r} is not a field of the topic's Protobuf message "
+                f"(fields: {', '.join(fields.names)})"
+            )
+        return PutPlan(topic, source, payload, _checked(encoder.encode))
     raise TicketError(
         f"topic {topic!r} has format {source.format!r}: send a 'value' column with the "
         "encoded payloads"
     )
+
+
+def _checked(encode: Callable[[pa.Table], list[bytes]]) -> Callable[[pa.Table], list[bytes]]:
+    """Turn a value the message cannot hold into a TicketError (before producing)."""
+
+    def run(table: pa.Table) -> list[bytes]:
+        try:
+            return encode(table)
+        except (ValueError, TypeError) as exc:  # json_format.ParseError is a ValueError
+            raise TicketError(f"a row does not fit the topic's Protobuf message: {exc}") from exc
+
+    return run
 
 
 def refuse_unsafe_types(schema: pa.Schema) -> None:

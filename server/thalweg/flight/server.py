@@ -40,7 +40,7 @@ from thalweg.flight.tickets import OffsetPosition, ReadTicket, parse_ticket
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 from thalweg.registry.confluent import ConfluentRegistry
-from thalweg.registry.encoding import avro_encoder_for_topic
+from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
 from thalweg.registry.factory import open_registry
 from thalweg.sinks.kafka import KafkaWriter
 
@@ -197,7 +197,13 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         try:
             refuse_unsafe_types(reader.schema)
             source = self._sources.get(topic)
-            plan = plan_put(topic, reader.schema, source, self._avro_encoder(topic, source))
+            plan = plan_put(
+                topic,
+                reader.schema,
+                source,
+                self._avro_encoder(topic, source),
+                self._protobuf_encoder(topic, source),
+            )
         except (TicketError, ThalwegError) as exc:
             raise _invalid(TicketError(str(exc))) from exc
         assert source is not None
@@ -304,6 +310,26 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
         def make(schema: pa.Schema) -> Callable[[pa.Table], list[bytes]]:
             return avro_encoder_for_topic(registry, topic, schema).encode
+
+        return make
+
+    def _protobuf_encoder(
+        self, topic: str, source: KafkaSourceConfig | None
+    ) -> Callable[[], tuple[Any, pa.Schema]] | None:
+        if source is None or source.format != "protobuf":
+            return None
+        descriptor_path = source.protobuf_descriptor_set
+
+        def make() -> tuple[Any, pa.Schema]:
+            if descriptor_path is not None:
+                return protobuf_encoder_for_topic(
+                    topic, descriptor_set=descriptor_path.read_bytes()
+                )
+            if source.registry is None or source.registry.url is None:
+                raise TicketError(f"topic {topic!r}: Protobuf puts need a registry url")
+            registry = open_registry(source.registry)
+            assert isinstance(registry, ConfluentRegistry)
+            return protobuf_encoder_for_topic(topic, registry=registry)
 
         return make
 

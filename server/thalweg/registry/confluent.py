@@ -104,6 +104,17 @@ class ConfluentRegistry:
             return None
         return int(body["id"]), self._parse_schema(body, f"subject {subject!r}")
 
+    def latest_raw(self, subject: str) -> tuple[int, str, str] | None:
+        """The latest ``(id, schemaType, text)`` of ``subject`` (any kind), None when the
+        subject is unknown."""
+        body = self._request("GET", f"/subjects/{subject}/versions/latest")
+        if body is None:
+            return None
+        try:
+            return int(body["id"]), str(body.get("schemaType", "AVRO")), str(body["schema"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RegistryError(f"malformed registry answer for subject {subject!r}") from exc
+
     @staticmethod
     def _parse_schema(body: dict[str, Any], what: str) -> Any:
         try:
