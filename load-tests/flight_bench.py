@@ -1,0 +1,285 @@
+"""Flight benchmark: Thalweg's do_get and do_put against bare baselines, in one run.
+
+do_get
+  A decoded table of about ``--gib`` GiB is written as Thalweg lane segments (the
+  gateway's own SegmentWriter: raw + decoded Parquet, fsynced), then read back
+    (a) from a bare ``pyarrow.flight`` server returning the same table from memory as one
+        ``RecordBatchStream`` (the ceiling: no Parquet, no planning);
+    (b) from Thalweg's Flight server: one stream with every partition (``do_get``), and
+    (c) the way ``thalweg_client.read`` does it: all endpoints fetched in parallel.
+do_put
+  ``--put-rows`` JSON payloads produced into a fresh tansu topic
+    (d) by a bare aiokafka producer (``send`` per record, every future awaited), and
+    (e) through Thalweg's ``do_put`` (``thalweg_client.write``), acks=all, offsets back.
+
+Prints GB/s, rows/s and the ratios (b)/(a), (c)/(a) and (e)/(d). Not a test: machines
+here are noisy (2 shared cores), so only ratios within one run mean much.
+
+    python load-tests/flight_bench.py --gib 1 --put-rows 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+from aiokafka import AIOKafkaProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import thalweg_client
+from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
+from thalweg.embedded import TansuBroker
+from thalweg.flight.server import GatewayFlightServer
+from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.layout import LaneLayout
+from thalweg.lane.live import LiveTail
+from thalweg.lane.writer import SegmentWriter
+from thalweg.ops.metrics import Metrics
+from thalweg.records.columns import MetadataColumns
+
+TOPIC = "bench"
+PARTITIONS = 4
+SEGMENT_ROWS = 500_000
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def payload(n: int, first: int) -> pa.Table:
+    """n rows of an order-like payload (~100 B of Arrow per row)."""
+    ids = np.arange(first, first + n, dtype=np.int64)
+    customers = pa.array([f"customer-{i:05d}" for i in range(9973)])
+    return pa.table(
+        {
+            "order_id": ids,
+            "customer": customers.take(pa.array(ids % 9973)),
+            "quantity": pa.array((ids % 7 + 1).astype(np.int32)),
+            "amount": pa.array((ids % 1000) * 1.37),
+            "created_at": pa.array(
+                (1_764_504_000_000_000 + ids * 1000).astype("datetime64[us]"),
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "note": pa.array(np.full(n, "x" * 48, dtype=object), pa.string()),
+        }
+    )
+
+
+def lane_tables(
+    cols: MetadataColumns, partition: int, first: int, body: pa.Table
+) -> tuple[pa.Table, pa.Table]:
+    """The raw and decoded segment tables for ``body`` at offsets ``first...``."""
+    n = body.num_rows
+    offsets = pa.array(np.arange(first, first + n, dtype=np.int64))
+    given = {
+        cols.source("cluster"): pa.array(["bench"] * n),
+        cols.source("topic"): pa.array([TOPIC] * n),
+        cols.source("partition"): pa.array(np.full(n, partition, dtype=np.int32)),
+        cols.offset: offsets,
+        cols.value: pa.array([b"{}"] * n, pa.binary()),
+    }
+    raw = pa.table(
+        [given.get(f.name, pa.nulls(n, f.type)) for f in cols.raw_schema],
+        schema=cols.raw_schema,
+    )
+    meta = {f.name: given.get(f.name, pa.nulls(n, f.type)) for f in cols.decoded_file_fields}
+    decoded = body
+    for f in cols.decoded_file_fields:
+        decoded = decoded.append_column(f, meta[f.name])
+    return raw, decoded
+
+
+def write_lanes(root: Path, gib: float) -> int:
+    """Write about ``gib`` GiB (Arrow size of the served table) of lane segments."""
+    cols = MetadataColumns()
+    writer = SegmentWriter(LaneLayout(root), cols, RawLaneConfig(fsync=False))
+    per_row = payload(1000, 0).nbytes / 1000 + 40  # + locator columns
+    rows = int(gib * 2**30 / per_row)
+    per_part = rows // PARTITIONS
+    for p in range(PARTITIONS):
+        for first in range(0, per_part, SEGMENT_ROWS):
+            n = min(SEGMENT_ROWS, per_part - first)
+            raw, dec = lane_tables(cols, p, first, payload(n, first))
+            writer.write(TOPIC, p, raw, dec, first, first + n)
+    return per_part * PARTITIONS
+
+
+# -- do_get ------------------------------------------------------------------------------
+
+
+class BareServer(fl.FlightServerBase):  # type: ignore[misc]
+    def __init__(self, table: pa.Table) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self._table = table
+
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        return fl.RecordBatchStream(self._table)
+
+
+def timed_read(url: str, ticket: bytes) -> tuple[float, int, int]:
+    client = fl.FlightClient(url)
+    t = time.perf_counter()
+    rows = nbytes = 0
+    for chunk in client.do_get(fl.Ticket(ticket)):
+        rows += chunk.data.num_rows
+        nbytes += chunk.data.nbytes
+    return time.perf_counter() - t, rows, nbytes
+
+
+def parallel_read(url: str) -> tuple[float, int, int]:
+    client = fl.FlightClient(url)
+    t = time.perf_counter()
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("topics", TOPIC))
+
+    def one(e: fl.FlightEndpoint) -> tuple[int, int]:
+        rows = nbytes = 0
+        for chunk in fl.FlightClient(url).do_get(e.ticket):
+            rows += chunk.data.num_rows
+            nbytes += chunk.data.nbytes
+        return rows, nbytes
+
+    with ThreadPoolExecutor(4) as pool:
+        parts = list(pool.map(one, info.endpoints))
+    return time.perf_counter() - t, sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def bench_get(gib: float, repeats: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="twg-flight-bench-") as d:
+        root = Path(d)
+        t = time.perf_counter()
+        rows = write_lanes(root, gib)
+        print(f"wrote {rows:,} rows of lane segments in {time.perf_counter() - t:.1f}s")
+        cols = MetadataColumns()
+        layout = LaneLayout(root)
+        catalog = LaneCatalog(layout, cols, LiveTail())
+        server = GatewayFlightServer("grpc://127.0.0.1:0", catalog, Metrics())
+        threading.Thread(target=server.serve, daemon=True).start()
+        ticket = json.dumps({"topic": TOPIC}).encode()
+        table = fl.FlightClient(server.url).do_get(fl.Ticket(ticket)).read_all()
+        assert table.num_rows == rows, (table.num_rows, rows)
+        table = table.combine_chunks()
+        bare = BareServer(table)
+        threading.Thread(target=bare.serve, daemon=True).start()
+        bare_url = f"grpc://127.0.0.1:{bare.port}"
+        best: dict[str, tuple[float, int, int]] = {}
+        for _ in range(repeats):  # interleaved, best of each: the machine is noisy
+            for name, run in (
+                ("bare", lambda: timed_read(bare_url, b"x")),
+                ("thalweg", lambda: timed_read(server.url, ticket)),
+                ("thalweg_parallel", lambda: parallel_read(server.url)),
+            ):
+                took, n, nbytes = run()
+                assert n == rows
+                if name not in best or took < best[name][0]:
+                    best[name] = (took, n, nbytes)
+        server.shutdown()
+        bare.shutdown()
+    out = {}
+    for name, (took, n, nbytes) in best.items():
+        out[f"{name}_gbps"] = nbytes / took / 1e9
+        out[f"{name}_rows_s"] = n / took
+        print(
+            f"do_get {name:17s} {took:6.2f}s  {nbytes / took / 1e9:5.2f} GB/s  "
+            f"{n / took:12,.0f} rows/s"
+        )
+    print(f"do_get ratio thalweg/bare          {out['thalweg_gbps'] / out['bare_gbps']:.2f}x")
+    print(
+        f"do_get ratio thalweg_parallel/bare {out['thalweg_parallel_gbps'] / out['bare_gbps']:.2f}x"
+    )
+    return out
+
+
+# -- do_put ------------------------------------------------------------------------------
+
+
+def put_values(n: int) -> list[bytes]:
+    return [
+        json.dumps(
+            {"order_id": i, "customer": f"customer-{i % 9973:05d}", "note": "x" * 120}
+        ).encode()
+        for i in range(n)
+    ]
+
+
+async def bare_producer(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    p = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
+    )
+    await p.start()
+    try:
+        t = time.perf_counter()
+        futures = [await p.send(topic, v) for v in values]
+        await asyncio.gather(*futures)
+        return time.perf_counter() - t
+    finally:
+        await p.stop()
+
+
+def bench_put(rows: int) -> dict[str, float]:
+    values = put_values(rows)
+    size = sum(map(len, values))
+    with TansuBroker() as broker, tempfile.TemporaryDirectory() as d:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2})
+        bare_topic, twg_topic = (f"put-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        for t in (bare_topic, twg_topic):
+            admin.create_topics([NewTopic(t, PARTITIONS, 1)])[t].result(10)
+        bare_s = asyncio.run(bare_producer(broker.bootstrap, bare_topic, values))
+        source = KafkaSourceConfig(
+            name="bench", bootstrap_servers=broker.bootstrap, topics=[twg_topic], format="none"
+        )
+        cols = MetadataColumns()
+        catalog = LaneCatalog(LaneLayout(Path(d)), cols, LiveTail())
+        server = GatewayFlightServer(
+            "grpc://127.0.0.1:0", catalog, Metrics(), sources={twg_topic: source}
+        )
+        threading.Thread(target=server.serve, daemon=True).start()
+        table = pa.table({"value": pa.array(values, pa.binary())})
+        with thalweg_client.connect(server.url) as client:
+            t = time.perf_counter()
+            acks = client.write(twg_topic, table)
+            twg_s = time.perf_counter() - t
+        assert sum(a["rows"] for a in acks) == rows
+        server.shutdown()
+    out = {"bare_rows_s": rows / bare_s, "thalweg_rows_s": rows / twg_s}
+    for name, took in (("bare aiokafka", bare_s), ("thalweg do_put", twg_s)):
+        print(
+            f"do_put {name:17s} {took:6.2f}s  {size / took / 1e6:6.1f} MB/s  "
+            f"{rows / took:10,.0f} rows/s"
+        )
+    print(f"do_put ratio thalweg/bare {out['thalweg_rows_s'] / out['bare_rows_s']:.2f}x")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--gib", type=float, default=1.0, help="size of the do_get table")
+    ap.add_argument("--put-rows", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3, help="do_get runs of each (best kept)")
+    ap.add_argument("--skip-get", action="store_true")
+    ap.add_argument("--skip-put", action="store_true")
+    args = ap.parse_args()
+    print(
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"pyarrow {pa.__version__}, {os.cpu_count()} cpus"
+    )
+    if not args.skip_get:
+        bench_get(args.gib, args.repeats)
+    if not args.skip_put:
+        bench_put(args.put_rows)
+
+
+if __name__ == "__main__":
+    main()
