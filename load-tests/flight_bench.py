@@ -4,7 +4,9 @@ do_get
   A decoded table of about ``--gib`` GiB is written as Thalweg lane segments (the
   gateway's own SegmentWriter: raw + decoded Parquet, fsynced), then read back
     (a) from a bare ``pyarrow.flight`` server returning the same table from memory as one
-        ``RecordBatchStream`` (the ceiling: no Parquet, no planning);
+        ``RecordBatchStream`` in 64k-row batches (the ceiling: no Parquet, no planning);
+    (a') from a bare server that reads the same decoded Parquet files and sends them (the
+        floor of serving from disk: what Thalweg adds is planning, shaping, seams);
     (b) from Thalweg's Flight server: one stream with every partition (``do_get``), and
     (c) the way ``thalweg_client.read`` does it: all endpoints fetched in parallel.
 do_put
@@ -29,12 +31,14 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
+import pyarrow.parquet as pq
 from aiokafka import AIOKafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -127,6 +131,23 @@ class BareServer(fl.FlightServerBase):  # type: ignore[misc]
         return fl.RecordBatchStream(self._table)
 
 
+class BareParquetServer(fl.FlightServerBase):  # type: ignore[misc]
+    """Serves the decoded segment files as they are: read, then sent (no shaping)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self._files = files
+
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        schema = pq.read_schema(self._files[0]).remove_metadata()
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for f in self._files:
+                yield from pq.read_table(f).replace_schema_metadata(None).to_batches(65536)
+
+        return fl.GeneratorStream(schema, batches())
+
+
 def timed_read(url: str, ticket: bytes) -> tuple[float, int, int]:
     client = fl.FlightClient(url)
     t = time.perf_counter()
@@ -168,14 +189,20 @@ def bench_get(gib: float, repeats: int) -> dict[str, float]:
         ticket = json.dumps({"topic": TOPIC}).encode()
         table = fl.FlightClient(server.url).do_get(fl.Ticket(ticket)).read_all()
         assert table.num_rows == rows, (table.num_rows, rows)
-        table = table.combine_chunks()
+        # The bare server's best case: in memory, in 64k-row batches (Flight's sweet spot).
+        table = pa.Table.from_batches(table.combine_chunks().to_batches(max_chunksize=65536))
         bare = BareServer(table)
         threading.Thread(target=bare.serve, daemon=True).start()
         bare_url = f"grpc://127.0.0.1:{bare.port}"
+        files = sorted((root / "decoded").rglob("*.parquet"))
+        bare_pq = BareParquetServer(files)
+        threading.Thread(target=bare_pq.serve, daemon=True).start()
+        bare_pq_url = f"grpc://127.0.0.1:{bare_pq.port}"
         best: dict[str, tuple[float, int, int]] = {}
         for _ in range(repeats):  # interleaved, best of each: the machine is noisy
             for name, run in (
                 ("bare", lambda: timed_read(bare_url, b"x")),
+                ("bare_parquet", lambda: timed_read(bare_pq_url, b"x")),
                 ("thalweg", lambda: timed_read(server.url, ticket)),
                 ("thalweg_parallel", lambda: parallel_read(server.url)),
             ):
@@ -185,6 +212,7 @@ def bench_get(gib: float, repeats: int) -> dict[str, float]:
                     best[name] = (took, n, nbytes)
         server.shutdown()
         bare.shutdown()
+        bare_pq.shutdown()
     out = {}
     for name, (took, n, nbytes) in best.items():
         out[f"{name}_gbps"] = nbytes / took / 1e9
@@ -194,6 +222,8 @@ def bench_get(gib: float, repeats: int) -> dict[str, float]:
             f"{n / took:12,.0f} rows/s"
         )
     print(f"do_get ratio thalweg/bare          {out['thalweg_gbps'] / out['bare_gbps']:.2f}x")
+    ratio_pq = out["thalweg_gbps"] / out["bare_parquet_gbps"]
+    print(f"do_get ratio thalweg/bare_parquet  {ratio_pq:.2f}x")
     print(
         f"do_get ratio thalweg_parallel/bare {out['thalweg_parallel_gbps'] / out['bare_gbps']:.2f}x"
     )

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from thalweg.errors import ThalwegError
 from thalweg.flight.plan import ReadPlan
+from thalweg.flight.prefetch import prefetched
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.live import LiveEntry
@@ -75,7 +76,7 @@ def read_stream(
             durable = catalog.durable_end(topic, p)
             if pos < durable:
                 upto = durable if end is None else min(durable, end)
-                for raw, dec in catalog.reader.read_pairs(
+                pairs = catalog.reader.read_pairs(
                     topic,
                     p,
                     pos,
@@ -84,11 +85,13 @@ def read_stream(
                     with_raw=with_raw,
                     wanted=wanted,
                     predicate=pushed,
-                ):
-                    yield from rebatch(_shape(catalog, plan, raw, dec))
-                    ref = dec if dec is not None else raw
-                    if end is None and max_lag is not None and ref is not None and len(ref):
-                        done = int(ref.column(off)[-1].as_py()) + 1
+                )
+                shaped = (
+                    (_shape(catalog, plan, raw, dec), _end_of(raw, dec, off)) for raw, dec in pairs
+                )
+                for table, done in prefetched(shaped, cancelled):
+                    yield from rebatch(table)
+                    if end is None and max_lag is not None and done is not None:
                         _check_lag(catalog, topic, p, done, max_lag, caught_up, cursors)
                 cursors[p] = upto
                 progressed = True
@@ -103,6 +106,14 @@ def read_stream(
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
+
+
+def _end_of(raw: pa.Table | None, dec: pa.Table | None, off: str) -> int | None:
+    """The position after the last row of a segment read (None when it has no rows)."""
+    ref = dec if dec is not None else raw
+    if ref is None or not len(ref):
+        return None
+    return int(ref.column(off)[-1].as_py()) + 1
 
 
 def _check_lag(
