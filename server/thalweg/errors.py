@@ -51,3 +51,8 @@ class DecodeError(ThalwegError):
 
 class TicketError(ThalwegError):
     """A Flight ticket, command or descriptor is malformed or names nothing."""
+
+
+class ShutdownTimeoutError(ThalwegError):
+    """Draining did not finish within ``gateway.shutdown_timeout_s``; whatever was not yet
+    durable was not committed (it is read again after a restart)."""

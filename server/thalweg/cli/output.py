@@ -11,6 +11,7 @@ import click
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the gateway failed while running
 EXIT_CONFIG = 2  # the configuration (or a command line) is invalid
+EXIT_SHUTDOWN_TIMEOUT = 3  # draining passed gateway.shutdown_timeout_s
 
 
 def emit(ctx: click.Context, text: str, data: dict[str, Any]) -> None:

@@ -169,6 +169,12 @@ class GatewayConfig(_Model):
         None, description="TLS (or mutual TLS) for Flight; needs flight_listen grpc+tls://."
     )
     flight: FlightServingConfig = Field(default_factory=FlightServingConfig)
+    shutdown_timeout_s: float = Field(
+        25.0,
+        gt=0,
+        description="On SIGTERM/SIGINT: stop fetching, flush, commit and leave the group "
+        "within this long; after it, what is left is abandoned uncommitted (exit code 3).",
+    )
     idempotent_producer: bool = Field(
         False,
         description="do_put produces with Kafka's idempotent producer (needs broker "

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.engine.runner import RAW_LANE, LaneContext, SourceRunner
+from thalweg.errors import ShutdownTimeoutError
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
@@ -128,15 +129,44 @@ class Gateway:
 
         tasks = [asyncio.create_task(r.run(stop)) for r in self.runners]
         tasks.append(asyncio.create_task(beat()))
+        stopped = asyncio.create_task(stop.wait())
+        failure: BaseException | None = None
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                if t.exception() is not None:
-                    stop.set()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    raise t.exception()  # type: ignore[misc]
+            while failure is None and not stop.is_set():
+                done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+                failure = next(
+                    (t.exception() for t in done if t is not stopped and t.exception() is not None),
+                    None,
+                )
+                if all(t.done() for t in tasks):
+                    break
         finally:
             stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            timed_out = await self._drain(tasks, stopped)
             self.flight.shutdown()
             self.admin.stop()
+        if failure is not None:
+            raise failure
+        if timed_out:
+            raise ShutdownTimeoutError(
+                f"shutdown took longer than gateway.shutdown_timeout_s "
+                f"({self.cfg.gateway.shutdown_timeout_s:g}s); what was not yet durable was "
+                "not committed and is read again after the restart"
+            )
+
+    async def _drain(self, tasks: list[asyncio.Task[None]], stopped: asyncio.Task[bool]) -> bool:
+        """Let the runners flush, commit and leave their groups within the deadline;
+        cancel what is left after it. True when the deadline passed.
+
+        Cancelling is safe: a commit only ever follows a durable write, so an interrupted
+        flush leaves its records uncommitted, to be read again, never lost.
+        """
+        stopped.cancel()
+        deadline = self.cfg.gateway.shutdown_timeout_s
+        _, pending = await asyncio.wait(tasks, timeout=deadline)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if pending:
+            log.error("shutdown deadline of %gs passed; %d tasks cancelled", deadline, len(pending))
+        return bool(pending)

@@ -29,6 +29,7 @@ from thalweg.codecs.lane import decode_batch
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.retry import Backoff
 from thalweg.errors import ConfigError, LaneError, SourceError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
@@ -121,7 +122,7 @@ class SourceRunner:
         if registry is None:
             return
         ids = np.unique(peel(raw.column(self.ctx.columns.value)).ids)
-        delay = RETRY_BASE_S
+        backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
         for schema_id in (int(i) for i in ids if i >= 0):
             if schema_id in self._unknown_ids or registry.get(schema_id) is not None:
                 continue
@@ -132,7 +133,7 @@ class SourceRunner:
                 except RegistryUnavailableError as exc:
                     self.ctx.metrics.registry_errors.labels(self.cfg.name).inc()
                     self.ctx.health.set(self.component, State.DEGRADED, str(exc))
-                    delay = await _backoff(stop, exc, delay)
+                    await self._retry(backoff, stop, exc, "registry")
             if found is None:
                 self._unknown_ids.add(schema_id)
             self.ctx.health.set(self.component, State.UP, "connected")
@@ -151,6 +152,7 @@ class SourceRunner:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then flush, commit and leave the group."""
         await self._start(stop)
+        fetch_backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
         try:
             while not stop.is_set():
                 if self._fatal is not None:
@@ -162,8 +164,10 @@ class SourceRunner:
                     fetched = await self.source.fetch(POLL_TIMEOUT_MS, self.cfg.max_poll_records)
                 except SourceError as exc:
                     self.ctx.health.set(self.component, State.DOWN, str(exc))
-                    await asyncio.sleep(RETRY_BASE_S)
+                    with contextlib.suppress(SourceError):
+                        await self._retry(fetch_backoff, stop, exc, "fetch")
                     continue
+                fetch_backoff.reset()
                 for key, records in fetched.items():
                     await self._ingest(key, records, stop)
                 self._schedule(time.monotonic())
@@ -173,7 +177,7 @@ class SourceRunner:
             self.ctx.health.set(self.component, State.DOWN, "stopped")
 
     async def _start(self, stop: asyncio.Event) -> None:
-        delay = RETRY_BASE_S
+        backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
         while True:
             try:
                 await self.source.start(self._on_assigned, self._on_revoked)
@@ -181,7 +185,7 @@ class SourceRunner:
                 return
             except SourceError as exc:
                 self.ctx.health.set(self.component, State.DOWN, str(exc))
-                delay = await _backoff(stop, exc, delay)
+                await self._retry(backoff, stop, exc, "connect")
 
     # -- rebalance -----------------------------------------------------------------
 
@@ -337,7 +341,7 @@ class SourceRunner:
             async with buf.lock:
                 pending = buf.take()
             span = pending.span
-            delay = RETRY_BASE_S
+            backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
             while True:
                 started = time.perf_counter()
                 try:
@@ -354,9 +358,11 @@ class SourceRunner:
                 except LaneError as exc:
                     self.ctx.metrics.write_errors.labels(key[0]).inc()
                     self.ctx.health.set(RAW_LANE, State.DOWN, str(exc))
-                    log.error("%s; retrying in %.1fs", exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    # The raw lane is the product: retried until it works (bounded
+                    # delays, never given up), while /ready says it is down.
+                    self.ctx.metrics.retries.labels("write").inc()
+                    delay = await backoff.wait()
+                    log.error("%s; retried in %.1fs", exc, delay)
             self.ctx.health.set(RAW_LANE, State.UP, "writing")
             m = self.ctx.metrics
             m.write_seconds.labels(key[0]).observe(time.perf_counter() - started)
@@ -417,15 +423,16 @@ class SourceRunner:
         for key in list(self._parts):
             await self._flush_now(key)
 
+    async def _retry(
+        self, backoff: Backoff, stop: asyncio.Event, exc: Exception, stage: str
+    ) -> None:
+        """Count and wait one retry of ``stage``; when ``stop`` is set meanwhile,
+        re-raise ``exc`` (shutting down beats retrying)."""
+        self.ctx.metrics.retries.labels(stage).inc()
+        delay = await backoff.wait(stop)
+        log.warning("%s; retried %s after %.1fs", exc, stage, delay)
+        if stop.is_set():
+            raise exc
+
     def _labels(self, key: PartitionKey) -> tuple[str, str, str]:
         return (self.cfg.name, key[0], str(key[1]))
-
-
-async def _backoff(stop: asyncio.Event, exc: Exception, delay: float) -> float:
-    """Wait ``delay`` (cut short by ``stop``, which re-raises ``exc``); the next delay."""
-    log.warning("%s; retrying in %.1fs", exc, delay)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), delay)
-    if stop.is_set():
-        raise exc
-    return min(delay * 2, RETRY_MAX_S)

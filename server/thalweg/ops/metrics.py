@@ -82,6 +82,12 @@ class Metrics:
         self.dlq_records = Counter(
             "twg_dlq_records", "Records written to the dead-letter lane.", ["topic"], registry=r
         )
+        self.retries = Counter(
+            "twg_retries",
+            "Retries of retriable failures, by stage (connect, fetch, registry, write).",
+            ["stage"],
+            registry=r,
+        )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )
