@@ -98,3 +98,57 @@ def test_poison_records_reach_the_dead_letter_lane(
         assert sum(pq.read_metadata(dlq_dir / n).num_rows for n in names) == 10
     metrics = gw.gateway.metrics.exposition().decode()
     assert f'twg_dlq_records_total{{topic="{topic}"}} 20.0' in metrics
+
+
+def test_unwritable_raw_lane_flips_ready_and_recovers_without_loss(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """The partition's lane directory is replaced by a plain file (root ignores
+    permissions, not that): /ready goes 503, /live stays 200, nothing is committed past
+    what is durable; once the directory is back, writes resume and nothing is lost."""
+    import time
+
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="none")
+    for i in range(50):
+        producer.produce(topic, b"a%d" % i, partition=0)
+    producer.flush(10)
+    gw.wait_durable(topic, {0: 50})
+    assert get(gw.admin_url + "/ready")[0] == 200
+
+    part = gw.data_dir / "raw" / f"topic={topic}" / "partition=0"
+    aside = part.with_name("partition=0.aside")
+    part.rename(aside)
+    part.write_bytes(b"not a directory")
+    try:
+        for i in range(50, 100):
+            producer.produce(topic, b"a%d" % i, partition=0)
+        producer.flush(10)
+        deadline = time.monotonic() + 20  # two probe periods of the default 10 s
+        while get(gw.admin_url + "/ready")[0] != 503:
+            assert time.monotonic() < deadline, "/ready did not turn 503"
+            time.sleep(0.2)
+        assert get(gw.admin_url + "/live")[0] == 200
+        health = json.loads(get(gw.admin_url + "/health")[1])
+        assert health["components"]["raw_lane"]["state"] == "down"
+        time.sleep(1.0)  # a few failed write attempts
+        state = gw.gateway.live.state(topic, 0)
+        assert state is not None
+        assert state.committed == 50  # not one offset past what is durable
+        retries = gw.gateway.metrics.retries.labels("write")._value.get()
+        assert retries >= 1
+    finally:
+        part.unlink()
+        aside.rename(part)
+    gw.wait_durable(topic, {0: 100})
+    deadline = time.monotonic() + 20
+    while get(gw.admin_url + "/ready")[0] != 200:
+        assert time.monotonic() < deadline, "/ready did not recover"
+        time.sleep(0.2)
+    import thalweg_client
+
+    with thalweg_client.connect(gw.flight_url) as client:
+        values = client.read(topic, lane="raw").column("_twg_source_value").to_pylist()
+    assert sorted(values, key=lambda v: int(v[1:])) == [b"a%d" % i for i in range(100)]
