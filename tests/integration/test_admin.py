@@ -152,3 +152,55 @@ def test_unwritable_raw_lane_flips_ready_and_recovers_without_loss(
     with thalweg_client.connect(gw.flight_url) as client:
         values = client.read(topic, lane="raw").column("_twg_source_value").to_pylist()
     assert sorted(values, key=lambda v: int(v[1:])) == [b"a%d" % i for i in range(100)]
+
+
+def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    import threading
+    import time
+
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], gateway={"stall_after_s": 1.0})
+    for i in range(500):
+        producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)
+    producer.flush(10)
+    gw.wait_durable(topic, {0: 500})
+    time.sleep(0.5)  # the commit follows the write
+    status, body = get(gw.admin_url + "/stats")
+    stats = json.loads(body)
+    assert status == 200
+    assert stats["window_s"] == 30
+    for stage in ("fetch", "decode", "write", "commit"):
+        assert stats["stages"][stage]["records_per_s"] > 0, stage
+    assert stats["stages"]["decode"]["bytes_per_s"] > 0
+    assert stats["stalled"] == []
+
+    # Hang the disk: records wait for the write stage, and /stats says so by name.
+    writer = gw.gateway.runners[0].ctx.writer
+    release = threading.Event()
+    real_write = writer.write
+
+    def stuck_write(*args: object, **kwargs: object) -> object:
+        release.wait(30)
+        return real_write(*args, **kwargs)
+
+    writer.write = stuck_write  # type: ignore[method-assign]
+    try:
+        for i in range(500, 600):
+            producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)
+        producer.flush(10)
+        deadline = time.monotonic() + 20
+        while True:
+            stats = json.loads(get(gw.admin_url + "/stats")[1])
+            if stats["stalled"]:
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.2)
+        assert stats["stalled"] == ["write"]
+        assert stats["stages"]["write"]["queue_depth"] == 100
+    finally:
+        release.set()
+    gw.wait_durable(topic, {0: 600})

@@ -169,6 +169,12 @@ class GatewayConfig(_Model):
         None, description="TLS (or mutual TLS) for Flight; needs flight_listen grpc+tls://."
     )
     flight: FlightServingConfig = Field(default_factory=FlightServingConfig)
+    stall_after_s: float = Field(
+        10.0,
+        gt=0,
+        description="/stats names a stage stalled when work has waited for it this long "
+        "with nothing finished.",
+    )
     shutdown_timeout_s: float = Field(
         25.0,
         gt=0,

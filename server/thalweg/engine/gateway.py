@@ -19,6 +19,7 @@ from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.http import AdminServer
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.stats import PipelineStats
 from thalweg.records.columns import MetadataColumns
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
+        self.stats = PipelineStats(stall_after_s=g.stall_after_s)
         self.health.register(RAW_LANE, "raw_lane", gates_readiness=True)
         self.health.register("flight", "flight", gates_readiness=False)
         ctx = LaneContext(
@@ -57,6 +59,7 @@ class Gateway:
             metrics=self.metrics,
             health=self.health,
             raw_cfg=cfg.raw_lane,
+            stats=self.stats,
         )
         self.runners = [SourceRunner(s, ctx) for s in cfg.sources]
         self.catalog = LaneCatalog(
@@ -82,7 +85,7 @@ class Gateway:
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")
-        self.admin = AdminServer(host, int(port), self.health, self.metrics)
+        self.admin = AdminServer(host, int(port), self.health, self.metrics, self.stats)
 
     @property
     def flight_url(self) -> str:

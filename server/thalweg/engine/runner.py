@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from thalweg.lane.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.stats import PipelineStats
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.registry import RegistryUnavailableError
@@ -63,6 +64,7 @@ class LaneContext:
     metrics: Metrics
     health: Health
     raw_cfg: RawLaneConfig
+    stats: PipelineStats = field(default_factory=PipelineStats)
 
 
 class SourceRunner:
@@ -160,6 +162,7 @@ class SourceRunner:
                 self.ctx.health.beat()
                 if await self._backpressure(stop):
                     continue
+                started = time.perf_counter()
                 try:
                     fetched = await self.source.fetch(POLL_TIMEOUT_MS, self.cfg.max_poll_records)
                 except SourceError as exc:
@@ -168,8 +171,13 @@ class SourceRunner:
                         await self._retry(fetch_backoff, stop, exc, "fetch")
                     continue
                 fetch_backoff.reset()
+                fetch_s = time.perf_counter() - started
+                nrecords = nbytes = 0
                 for key, records in fetched.items():
-                    await self._ingest(key, records, stop)
+                    nrecords += len(records)
+                    nbytes += await self._ingest(key, records, stop)
+                if nrecords:
+                    self.ctx.stats.done("fetch", nrecords, nbytes, fetch_s)
                 self._schedule(time.monotonic())
         finally:
             await self._drain()
@@ -272,14 +280,17 @@ class SourceRunner:
 
     # -- ingest --------------------------------------------------------------------
 
-    async def _ingest(self, key: PartitionKey, records: list[object], stop: asyncio.Event) -> None:
+    async def _ingest(self, key: PartitionKey, records: list[object], stop: asyncio.Event) -> int:
+        """Build, decode and buffer one partition's fetched records; their key + value
+        bytes."""
         buf = self._parts.get(key)
         if buf is None:
             # Only possible for a partition revoked while its fetch was in flight: it is
             # not ours any more and nothing of it was committed, so the new owner reads it.
             log.debug("dropping %d records of unowned %s[%d]", len(records), *key)
-            return
+            return 0
         ctx = self.ctx
+        started = time.perf_counter()
         raw = build_raw_batch(
             records,  # type: ignore[arg-type]
             cluster=self.cfg.cluster_name,
@@ -300,10 +311,13 @@ class SourceRunner:
         ctx.live.append(key[0], key[1], LiveEntry(first, last, raw, decoded))
         labels = self._labels(key)
         ctx.metrics.records.labels(*labels).inc(raw.num_rows)
-        ctx.metrics.bytes.labels(*labels).inc(
+        nbytes = int(
             raw.column(ctx.columns.value).nbytes + raw.column(ctx.columns.source("key")).nbytes
         )
+        ctx.metrics.bytes.labels(*labels).inc(nbytes)
         ctx.metrics.consumed.labels(*labels).set(last + 1)
+        ctx.stats.done("decode", raw.num_rows, nbytes, time.perf_counter() - started)
+        return nbytes
 
     def _schedule(self, now: float) -> None:
         for key, buf in self._parts.items():
@@ -311,6 +325,15 @@ class SourceRunner:
                 self._flushes[key] = asyncio.create_task(self._flush(key, buf))
         total = sum(b.held_bytes for b in self._parts.values())
         self.ctx.metrics.buffered_bytes.set(total)
+        waiting_write = waiting_commit = 0
+        for (topic, partition), b in self._parts.items():
+            state = self.ctx.live.state(topic, partition)
+            durable = b.durable or 0
+            if state is not None and state.high_water is not None:
+                waiting_write += max(0, state.high_water - durable)
+            waiting_commit += max(0, durable - (b.committed or 0))
+        self.ctx.stats.queued("write", waiting_write)
+        self.ctx.stats.queued("commit", waiting_commit)
 
     async def _backpressure(self, stop: asyncio.Event) -> bool:
         """Pause fetching while more than ``max_buffered_bytes`` is not yet durable."""
@@ -366,6 +389,7 @@ class SourceRunner:
             self.ctx.health.set(RAW_LANE, State.UP, "writing")
             m = self.ctx.metrics
             m.write_seconds.labels(key[0]).observe(time.perf_counter() - started)
+            self.ctx.stats.done("write", written.rows, written.bytes, time.perf_counter() - started)
             m.raw_files.labels(key[0]).inc()
             m.raw_bytes.labels(key[0]).inc(written.bytes)
             m.raw_rows.labels(key[0]).inc(written.rows)
@@ -393,6 +417,7 @@ class SourceRunner:
         if durable is None or durable == buf.committed:
             return
         key = (buf.topic, buf.partition)
+        started = time.perf_counter()
         try:
             await self.source.commit({key: durable})
         except SourceError as exc:
@@ -401,6 +426,9 @@ class SourceRunner:
             self.ctx.metrics.commit_errors.labels(self.cfg.name).inc()
             log.warning("%s (will commit with the next segment)", exc)
             return
+        self.ctx.stats.done(
+            "commit", durable - (buf.committed or 0), 0, time.perf_counter() - started
+        )
         buf.committed = durable
         self.ctx.live.mark_committed(buf.topic, buf.partition, durable)
         self.ctx.metrics.committed.labels(*self._labels(key)).set(durable)

@@ -1,4 +1,4 @@
-"""The admin HTTP server: /live, /ready, /health, /metrics.
+"""The admin HTTP server: /live, /ready, /health, /metrics, /stats.
 
 Standard library only (``ThreadingHTTPServer`` on a daemon thread): it must answer even
 when the event loop is stuck, because saying so is its job.
@@ -14,6 +14,7 @@ from typing import Any
 
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.stats import PipelineStats
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,15 @@ log = logging.getLogger(__name__)
 class AdminServer:
     """Serves the operator endpoints of one gateway."""
 
-    def __init__(self, host: str, port: int, health: Health, metrics: Metrics) -> None:
-        handler = _handler(health, metrics)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        health: Health,
+        metrics: Metrics,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        handler = _handler(health, metrics, stats)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         address = self._server.server_address
@@ -43,7 +51,9 @@ class AdminServer:
         self._server.server_close()
 
 
-def _handler(health: Health, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    health: Health, metrics: Metrics, stats: PipelineStats | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -56,6 +66,8 @@ def _handler(health: Health, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
             elif path == "/health":
                 tree = health.tree()
                 self._json(200 if tree["ready"] else 503, tree)
+            elif path == "/stats":
+                self._json(200, stats.snapshot() if stats is not None else {"stages": {}})
             elif path == "/metrics":
                 self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
             else:
@@ -63,7 +75,7 @@ def _handler(health: Health, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
                     404,
                     {
                         "error": f"no such endpoint {path}",
-                        "endpoints": ["/live", "/ready", "/health", "/metrics"],
+                        "endpoints": ["/live", "/ready", "/health", "/metrics", "/stats"],
                     },
                 )
 
