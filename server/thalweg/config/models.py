@@ -295,6 +295,12 @@ class KafkaSourceConfig(_Model):
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
     max_poll_records: int = Field(10_000, gt=0)
+    max_records_per_s: float | None = Field(
+        None, gt=0, description="Rate limit: records consumed per second (unset: none)."
+    )
+    max_bytes_per_s: float | None = Field(
+        None, gt=0, description="Rate limit: key + value bytes consumed per second."
+    )
     fetch_max_bytes: int = Field(50 * MiB, gt=0)
     max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

@@ -30,6 +30,7 @@ from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.retry import Backoff
+from thalweg.engine.throttle import Throttle
 from thalweg.errors import ConfigError, LaneError, SourceError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
@@ -73,6 +74,7 @@ class SourceRunner:
     def __init__(self, cfg: KafkaSourceConfig, ctx: LaneContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
+        self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
         self.source = KafkaSource(cfg)
         self.component = f"source:{cfg.name}"
         self._parts: dict[PartitionKey, PartitionBuffer] = {}
@@ -178,6 +180,9 @@ class SourceRunner:
                     nbytes += await self._ingest(key, records, stop)
                 if nrecords:
                     self.ctx.stats.done("fetch", nrecords, nbytes, fetch_s)
+                if nrecords and self._throttle.active:
+                    waited = await self._throttle.admit(nrecords, nbytes)
+                    self.ctx.metrics.throttled.labels(self.cfg.name).inc(waited)
                 self._schedule(time.monotonic())
         finally:
             await self._drain()

@@ -88,6 +88,12 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.throttled = Counter(
+            "twg_source_throttled_seconds",
+            "Seconds a source waited for its rate limits.",
+            ["source"],
+            registry=r,
+        )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )
