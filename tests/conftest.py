@@ -52,10 +52,10 @@ class NoidaBroker:
     """noida-db speaking Kafka: unlike tansu it runs aiokafka's transactional producer and
     hides aborted records from read_committed consumers (ARCHITECTURE.md)."""
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
+    def __init__(self, data_dir: Path, log: Path, port: int | None = None) -> None:
         from thalweg.embedded import free_port
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._proc = subprocess.Popen(
             [

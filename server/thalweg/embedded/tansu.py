@@ -39,6 +39,7 @@ class TansuBroker:
         port: the port to listen on (a free one by default).
         storage: tansu's ``--storage-engine`` URL.
         log_file: where the broker's output goes (discarded by default).
+        advertised_port: the port clients are told to use (a proxy in front, in tests).
     """
 
     def __init__(
@@ -46,8 +47,10 @@ class TansuBroker:
         port: int | None = None,
         storage: str = "memory://tansu/",
         log_file: Path | None = None,
+        advertised_port: int | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.storage = storage
         self.log_file = log_file
         self._proc: subprocess.Popen[bytes] | None = None
@@ -66,7 +69,7 @@ class TansuBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://{HOST}:{self.advertised_port}",
                 "--storage-engine",
                 self.storage,
             ],

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 100
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
+PROBE_EVERY_S = 2.0  # how often a source checks that a broker answers (for /ready)
 RAW_LANE = "raw_lane"
 
 
@@ -75,6 +76,7 @@ class SourceRunner:
         self.cfg = cfg
         self.ctx = ctx
         self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
+        self._broker_down = False
         self.source = KafkaSource(cfg)
         self.component = f"source:{cfg.name}"
         self._parts: dict[PartitionKey, PartitionBuffer] = {}
@@ -157,6 +159,9 @@ class SourceRunner:
         """Consume until ``stop`` is set, then flush, commit and leave the group."""
         await self._start(stop)
         fetch_backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
+        # Its own task: while no broker answers, aiokafka's fetch can block for as long
+        # as the outage lasts, and /ready must say so meanwhile.
+        prober = asyncio.create_task(self._watch_broker(stop))
         try:
             while not stop.is_set():
                 if self._fatal is not None:
@@ -185,6 +190,8 @@ class SourceRunner:
                     self.ctx.metrics.throttled.labels(self.cfg.name).inc(waited)
                 self._schedule(time.monotonic())
         finally:
+            prober.cancel()
+            await asyncio.gather(prober, return_exceptions=True)
             await self._drain()
             await self.source.stop()
             self.ctx.health.set(self.component, State.DOWN, "stopped")
@@ -455,6 +462,25 @@ class SourceRunner:
             return  # never write or commit after a lost batch
         for key in list(self._parts):
             await self._flush_now(key)
+
+    async def _watch_broker(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PROBE_EVERY_S)
+            if not stop.is_set():
+                await self._probe_broker()
+
+    async def _probe_broker(self) -> None:
+        """Mark the source down while no broker answers, and up again once one does."""
+        ok = await self.source.probe()
+        if not ok and not self._broker_down:
+            self._broker_down = True
+            self.ctx.health.set(self.component, State.DOWN, "no broker answers")
+            log.error("source %s: no broker answers; fetching resumes when one does", self.cfg.name)
+        elif ok and self._broker_down:
+            self._broker_down = False
+            self.ctx.health.set(self.component, State.UP, "connected")
+            log.warning("source %s: brokers answer again", self.cfg.name)
 
     async def _retry(
         self, backoff: Backoff, stop: asyncio.Event, exc: Exception, stage: str

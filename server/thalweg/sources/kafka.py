@@ -6,6 +6,7 @@ it is durable. Library errors are wrapped into :class:`SourceError` here, at the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -97,6 +98,22 @@ class KafkaSource:
         except KafkaError as exc:
             raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
         return {(tp.topic, tp.partition): recs for tp, recs in data.items() if recs}
+
+    async def probe(self, timeout_s: float = 3.0) -> bool:
+        """Whether a broker answers a metadata request now.
+
+        aiokafka's fetch returns nothing, not an error, while every broker is away, so
+        the runner asks this to tell "no new records" from "no broker" for /ready.
+        """
+        # Not wait_for: aiokafka's metadata call can take its time honouring a cancel,
+        # and wait_for would wait for that too. A late answer is simply dropped.
+        task = asyncio.ensure_future(self.consumer.topics())
+        done, _ = await asyncio.wait([task], timeout=timeout_s)
+        if not done:
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return False
+        return task.exception() is None
 
     async def commit(self, positions: dict[PartitionKey, int]) -> None:
         """Commit ``positions`` (the next offset to read) for the group."""
