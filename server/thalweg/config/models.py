@@ -169,6 +169,9 @@ class GatewayConfig(_Model):
         None, description="TLS (or mutual TLS) for Flight; needs flight_listen grpc+tls://."
     )
     flight: FlightServingConfig = Field(default_factory=FlightServingConfig)
+    metrics_enabled: bool = Field(
+        True, description="Serve /metrics (Prometheus); false answers 404 there."
+    )
     stall_after_s: float = Field(
         10.0,
         gt=0,

@@ -48,7 +48,10 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
-        self.stats = PipelineStats(stall_after_s=g.stall_after_s)
+        self.stats = PipelineStats(
+            stall_after_s=g.stall_after_s,
+            on_done=lambda stage, n: self.metrics.stage_records.labels(stage).inc(n),
+        )
         self.health.register(RAW_LANE, "raw_lane", gates_readiness=True)
         self.health.register("flight", "flight", gates_readiness=False)
         ctx = LaneContext(
@@ -85,7 +88,14 @@ class Gateway:
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")
-        self.admin = AdminServer(host, int(port), self.health, self.metrics, self.stats)
+        self.admin = AdminServer(
+            host,
+            int(port),
+            self.health,
+            self.metrics,
+            self.stats,
+            metrics_enabled=g.metrics_enabled,
+        )
 
     @property
     def flight_url(self) -> str:

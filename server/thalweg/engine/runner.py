@@ -341,9 +341,16 @@ class SourceRunner:
         for (topic, partition), b in self._parts.items():
             state = self.ctx.live.state(topic, partition)
             durable = b.durable or 0
-            if state is not None and state.high_water is not None:
-                waiting_write += max(0, state.high_water - durable)
+            consumed = state.high_water if state is not None else None
+            labels = (self.cfg.name, topic, str(partition))
+            if consumed is not None:
+                waiting_write += max(0, consumed - durable)
+                self.ctx.metrics.lag.labels(*labels, "durable").set(max(0, consumed - durable))
+                latest = self.source.highwater((topic, partition))
+                if latest is not None:
+                    self.ctx.metrics.lag.labels(*labels, "broker").set(max(0, latest - consumed))
             waiting_commit += max(0, durable - (b.committed or 0))
+            self.ctx.metrics.lag.labels(*labels, "commit").set(max(0, durable - (b.committed or 0)))
         self.ctx.stats.queued("write", waiting_write)
         self.ctx.stats.queued("commit", waiting_commit)
 
@@ -404,6 +411,7 @@ class SourceRunner:
             self.ctx.stats.done("write", written.rows, written.bytes, time.perf_counter() - started)
             m.raw_files.labels(key[0]).inc()
             m.raw_bytes.labels(key[0]).inc(written.bytes)
+            m.raw_file_bytes.labels(key[0]).observe(written.bytes)
             m.raw_rows.labels(key[0]).inc(written.rows)
             if written.dlq_rows:
                 m.dlq_records.labels(key[0]).inc(written.dlq_rows)
@@ -438,9 +446,9 @@ class SourceRunner:
             self.ctx.metrics.commit_errors.labels(self.cfg.name).inc()
             log.warning("%s (will commit with the next segment)", exc)
             return
-        self.ctx.stats.done(
-            "commit", durable - (buf.committed or 0), 0, time.perf_counter() - started
-        )
+        took = time.perf_counter() - started
+        self.ctx.stats.done("commit", durable - (buf.committed or 0), 0, took)
+        self.ctx.metrics.commit_seconds.labels(self.cfg.name).observe(took)
         buf.committed = durable
         self.ctx.live.mark_committed(buf.topic, buf.partition, durable)
         self.ctx.metrics.committed.labels(*self._labels(key)).set(durable)

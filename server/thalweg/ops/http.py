@@ -29,8 +29,10 @@ class AdminServer:
         health: Health,
         metrics: Metrics,
         stats: PipelineStats | None = None,
+        *,
+        metrics_enabled: bool = True,
     ) -> None:
-        handler = _handler(health, metrics, stats)
+        handler = _handler(health, metrics, stats, metrics_enabled)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         address = self._server.server_address
@@ -52,7 +54,7 @@ class AdminServer:
 
 
 def _handler(
-    health: Health, metrics: Metrics, stats: PipelineStats | None
+    health: Health, metrics: Metrics, stats: PipelineStats | None, metrics_enabled: bool
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -68,8 +70,10 @@ def _handler(
                 self._json(200 if tree["ready"] else 503, tree)
             elif path == "/stats":
                 self._json(200, stats.snapshot() if stats is not None else {"stages": {}})
-            elif path == "/metrics":
+            elif path == "/metrics" and metrics_enabled:
                 self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/metrics":
+                self._json(404, {"error": "metrics are disabled (gateway.metrics_enabled)"})
             else:
                 self._json(
                     404,

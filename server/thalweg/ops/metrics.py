@@ -36,6 +36,33 @@ class Metrics:
             part,
             registry=r,
         )
+        self.lag = Gauge(
+            "twg_partition_lag_records",
+            "Records between two positions: broker (latest - consumed), durable "
+            "(consumed - durable), commit (durable - committed).",
+            [*part, "kind"],
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "twg_commit_seconds",
+            "Time to commit a durable position to the source.",
+            ["source"],
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.raw_file_bytes = Histogram(
+            "twg_raw_file_bytes",
+            "Size of each raw-lane segment made durable.",
+            ["topic"],
+            registry=r,
+            buckets=(64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20),
+        )
+        self.stage_records = Counter(
+            "twg_stage_records",
+            "Records through each pipeline stage (fetch, decode, write, commit).",
+            ["stage"],
+            registry=r,
+        )
         self.raw_files = Counter(
             "twg_raw_files_written", "Raw-lane segments made durable.", ["topic"], registry=r
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,13 @@ class _Stage:
 class PipelineStats:
     """Sliding-window statistics per stage."""
 
-    def __init__(self, window_s: float = 30.0, stall_after_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        window_s: float = 30.0,
+        stall_after_s: float = 10.0,
+        on_done: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._on_done = on_done
         self.window_s = window_s
         self.stall_after_s = stall_after_s
         self._stages = {s: _Stage() for s in STAGES}
@@ -49,6 +56,8 @@ class PipelineStats:
             st.events.append((now, records, nbytes, seconds))
             st.last_done = now
             self._trim(st, now)
+        if self._on_done is not None:
+            self._on_done(stage, records)
 
     def queued(self, stage: str, depth: int) -> None:
         """How much work (records) waits for ``stage`` now."""

@@ -115,6 +115,13 @@ class KafkaSource:
             return False
         return task.exception() is None
 
+    def highwater(self, key: PartitionKey) -> int | None:
+        """The broker's end of a partition as of the last fetch (None before one)."""
+        if self._consumer is None:
+            return None
+        hw = self._consumer.highwater(TopicPartition(*key))
+        return int(hw) if hw is not None else None
+
     async def commit(self, positions: dict[PartitionKey, int]) -> None:
         """Commit ``positions`` (the next offset to read) for the group."""
         try:
