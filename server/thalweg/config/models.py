@@ -123,6 +123,16 @@ class FlightTlsConfig(_Model):
         return cert, key, ca
 
 
+class TracingConfig(_Model):
+    """OpenTelemetry traces, exported over OTLP/HTTP; off while ``otlp_endpoint`` is unset."""
+
+    otlp_endpoint: str | None = Field(
+        None, description="e.g. http://127.0.0.1:4318/v1/traces (unset: tracing off)."
+    )
+    service_name: str = "thalweg"
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of root traces kept.")
+
+
 class FlightServingConfig(_Model):
     """How Flight serves: endpoint slicing, follow-stream lag, and per-caller limits."""
 
@@ -169,6 +179,7 @@ class GatewayConfig(_Model):
         None, description="TLS (or mutual TLS) for Flight; needs flight_listen grpc+tls://."
     )
     flight: FlightServingConfig = Field(default_factory=FlightServingConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     metrics_enabled: bool = Field(
         True, description="Serve /metrics (Prometheus); false answers 404 there."
     )

@@ -20,6 +20,7 @@ from thalweg.ops.health import Health, State
 from thalweg.ops.http import AdminServer
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
+from thalweg.ops.tracing import Tracing
 from thalweg.records.columns import MetadataColumns
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
+        t = g.tracing
+        self.tracing = Tracing(t.otlp_endpoint, t.service_name, t.sample_ratio)
         self.stats = PipelineStats(
             stall_after_s=g.stall_after_s,
             on_done=lambda stage, n: self.metrics.stage_records.labels(stage).inc(n),
@@ -63,6 +66,7 @@ class Gateway:
             health=self.health,
             raw_cfg=cfg.raw_lane,
             stats=self.stats,
+            tracing=self.tracing,
         )
         self.runners = [SourceRunner(s, ctx) for s in cfg.sources]
         self.catalog = LaneCatalog(
@@ -85,6 +89,7 @@ class Gateway:
             tls=g.tls,
             serving=g.flight,
             idempotent_producer=g.idempotent_producer,
+            tracing=self.tracing,
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")
@@ -158,6 +163,7 @@ class Gateway:
             timed_out = await self._drain(tasks, stopped)
             self.flight.shutdown()
             self.admin.stop()
+            self.tracing.shutdown()
         if failure is not None:
             raise failure
         if timed_out:

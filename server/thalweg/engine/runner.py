@@ -40,6 +40,7 @@ from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
+from thalweg.ops.tracing import Tracing, links_from_headers
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.registry import RegistryUnavailableError
@@ -67,6 +68,7 @@ class LaneContext:
     health: Health
     raw_cfg: RawLaneConfig
     stats: PipelineStats = field(default_factory=PipelineStats)
+    tracing: Tracing = field(default_factory=lambda: Tracing(None))
 
 
 class SourceRunner:
@@ -303,6 +305,21 @@ class SourceRunner:
             return 0
         ctx = self.ctx
         started = time.perf_counter()
+        with ctx.tracing.span(
+            "twg.receive", {"topic": key[0], "partition": key[1], "records": len(records)}
+        ) as span:
+            return await self._receive(key, buf, records, stop, started, span)
+
+    async def _receive(
+        self,
+        key: PartitionKey,
+        buf: PartitionBuffer,
+        records: list[object],
+        stop: asyncio.Event,
+        started: float,
+        span: Any,
+    ) -> int:
+        ctx = self.ctx
         raw = build_raw_batch(
             records,  # type: ignore[arg-type]
             cluster=self.cfg.cluster_name,
@@ -311,6 +328,11 @@ class SourceRunner:
         )
         offsets = raw.column(ctx.columns.offset)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+        if ctx.tracing.enabled:
+            span.set_attribute("first_offset", first)
+            span.set_attribute("last_offset", last)
+            for link in links_from_headers(raw.column(ctx.columns.source("headers")).to_pylist()):
+                span.add_link(link.context)
         await self._resolve_schemas(raw, stop)
         async with buf.lock:
             # Decoding (inside the Arrow sink) runs on a worker thread.
@@ -387,15 +409,19 @@ class SourceRunner:
             while True:
                 started = time.perf_counter()
                 try:
-                    written = await asyncio.to_thread(
-                        self.ctx.writer.write,
-                        key[0],
-                        key[1],
-                        pending.raw,
-                        pending.decoded,
-                        span.covers_from,
-                        span.covers_to,
-                    )
+                    with self.ctx.tracing.span(
+                        "twg.write",
+                        {"topic": key[0], "partition": key[1], "rows": pending.raw.num_rows},
+                    ):
+                        written = await asyncio.to_thread(
+                            self.ctx.writer.write,
+                            key[0],
+                            key[1],
+                            pending.raw,
+                            pending.decoded,
+                            span.covers_from,
+                            span.covers_to,
+                        )
                     break
                 except LaneError as exc:
                     self.ctx.metrics.write_errors.labels(key[0]).inc()
@@ -439,7 +465,10 @@ class SourceRunner:
         key = (buf.topic, buf.partition)
         started = time.perf_counter()
         try:
-            await self.source.commit({key: durable})
+            with self.ctx.tracing.span(
+                "twg.commit", {"topic": key[0], "partition": key[1], "offset": durable}
+            ):
+                await self.source.commit({key: durable})
         except SourceError as exc:
             # Not fatal: the next segment's commit covers this one too, and on restart the
             # lane's coverage moves the position past what is durable.

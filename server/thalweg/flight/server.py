@@ -8,6 +8,7 @@ specific read. Every endpoint covers one partition, so readers can fetch in para
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import weakref
@@ -37,8 +38,11 @@ from thalweg.flight.plan import plan_read
 from thalweg.flight.put import PutPlan, plan_put, refuse_unsafe_types
 from thalweg.flight.stream import FollowLagError, read_stream
 from thalweg.flight.tickets import OffsetPosition, ReadTicket, parse_ticket
+from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory, call_span_context
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.tracing import Tracing, traceparent_of
+from thalweg.records.model import RawRecord
 from thalweg.registry.confluent import ConfluentRegistry
 from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
 from thalweg.registry.factory import open_registry
@@ -74,12 +78,18 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         tls: FlightTlsConfig | None = None,
         serving: FlightServingConfig | None = None,
         idempotent_producer: bool = False,
+        tracing: Tracing | None = None,
         **kwargs: Any,
     ) -> None:
+        middleware: dict[str, Any] = {}
+        if tracing is not None and tracing.enabled:
+            middleware[TRACE_KEY] = TracingMiddlewareFactory(tracing)
         if auth is not None:
-            kwargs["middleware"] = {MIDDLEWARE_KEY: TokenAuthFactory(auth)}
+            middleware[MIDDLEWARE_KEY] = TokenAuthFactory(auth)
             if auth.users:
                 kwargs["auth_handler"] = HandshakeOnly()
+        if middleware:
+            kwargs["middleware"] = middleware
         if tls is not None:
             cert, key, client_ca = tls.read()
             kwargs["tls_certificates"] = [fl.CertKeyPair(cert, key)]
@@ -208,8 +218,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             raise _invalid(TicketError(str(exc))) from exc
         assert source is not None
         slot = self._streams.acquire(caller_key(context))
+        span_ctx = call_span_context(context)
+        traceparent = traceparent_of(span_ctx) if span_ctx is not None else None
         try:
-            written = asyncio.run(self._produce(plan, source, reader, writer))
+            written = asyncio.run(self._produce(plan, source, reader, writer, traceparent))
         finally:
             slot.release()
         self._metrics.flight_rows.labels("do_put").inc(written)
@@ -220,6 +232,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         source: KafkaSourceConfig,
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
+        traceparent: bytes | None = None,
     ) -> int:
         """Validate, encode and produce batch by batch; every refusal says how many rows
         were already produced (and acknowledged), so the caller knows exactly what landed."""
@@ -268,6 +281,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                         )
                     batch.validate(full=True)
                     records = plan.records(batch)
+                    if traceparent is not None:
+                        records = [_with_traceparent(r, traceparent) for r in records]
                 except (pa.ArrowException, TicketError) as exc:
                     raise _invalid(
                         TicketError(
@@ -407,6 +422,13 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
+
+
+def _with_traceparent(record: RawRecord, traceparent: bytes) -> RawRecord:
+    """The record with the put's trace context, unless it carries its own."""
+    if any(k == b"traceparent" for k, _ in record.headers):
+        return record
+    return dataclasses.replace(record, headers=(*record.headers, (b"traceparent", traceparent)))
 
 
 def _offset(position: object) -> int | None:
