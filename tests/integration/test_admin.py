@@ -204,3 +204,57 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
     finally:
         release.set()
     gw.wait_durable(topic, {0: 600})
+
+
+def test_dead_letters_also_go_to_a_kafka_topic(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """``dlq_topic``: every poison record is produced there, original key/value/headers
+    intact, with __twg.errors.* headers naming reason, stage and locator — before the
+    offset is committed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, dlq_topic = topic_factory(1), topic_factory(1, prefix="dlq")
+    poison = {3, 7}
+    for i in range(10):
+        value = b"{broken" if i in poison else json.dumps({"i": i}).encode()
+        producer.produce(topic, value, key=b"k%d" % i, headers=[("h", b"v")], partition=0)
+    producer.flush(10)
+    gw = gateway_factory([topic], dlq_topic=dlq_topic)
+    gw.wait_durable(topic, {0: 10})
+    state = gw.gateway.live.state(topic, 0)
+    assert state is not None
+
+    c = Consumer(
+        {
+            "bootstrap.servers": gw.gateway.cfg.sources[0].bootstrap_servers,
+            "group.id": f"read-{dlq_topic}",
+            "auto.offset.reset": "earliest",
+            "log_level": 2,
+        }
+    )
+    c.assign([TopicPartition(dlq_topic, 0, 0)])  # no group join: read from the start
+    got = []
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(got) < len(poison) and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m)
+    c.close()
+    assert len(got) == len(poison)
+    for m in got:
+        headers = dict(m.headers())
+        offset = int(headers["__twg.errors.offset"])
+        assert offset in poison
+        assert m.key() == b"k%d" % offset
+        assert m.value() == b"{broken"
+        assert headers["h"] == b"v"
+        assert headers["__twg.errors.reason"] == b"syntax"
+        assert headers["__twg.errors.stage"] == b"decode"
+        assert headers["__twg.errors.topic"] == topic.encode()
+        assert headers["__twg.errors.partition"] == b"0"
+        assert headers["__twg.errors.message"]

@@ -309,6 +309,11 @@ class KafkaSourceConfig(_Model):
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
     max_poll_records: int = Field(10_000, gt=0)
+    dlq_topic: str | None = Field(
+        None,
+        description="Also produce dead letters to this Kafka topic (same cluster), with "
+        "__twg.errors.* headers; the Parquet dlq/ lane is written either way.",
+    )
     max_records_per_s: float | None = Field(
         None, gt=0, description="Rate limit: records consumed per second (unset: none)."
     )

@@ -31,7 +31,7 @@ from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.retry import Backoff
 from thalweg.engine.throttle import Throttle
-from thalweg.errors import ConfigError, LaneError, SourceError
+from thalweg.errors import ConfigError, LaneError, SourceError, ThalwegError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
 from thalweg.lane.live import LiveEntry, LiveTail
@@ -45,6 +45,7 @@ from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.registry import RegistryUnavailableError
 from thalweg.registry.factory import open_proto_schemas, open_registry
+from thalweg.sinks.dlq_topic import DeadLetterTopic
 from thalweg.sources.kafka import KafkaSource, PartitionKey
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,11 @@ class SourceRunner:
         self.ctx = ctx
         self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
         self._broker_down = False
+        self._dlq_topic = (
+            DeadLetterTopic(cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns)
+            if cfg.dlq_topic
+            else None
+        )
         self.source = KafkaSource(cfg)
         self.component = f"source:{cfg.name}"
         self._parts: dict[PartitionKey, PartitionBuffer] = {}
@@ -195,6 +201,8 @@ class SourceRunner:
             prober.cancel()
             await asyncio.gather(prober, return_exceptions=True)
             await self._drain()
+            if self._dlq_topic is not None:
+                await self._dlq_topic.stop()
             await self.source.stop()
             self.ctx.health.set(self.component, State.DOWN, "stopped")
 
@@ -441,6 +449,8 @@ class SourceRunner:
             m.raw_rows.labels(key[0]).inc(written.rows)
             if written.dlq_rows:
                 m.dlq_records.labels(key[0]).inc(written.dlq_rows)
+            if self._dlq_topic is not None and written.dead is not None:
+                await self._send_dead_letters(written.dead)
             buf.in_flight_bytes -= pending.nbytes
             buf.durable = span.covers_to
             self.ctx.live.mark_durable(key[0], key[1], span.covers_to)
@@ -499,6 +509,22 @@ class SourceRunner:
             return  # never write or commit after a lost batch
         for key in list(self._parts):
             await self._flush_now(key)
+
+    async def _send_dead_letters(self, dead: pa.Table) -> None:
+        """Produce dead letters to the DLQ topic before the commit; retried until done
+        (the commit waits: a letter is never behind the committed position)."""
+        assert self._dlq_topic is not None
+        backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
+        while True:
+            try:
+                await self._dlq_topic.send(dead)
+                return
+            except ThalwegError as exc:
+                self.ctx.metrics.retries.labels("dlq").inc()
+                delay = await backoff.wait()
+                log.error(
+                    "dead letters to %s: %s; retried in %.1fs", self._dlq_topic.topic, exc, delay
+                )
 
     async def _watch_broker(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -53,6 +53,7 @@ class WrittenSegment:
     covers_to: int
     decoded_ok: bool
     dlq_rows: int = 0
+    dead: pa.Table | None = None  # the dead-letter rows, for a Kafka DLQ topic
 
 
 class SegmentWriter:
@@ -95,6 +96,7 @@ class SegmentWriter:
             META_COVERS_TO: str(covers_to).encode(),
         }
         dlq_rows = 0
+        dead = None
         if decoded is not None:
             dead = self._dead_letters(raw, decoded)
             if dead is not None:
@@ -129,6 +131,7 @@ class SegmentWriter:
             covers_to,
             decoded_ok,
             dlq_rows,
+            dead if decoded is not None else None,
         )
 
     def _dead_letters(self, raw: pa.Table, decoded: pa.Table) -> pa.Table | None:
