@@ -72,6 +72,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "throttled s/s {{source}}",
             ),
             ("sum(twg_buffered_bytes)", "buffered bytes"),
+            ("min by (source) (twg_source_budget_records)", "poll budget {{source}}"),
         ],
     ),
     (

@@ -309,6 +309,12 @@ class KafkaSourceConfig(_Model):
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
     max_poll_records: int = Field(10_000, gt=0)
+    record_size_est_bytes: int = Field(
+        1024,
+        gt=0,
+        description="Seed of the p95 record-size estimate that turns the byte budget "
+        "into records per poll (learnt from traffic after the first fetch).",
+    )
     dlq_topic: str | None = Field(
         None,
         description="Also produce dead letters to this Kafka topic (same cluster), with "

@@ -28,6 +28,7 @@ from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
+from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.retry import Backoff
 from thalweg.engine.throttle import Throttle
@@ -80,6 +81,7 @@ class SourceRunner:
         self.ctx = ctx
         self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
         self._broker_down = False
+        self._sizes = SizeEstimator(cfg.record_size_est_bytes)
         self._dlq_topic = (
             DeadLetterTopic(cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns)
             if cfg.dlq_topic
@@ -177,9 +179,10 @@ class SourceRunner:
                 self.ctx.health.beat()
                 if await self._backpressure(stop):
                     continue
+                budget = self._budget()
                 started = time.perf_counter()
                 try:
-                    fetched = await self.source.fetch(POLL_TIMEOUT_MS, self.cfg.max_poll_records)
+                    fetched = await self.source.fetch(budget.deadline_ms, budget.max_records)
                 except SourceError as exc:
                     self.ctx.health.set(self.component, State.DOWN, str(exc))
                     with contextlib.suppress(SourceError):
@@ -336,6 +339,7 @@ class SourceRunner:
         )
         offsets = raw.column(ctx.columns.offset)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
+        self._sizes.observe(raw.column(ctx.columns.value), raw.column(ctx.columns.source("key")))
         if ctx.tracing.enabled:
             span.set_attribute("first_offset", first)
             span.set_attribute("last_offset", last)
@@ -509,6 +513,15 @@ class SourceRunner:
             return  # never write or commit after a lost batch
         for key in list(self._parts):
             await self._flush_now(key)
+
+    def _budget(self) -> Budget:
+        """What the next poll may bring: the bytes left under the buffer bound, as
+        records at the estimated p95 size."""
+        held = sum(b.held_bytes for b in self._parts.values())
+        free = self.ctx.raw_cfg.max_buffered_bytes - held
+        budget = budget_for(free, self._sizes, self.cfg.max_poll_records, POLL_TIMEOUT_MS)
+        self.ctx.metrics.budget_records.labels(self.cfg.name).set(budget.max_records)
+        return budget
 
     async def _send_dead_letters(self, dead: pa.Table) -> None:
         """Produce dead letters to the DLQ topic before the commit; retried until done

@@ -121,6 +121,12 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.budget_records = Gauge(
+            "twg_source_budget_records",
+            "Records the next poll may bring (bytes left under the bound / p95 size).",
+            ["source"],
+            registry=r,
+        )
         self.buffered_bytes = Gauge(
             "twg_buffered_bytes", "Bytes fetched but not yet durable.", registry=r
         )
