@@ -15,7 +15,7 @@ from tests.conftest import RunningGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TOTAL = 300_000
+TOTAL = 1_000_000  # as the issue asks: a million records waiting in the broker
 BOUND = 8 << 20  # raw_lane.max_buffered_bytes
 FETCH = 1 << 20  # one fetch may land on top of the bound before the pause takes effect
 
@@ -70,9 +70,9 @@ def test_slow_sink_bounds_memory_and_recovers(
     assert slow_durable < TOTAL / 2, "the sink was not slow enough to build a backlog"
     assert paused_seen, "fetching never paused"
     assert peak_buffered <= BOUND + FETCH + (2 << 20), peak_buffered
-    # From the steady state on, memory does not grow with the ~60 MB backlog: it stays in
+    # From the steady state on, memory does not grow with the ~200 MB backlog: it stays in
     # the broker.
-    assert peak_rss - base_rss < 48 << 20, (peak_rss - base_rss) >> 20
+    assert peak_rss - base_rss < 64 << 20, (peak_rss - base_rss) >> 20
     slow.clear()  # the disk recovers
     t = time.monotonic()
     gw.wait_durable(topic, {0: TOTAL}, timeout=120)
