@@ -4,6 +4,7 @@ nothing (or exactly what was acknowledged) is produced."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import grpc
@@ -126,3 +127,46 @@ def test_extension_types_are_refused_at_any_depth(put_gateway: tuple[str, Runnin
                 client.write(topic, table)
         ok = pa.table({"value": [b"v"]})
         assert client.write(topic, ok) == [{"rows": 1, "partitions": {"0": [0, 0]}}]
+
+
+def test_a_broker_failure_mid_put_says_exactly_what_was_produced(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    """The broker becomes unreachable between two batches of one put: the first batch is
+    acknowledged with its offsets, the put fails naming the rows produced before it."""
+    from tests.tcp_proxy import TcpProxy
+    from thalweg.embedded import TansuBroker, free_port
+
+    proxy_port = free_port()
+    broker = TansuBroker(advertised_port=proxy_port).start()
+    proxy = TcpProxy(proxy_port, broker.port)
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        topic = "put-" + topic_factory(1)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+        gw = gateway_factory(
+            [topic],
+            bootstrap_servers=f"127.0.0.1:{proxy_port}",
+            format="none",
+            gateway={"put_timeout_ms": 3000},
+        )
+        client = fl.FlightClient(gw.flight_url)
+        batch = pa.record_batch({"value": [b"a", b"b", b"c"]})
+        writer, reader = client.do_put(fl.FlightDescriptor.for_path("topics", topic), batch.schema)
+        acks: list[dict[str, object]] = []
+        writer.write_batch(batch)
+        acks.append(json.loads(reader.read().to_pybytes()))
+        assert acks == [{"rows": 3, "partitions": {"0": [0, 2]}}]
+        proxy.cut()
+        with pytest.raises(fl.FlightServerError, match=r"failed after 3 rows"):
+            _write_all(writer, [batch], reader, acks)
+        proxy.restore()
+        gw.wait_durable(topic, {0: 3})  # exactly the acknowledged rows, none of the rest
+        time.sleep(1.0)
+        assert gw.gateway.catalog.high_water(topic, 0) == 3
+        gw.stop()  # while the broker is reachable: leaving the group needs it
+    finally:
+        proxy.cut()
+        broker.stop()

@@ -189,6 +189,12 @@ class GatewayConfig(_Model):
         description="/stats names a stage stalled when work has waited for it this long "
         "with nothing finished.",
     )
+    put_timeout_ms: int = Field(
+        30_000,
+        gt=0,
+        description="How long do_put waits for the broker to acknowledge a batch before "
+        "the put fails (saying how many rows were produced).",
+    )
     shutdown_timeout_s: float = Field(
         25.0,
         gt=0,

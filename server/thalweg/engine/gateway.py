@@ -90,6 +90,7 @@ class Gateway:
             serving=g.flight,
             idempotent_producer=g.idempotent_producer,
             tracing=self.tracing,
+            put_timeout_ms=g.put_timeout_ms,
         )
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")

@@ -79,6 +79,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         serving: FlightServingConfig | None = None,
         idempotent_producer: bool = False,
         tracing: Tracing | None = None,
+        put_timeout_ms: int = 30_000,
         **kwargs: Any,
     ) -> None:
         middleware: dict[str, Any] = {}
@@ -100,6 +101,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self._limits = serving or FlightServingConfig()
         self._streams = StreamLimiter(self._limits.max_streams_per_caller)
         self._idempotent = idempotent_producer
+        self._put_timeout_ms = put_timeout_ms
         self._catalog = catalog
         self._metrics = metrics
         self._sources = sources or {}
@@ -240,7 +242,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         received = 0
         limits = self._limits
         out = KafkaWriter(
-            source.bootstrap_servers, max_request_size=16 << 20, idempotent=self._idempotent
+            source.bootstrap_servers,
+            max_request_size=16 << 20,
+            idempotent=self._idempotent,
+            request_timeout_ms=self._put_timeout_ms,
         )
         try:
             await out.start()
