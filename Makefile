@@ -18,7 +18,8 @@ test: $(BIN)/twg
 	$(BIN)/pytest -q
 
 lint: $(BIN)/twg
-	$(BIN)/ruff check server client tests load-tests flight-tickets
+	$(BIN)/ruff check server client tests load-tests flight-tickets deploy
+	$(BIN)/ruff format --check server client tests load-tests flight-tickets deploy
 	$(BIN)/mypy
 
 bench: $(BIN)/twg
