@@ -258,3 +258,28 @@ def test_dead_letters_also_go_to_a_kafka_topic(
         assert headers["__twg.errors.topic"] == topic.encode()
         assert headers["__twg.errors.partition"] == b"0"
         assert headers["__twg.errors.message"]
+
+
+def test_oversize_records_go_to_the_dead_letter_lane(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    import thalweg_client
+
+    topic = topic_factory(1)
+    big = json.dumps({"i": 2, "pad": "x" * 500}).encode()
+    for value in (b'{"i": 0}', b'{"i": 1}', big, b'{"i": 3}'):
+        producer.produce(topic, value, partition=0)
+    producer.flush(10)
+    gw = gateway_factory([topic], max_record_bytes=100)
+    gw.wait_durable(topic, {0: 4})
+    with thalweg_client.connect(gw.flight_url) as client:
+        dlq = client.read(topic, lane="dlq")
+        decoded = client.read(topic, metadata="none")
+        raw = client.read(topic, lane="raw")
+    assert dlq["_twg_dlq_reason"].to_pylist() == ["oversize"]
+    assert dlq["_twg_source_value"].to_pylist() == [big]  # whole, as consumed
+    assert dlq["_twg_source_offset"].to_pylist() == [2]
+    assert sorted(decoded["i"].to_pylist()) == [0, 1, 3]
+    assert raw.num_rows == 4

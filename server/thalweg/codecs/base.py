@@ -28,6 +28,7 @@ class DecodeReason(StrEnum):
     UNKNOWN_SCHEMA = "unknown_schema"  # the registry does not know the schema id
     SCHEMA_CONFLICT = "schema_conflict"  # the writer schema contradicts the lane schema
     UNSUPPORTED = "unsupported"  # the schema uses a type the type map does not cover yet
+    OVERSIZE = "oversize"  # larger than the source's max_record_bytes: not decoded
 
 
 @dataclass(frozen=True, slots=True)

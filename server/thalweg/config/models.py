@@ -315,6 +315,12 @@ class KafkaSourceConfig(_Model):
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
     max_poll_records: int = Field(10_000, gt=0)
+    max_record_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Payloads larger than this are not decoded: they go to the dead-letter "
+        "lane with reason 'oversize' (the raw lane keeps them whole). Unset: no limit.",
+    )
     record_size_est_bytes: int = Field(
         1024,
         gt=0,

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from thalweg.codecs.avro import AvroArrowDecoder
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.codecs.framing import peel
+from thalweg.codecs.guard import SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
 from thalweg.codecs.typemap import json_schema_record
@@ -108,7 +109,10 @@ class SourceRunner:
                 if pinned is not None:
                     keep = [f for f in pinned if not ctx.columns.is_reserved(f.name)]
                     pinned = pa.schema(keep)
-                self._decoders[topic] = self._decoder(pinned)
+                decoder = self._decoder(pinned)
+                if cfg.max_record_bytes is not None:
+                    decoder = SizeGuard(decoder, cfg.max_record_bytes)
+                self._decoders[topic] = decoder
 
     def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
         if self.cfg.format == "avro":
