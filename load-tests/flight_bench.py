@@ -104,10 +104,11 @@ def lane_tables(
     return raw, decoded
 
 
-def write_lanes(root: Path, gib: float) -> int:
+def write_lanes(root: Path, gib: float, decoded_compression: str | None = None) -> int:
     """Write about ``gib`` GiB (Arrow size of the served table) of lane segments."""
     cols = MetadataColumns()
-    writer = SegmentWriter(LaneLayout(root), cols, RawLaneConfig(fsync=False))
+    cfg = RawLaneConfig(fsync=False, decoded_compression=decoded_compression)  # type: ignore[arg-type]
+    writer = SegmentWriter(LaneLayout(root), cols, cfg)
     per_row = payload(1000, 0).nbytes / 1000 + 40  # + locator columns
     rows = int(gib * 2**30 / per_row)
     per_part = rows // PARTITIONS
@@ -175,11 +176,11 @@ def parallel_read(url: str) -> tuple[float, int, int]:
     return time.perf_counter() - t, sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def bench_get(gib: float, repeats: int) -> dict[str, float]:
+def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="twg-flight-bench-") as d:
         root = Path(d)
         t = time.perf_counter()
-        rows = write_lanes(root, gib)
+        rows = write_lanes(root, gib, decoded_compression)
         print(f"wrote {rows:,} rows of lane segments in {time.perf_counter() - t:.1f}s")
         cols = MetadataColumns()
         layout = LaneLayout(root)
@@ -298,6 +299,11 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0, help="size of the do_get table")
     ap.add_argument("--put-rows", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3, help="do_get runs of each (best kept)")
+    ap.add_argument(
+        "--decoded-compression",
+        choices=["zstd", "lz4", "snappy", "none"],
+        help="raw_lane.decoded_compression for the do_get lanes (default: as the raw lane)",
+    )
     ap.add_argument("--skip-get", action="store_true")
     ap.add_argument("--skip-put", action="store_true")
     args = ap.parse_args()
@@ -306,7 +312,7 @@ def main() -> None:
         f"pyarrow {pa.__version__}, {os.cpu_count()} cpus"
     )
     if not args.skip_get:
-        bench_get(args.gib, args.repeats)
+        bench_get(args.gib, args.repeats, args.decoded_compression)
     if not args.skip_put:
         bench_put(args.put_rows)
 

@@ -260,6 +260,11 @@ class RawLaneConfig(_Model):
     )
     compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] = "zstd"
     compression_level: int | None = Field(1, description="zstd/gzip level; 1 is fastest.")
+    decoded_compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] | None = Field(
+        None,
+        description="Codec of the decoded lane (default: as compression). lz4 reads about "
+        "twice as fast as zstd-1 at twice the size: for topics read more than written.",
+    )
     fsync: bool = Field(True, description="fsync files and directories (never off in production).")
 
 

@@ -112,7 +112,13 @@ class SegmentWriter:
         if decoded is not None:
             try:
                 path = self._layout.partition_dir(Lane.DECODED, topic, partition) / name
-                self._durable(decoded, path, {**meta, META_LANE: b"decoded"}, stats=False)
+                self._durable(
+                    decoded,
+                    path,
+                    {**meta, META_LANE: b"decoded"},
+                    stats=False,
+                    codec=self._cfg.decoded_compression,
+                )
             except (OSError, pa.ArrowException) as exc:
                 # The raw lane is primary: a decoded-lane failure never blocks it. The
                 # missing decoded segment is rebuilt from raw at the next start.
@@ -162,13 +168,20 @@ class SegmentWriter:
         return dead.select(c.dlq_schema.names).cast(c.dlq_schema)
 
     def _durable(
-        self, table: pa.Table, path: Path, meta: dict[bytes, bytes], *, stats: bool
+        self,
+        table: pa.Table,
+        path: Path,
+        meta: dict[bytes, bytes],
+        *,
+        stats: bool,
+        codec: str | None = None,
     ) -> int:
         ensure_dir(path.parent)
         tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
         schema_meta = dict(table.schema.metadata or {})
         schema_meta.update(meta)
-        compression = None if self._cfg.compression == "none" else self._cfg.compression
+        chosen = codec or self._cfg.compression
+        compression = None if chosen == "none" else chosen
         level = self._cfg.compression_level if compression in ("zstd", "gzip") else None
         columns = set(table.column_names)
         try:
