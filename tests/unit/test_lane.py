@@ -116,3 +116,20 @@ def test_segment_reads_push_projection_and_filter_into_the_scan(tmp_path: Path) 
     assert set(table.column_names) == wanted | {COLS.offset}
     # ...and only the rows the predicate keeps.
     assert table.column(COLS.offset).to_pylist() == [7, 8, 9]
+
+
+def test_the_decoded_lane_can_use_its_own_codec(tmp_path: Path) -> None:
+    layout = LaneLayout(tmp_path)
+    w = SegmentWriter(layout, COLS, RawLaneConfig(decoded_compression="lz4"))
+    r = raw([0, 1, 2])
+    decoded = pa.table(
+        {"x": [1, 2, 3], COLS.offset: r.column(COLS.offset), COLS.decode_error: [None] * 3}
+    )
+    written = w.write("t", 0, r, decoded, 0, 3)
+    name = written.segment.path.name
+
+    def codec(path: Path) -> str:
+        return str(pq.read_metadata(path).row_group(0).column(0).compression)
+
+    assert codec(written.segment.path) == "ZSTD"
+    assert codec(layout.partition_dir(Lane.DECODED, "t", 0) / name) == "LZ4"
