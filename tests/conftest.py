@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.pulsar_lite import PulsarLite
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
 from thalweg.engine import Gateway
@@ -106,6 +107,16 @@ class NoidaBroker:
 def noida(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NoidaBroker]:
     d = tmp_path_factory.mktemp("noida")
     b = NoidaBroker(d / "data", d / "noida.log")
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarLite]:
+    """A pulsar-lite broker for the whole session (Pulsar tests use unique topics)."""
+    b = PulsarLite(tmp_path_factory.mktemp("pulsar"))
     try:
         yield b
     finally:
