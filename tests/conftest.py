@@ -8,12 +8,7 @@ memory, so every test uses its own topic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +23,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.pulsar_lite import PulsarLite
+from tests.services import start_service, stop_group
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
 from thalweg.engine import Gateway
@@ -58,49 +54,19 @@ class NoidaBroker:
 
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
-        self._proc = subprocess.Popen(
-            [
-                _venv_tool("noida-db"),
-                "start",
-                "--data-dir",
-                str(data_dir),
-                "--host",
-                "127.0.0.1",
-                "--only",
-                "kafka",
-                "--kafka-port",
-                str(self.port),
-            ],
-            stdout=open(log, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self._proc.poll() is None, log.read_text()[-2000:]
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("noida-db did not start")
+        cmd = [
+            _venv_tool("noida-db"), "start",
+            "--data-dir", str(data_dir),
+            "--host", "127.0.0.1",
+            "--only", "kafka",
+            "--kafka-port", str(self.port),
+        ]  # fmt: skip
+        self._proc = start_service(cmd, log, self.port)
 
     def stop(self) -> None:
         """Stop the whole process group: ``noida-db`` is a wrapper that starts the real
         binary as a child, which would outlive a signal to the wrapper alone."""
-        try:
-            group = os.getpgid(self._proc.pid)
-        except ProcessLookupError:
-            return
-        os.killpg(group, signal.SIGTERM)
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(group, signal.SIGKILL)
-            self._proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)  # any child still in the group
+        stop_group(self._proc)
 
 
 @pytest.fixture(scope="session")
@@ -181,6 +147,20 @@ class RunningGateway:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout)
         assert not self._thread.is_alive(), "gateway did not stop"
+
+    def hold_writes(self, each_s: float = 30.0) -> threading.Event:
+        """A slow or hung disk: every raw-lane write waits up to ``each_s`` first, until
+        the returned event is set (then writes go straight through again)."""
+        writer = self.gateway.runners[0].ctx.writer
+        release = threading.Event()
+        real_write = writer.write
+
+        def held_write(*args: Any, **kwargs: Any) -> Any:
+            release.wait(each_s)
+            return real_write(*args, **kwargs)
+
+        writer.write = held_write  # type: ignore[method-assign]
+        return release
 
     def wait_durable(self, topic: str, counts: dict[int, int], timeout: float = 30) -> None:
         """Wait until each partition's durable end reaches ``counts[p]``."""

@@ -34,7 +34,7 @@ class OtlpReceiver:
                 self.wfile.write(out)
 
             def log_message(self, *args: Any) -> None:
-                pass
+                """Quiet: the tests read spans, not access logs."""
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

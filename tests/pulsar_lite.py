@@ -6,14 +6,9 @@ off, so nothing listens beyond 127.0.0.1. Stopped by process group.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
+from tests.services import start_service, stop_group
 from thalweg.embedded import free_port
 
 
@@ -30,44 +25,14 @@ class PulsarLite:
         data_dir.mkdir(parents=True, exist_ok=True)
         config = data_dir / "pulsar-lite.toml"
         config.write_text("[metrics]\nenabled = false\n")
-        log = data_dir / "pulsar-lite.log"
-        self._proc = subprocess.Popen(
-            [
-                pulsar_lite_binary(),
-                "--config",
-                str(config),
-                "--addr",
-                f"127.0.0.1:{self.port}",
-                "--db-path",
-                str(data_dir / "db"),
-                "--log-level",
-                "warn",
-            ],
-            stdout=open(log, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self._proc.poll() is None, log.read_text()[-2000:]
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("pulsar-lite did not start")
+        cmd = [
+            pulsar_lite_binary(),
+            "--config", str(config),
+            "--addr", f"127.0.0.1:{self.port}",
+            "--db-path", str(data_dir / "db"),
+            "--log-level", "warn",
+        ]  # fmt: skip
+        self._proc = start_service(cmd, data_dir / "pulsar-lite.log", self.port)
 
     def stop(self) -> None:
-        try:
-            group = os.getpgid(self._proc.pid)
-        except ProcessLookupError:
-            return
-        os.killpg(group, signal.SIGTERM)
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(group, signal.SIGKILL)
-            self._proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
+        stop_group(self._proc)

@@ -108,15 +108,7 @@ def test_a_drain_past_the_deadline_is_abandoned_uncommitted(
 ) -> None:
     topic = topic_factory(1)
     gw = gateway_factory([topic], gateway={"shutdown_timeout_s": 1.0}, raw_lane={"roll_age_s": 60})
-    writer = gw.gateway.runners[0].ctx.writer
-    release = threading.Event()
-    real_write = writer.write
-
-    def stuck_write(*args: object, **kwargs: object) -> object:
-        release.wait(30)  # a disk that hangs
-        return real_write(*args, **kwargs)
-
-    writer.write = stuck_write  # type: ignore[method-assign]
+    release = gw.hold_writes()  # a disk that hangs
     prod = Producer(
         {"bootstrap.servers": gw.gateway.cfg.sources[0].bootstrap_servers, "log_level": 2}
     )

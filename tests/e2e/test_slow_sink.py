@@ -4,7 +4,6 @@ in the broker, and throughput recovers when the sink speeds up."""
 from __future__ import annotations
 
 import resource
-import threading
 import time
 from collections.abc import Callable
 
@@ -44,17 +43,7 @@ def test_slow_sink_bounds_memory_and_recovers(
         fetch_max_bytes=FETCH,
         max_partition_fetch_bytes=FETCH,
     )
-    writer = gw.gateway.runners[0].ctx.writer
-    real_write = writer.write
-    slow = threading.Event()
-    slow.set()
-
-    def slow_write(*args: object, **kwargs: object) -> object:
-        if slow.is_set():
-            time.sleep(2.0)  # a disk far too slow
-        return real_write(*args, **kwargs)
-
-    writer.write = slow_write  # type: ignore[method-assign]
+    disk_recovered = gw.hold_writes(each_s=2.0)  # a disk far too slow
     metrics = gw.gateway.metrics
     peak_buffered = peak_rss = 0
     paused_seen = False
@@ -73,7 +62,7 @@ def test_slow_sink_bounds_memory_and_recovers(
     # From the steady state on, memory does not grow with the ~200 MB backlog: it stays in
     # the broker.
     assert peak_rss - base_rss < 64 << 20, (peak_rss - base_rss) >> 20
-    slow.clear()  # the disk recovers
+    disk_recovered.set()
     t = time.monotonic()
     gw.wait_durable(topic, {0: TOTAL}, timeout=120)
     fast_s = time.monotonic() - t

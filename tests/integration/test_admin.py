@@ -159,7 +159,6 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
     producer: Producer,
     gateway_factory: Callable[..., RunningGateway],
 ) -> None:
-    import threading
     import time
 
     topic = topic_factory(1)
@@ -179,15 +178,7 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
     assert stats["stalled"] == []
 
     # Hang the disk: records wait for the write stage, and /stats says so by name.
-    writer = gw.gateway.runners[0].ctx.writer
-    release = threading.Event()
-    real_write = writer.write
-
-    def stuck_write(*args: object, **kwargs: object) -> object:
-        release.wait(30)
-        return real_write(*args, **kwargs)
-
-    writer.write = stuck_write  # type: ignore[method-assign]
+    release = gw.hold_writes()
     try:
         for i in range(500, 600):
             producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)

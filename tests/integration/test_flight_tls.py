@@ -38,17 +38,25 @@ def _refused(call: Callable[[], object]) -> None:
         call()
 
 
+def tls_gateway(
+    factory: Callable[..., RunningGateway], pki: Pki, topic: str, **tls: str
+) -> RunningGateway:
+    """A gateway serving Flight over TLS with the test PKI's server certificate."""
+    gw = factory(
+        [topic],
+        gateway={
+            "flight_listen": "grpc+tls://127.0.0.1:0",
+            "tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), **tls},
+        },
+    )
+    gw.wait_durable(topic, {0: 10})
+    return gw
+
+
 def test_tls_server_refuses_plaintext_and_untrusted_clients(
     pki: Pki, seeded: str, gateway_factory: Callable[..., RunningGateway]
 ) -> None:
-    gw = gateway_factory(
-        [seeded],
-        gateway={
-            "flight_listen": "grpc+tls://127.0.0.1:0",
-            "tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
-        },
-    )
-    gw.wait_durable(seeded, {0: 10})
+    gw = tls_gateway(gateway_factory, pki, seeded)
     url = gw.flight_url
     assert url.startswith("grpc+tls://127.0.0.1:")
     with thalweg_client.connect(url, tls_root_certs=pki.pem("ca")) as client:
@@ -62,18 +70,7 @@ def test_tls_server_refuses_plaintext_and_untrusted_clients(
 def test_mutual_tls_needs_a_client_certificate(
     pki: Pki, seeded: str, gateway_factory: Callable[..., RunningGateway]
 ) -> None:
-    gw = gateway_factory(
-        [seeded],
-        gateway={
-            "flight_listen": "grpc+tls://127.0.0.1:0",
-            "tls": {
-                "cert_file": str(pki.server_cert),
-                "key_file": str(pki.server_key),
-                "client_ca_file": str(pki.ca),
-            },
-        },
-    )
-    gw.wait_durable(seeded, {0: 10})
+    gw = tls_gateway(gateway_factory, pki, seeded, client_ca_file=str(pki.ca))
     url = gw.flight_url
     no_cert = fl.FlightClient(url, tls_root_certs=pki.pem("ca"))
     _refused(lambda: list(no_cert.list_flights()))

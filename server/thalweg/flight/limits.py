@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import pyarrow.flight as fl
 
@@ -18,15 +19,22 @@ import pyarrow.flight as fl
 class Slot:
     """One open stream of one caller; releasing twice is harmless."""
 
-    def __init__(self, limiter: StreamLimiter, key: str) -> None:
+    def __init__(
+        self, limiter: StreamLimiter, key: str, on_release: Callable[[], None] | None
+    ) -> None:
         self._limiter = limiter
         self._key = key
+        self._on_release = on_release
         self._held = True
+        self._lock = threading.Lock()  # the generator and its finalizer may race
 
     def release(self) -> None:
-        if self._held:
-            self._held = False
+        with self._lock:
+            held, self._held = self._held, False
+        if held:
             self._limiter._release(self._key)
+            if self._on_release is not None:
+                self._on_release()
 
 
 class StreamLimiter:
@@ -37,7 +45,8 @@ class StreamLimiter:
         self._open: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def acquire(self, key: str) -> Slot:
+    def acquire(self, key: str, on_release: Callable[[], None] | None = None) -> Slot:
+        """A slot for ``key``; ``on_release`` runs once, when the slot is given back."""
         with self._lock:
             if self._open[key] >= self._max:
                 raise fl.FlightUnavailableError(
@@ -45,7 +54,7 @@ class StreamLimiter:
                     "gateway.flight.max_streams_per_caller); retry when one has ended"
                 )
             self._open[key] += 1
-        return Slot(self, key)
+        return Slot(self, key, on_release)
 
     def open_streams(self, key: str) -> int:
         with self._lock:

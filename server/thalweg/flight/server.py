@@ -157,8 +157,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
         except TicketError as exc:
             raise _invalid(exc) from exc
-        slot = self._streams.acquire(caller_key(context))
         streams = self._metrics.flight_active_streams
+        slot = self._streams.acquire(caller_key(context), on_release=streams.dec)
         streams.inc()
 
         def stopped() -> bool:
@@ -175,17 +175,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             except FollowLagError as exc:
                 raise fl.FlightUnavailableError(str(exc)) from exc
             finally:
-                release()
-
-        def release() -> None:
-            if slot_state["held"]:
-                slot_state["held"] = False
-                streams.dec()
                 slot.release()
 
-        slot_state = {"held": True}
         gen = batches()
-        weakref.finalize(gen, release)  # a stream cancelled before its first batch
+        weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
         return fl.GeneratorStream(plan.schema, gen)
 
     # -- writes ------------------------------------------------------------------
