@@ -8,6 +8,7 @@ memory, so every test uses its own topic.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import threading
@@ -22,7 +23,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.pulsar_lite import PulsarLite
+from tests.pulsar_lite import ExternalPulsar, PulsarLite
 from tests.services import start_service, stop_group
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
@@ -80,13 +81,72 @@ def noida(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NoidaBroker]:
 
 
 @pytest.fixture(scope="session")
-def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarLite]:
-    """A pulsar-lite broker for the whole session (Pulsar tests use unique topics)."""
-    b = PulsarLite(tmp_path_factory.mktemp("pulsar"))
+def pulsar_broker(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PulsarLite | ExternalPulsar]:
+    """A pulsar-lite broker for the whole session (Pulsar tests use unique topics), or the
+    full Pulsar at ``THALWEG_PULSAR_URL`` when that is set."""
+    url = os.environ.get("THALWEG_PULSAR_URL")
+    b = (
+        ExternalPulsar(url, os.environ.get("THALWEG_PULSAR_ADMIN_URL"))
+        if url
+        else PulsarLite(tmp_path_factory.mktemp("pulsar"))
+    )
     try:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="session")
+def pulsar_partitioned(
+    tmp_path_factory: pytest.TempPathFactory, pulsar_broker: PulsarLite | ExternalPulsar
+) -> Iterator[Callable[[str], tuple[str, str]]]:
+    """Make a 3-partition Pulsar topic: on pulsar-lite a second broker whose every topic
+    has 3 partitions (its only way), on a full Pulsar through the admin API. Yields
+    ``make(prefix) -> (service url, topic)``."""
+    if isinstance(pulsar_broker, ExternalPulsar):
+        ext = pulsar_broker
+
+        def make_ext(prefix: str) -> tuple[str, str]:
+            topic = f"{prefix}-{uuid.uuid4().hex[:10]}"
+            ext.create_partitioned(topic, PULSAR_PARTITIONS)
+            return ext.url, topic
+
+        yield make_ext
+        return
+    b = PulsarLite(tmp_path_factory.mktemp("pulsar-parts"), default_partitions=PULSAR_PARTITIONS)
+
+    def make(prefix: str) -> tuple[str, str]:
+        return b.url, f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+    try:
+        yield make
+    finally:
+        b.stop()
+
+
+PULSAR_PARTITIONS = 3
+
+
+def needs_full_pulsar(reason: str) -> pytest.MarkDecorator:
+    """For what pulsar-lite cannot do: runs only against ``THALWEG_PULSAR_URL``."""
+    return pytest.mark.skipif(
+        not os.environ.get("THALWEG_PULSAR_URL"),
+        reason=f"needs a full Pulsar (set THALWEG_PULSAR_URL): pulsar-lite {reason}",
+    )
+
+
+def pulsar_source_cfg(url: str, topics: list[str], **overrides: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "name": "pulsar",
+        "kind": "pulsar",
+        "service_url": url,
+        "topics": topics,
+        "subscription": f"s-{uuid.uuid4().hex[:8]}",
+    }
+    cfg.update(overrides)
+    return cfg
 
 
 @pytest.fixture
@@ -185,8 +245,11 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         data_dir: Path | None = None,
         raw_lane: dict[str, Any] | None = None,
         gateway: dict[str, Any] | None = None,
+        sources: list[dict[str, Any]] | None = None,
         **source: Any,
     ) -> RunningGateway:
+        """Run a gateway over ``topics`` of the session's Kafka broker, or over exactly
+        ``sources`` (source tables as in the config file) when given."""
         d = data_dir or tmp_path / f"lane-{len(running)}"
         cfg = parse_config(
             {
@@ -198,7 +261,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
                     **(gateway or {}),
                 },
                 "raw_lane": {"roll_age_s": 0.3, **(raw_lane or {})},
-                "sources": [source_cfg(broker.bootstrap, topics, **source)],
+                "sources": sources or [source_cfg(broker.bootstrap, topics, **source)],
             }
         )
         gw = Gateway(cfg)

@@ -19,12 +19,22 @@ def pulsar_lite_binary() -> str:
 
 
 class PulsarLite:
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    """pulsar-lite on loopback. ``default_partitions`` > 0 makes every new topic a
+    partitioned topic of that many partitions (its only way to partition)."""
+
+    full = False  # not a full Pulsar: regex subscriptions, chunking and seek do not work
+
+    def __init__(
+        self, data_dir: Path, port: int | None = None, default_partitions: int = 0
+    ) -> None:
         self.port = port or free_port()
         self.url = f"pulsar://127.0.0.1:{self.port}"
+        self.default_partitions = default_partitions
         data_dir.mkdir(parents=True, exist_ok=True)
         config = data_dir / "pulsar-lite.toml"
-        config.write_text("[metrics]\nenabled = false\n")
+        config.write_text(
+            f"default_partitions = {default_partitions}\n[metrics]\nenabled = false\n"
+        )
         cmd = [
             pulsar_lite_binary(),
             "--config", str(config),
@@ -36,3 +46,30 @@ class PulsarLite:
 
     def stop(self) -> None:
         stop_group(self._proc)
+
+
+class ExternalPulsar:
+    """A full Pulsar named by ``THALWEG_PULSAR_URL`` (and ``THALWEG_PULSAR_ADMIN_URL`` for
+    creating partitioned topics): the tests pulsar-lite cannot serve run against it."""
+
+    full = True
+
+    def __init__(self, url: str, admin_url: str | None) -> None:
+        self.url = url
+        self.admin_url = admin_url
+
+    def create_partitioned(self, topic: str, partitions: int) -> None:
+        import urllib.request
+
+        if self.admin_url is None:
+            raise RuntimeError("set THALWEG_PULSAR_ADMIN_URL to create partitioned topics")
+        req = urllib.request.Request(
+            f"{self.admin_url}/admin/v2/persistent/public/default/{topic}/partitions",
+            data=str(partitions).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def stop(self) -> None:
+        """Not ours to stop."""

@@ -112,10 +112,10 @@ def test_segment_reads_push_projection_and_filter_into_the_scan(tmp_path: Path) 
             "t", 0, 0, 10, decoded=False, with_raw=False, wanted=wanted, predicate=predicate
         )
     )
-    # Only the wanted columns (plus the offset, needed for ranges) were read...
-    assert set(table.column_names) == wanted | {COLS.offset}
+    # Only the wanted columns (plus the position, needed for ranges) were read...
+    assert set(table.column_names) == wanted | {COLS.position}
     # ...and only the rows the predicate keeps.
-    assert table.column(COLS.offset).to_pylist() == [7, 8, 9]
+    assert table.column(COLS.position).to_pylist() == [7, 8, 9]
 
 
 def test_the_decoded_lane_can_use_its_own_codec(tmp_path: Path) -> None:

@@ -288,14 +288,12 @@ class RegistryConfig(_Model):
         return self
 
 
-class KafkaSourceConfig(_Model):
-    """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka."""
+class _SourceBase(_Model):
+    """What every source has, whatever its transport: topics, how values decode, and
+    the limits on what one poll may bring."""
 
     name: str = Field(min_length=1)
-    kind: Literal["kafka"] = "kafka"
-    bootstrap_servers: str = Field(min_length=1)
-    topics: list[str] = Field(min_length=1)
-    group_id: str = "thalweg"
+    topics: list[str] = Field(default_factory=list)
     format: Literal["json", "avro", "protobuf", "none"] = Field(
         "json", description="How the decoded lane reads record values ('none': raw lane only)."
     )
@@ -315,10 +313,6 @@ class KafkaSourceConfig(_Model):
     cluster: str | None = Field(
         None, description="Cluster name stamped in the lane and record ids; defaults to name."
     )
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
-    session_timeout_ms: int = Field(10_000, gt=0)
-    heartbeat_interval_ms: int = Field(3_000, gt=0)
     max_poll_records: int = Field(10_000, gt=0)
     max_record_bytes: int | None = Field(
         None,
@@ -332,33 +326,18 @@ class KafkaSourceConfig(_Model):
         description="Seed of the p95 record-size estimate that turns the byte budget "
         "into records per poll (learnt from traffic after the first fetch).",
     )
-    dlq_topic: str | None = Field(
-        None,
-        description="Also produce dead letters to this Kafka topic (same cluster), with "
-        "__twg.errors.* headers; the Parquet dlq/ lane is written either way.",
-    )
     max_records_per_s: float | None = Field(
         None, gt=0, description="Rate limit: records consumed per second (unset: none)."
     )
     max_bytes_per_s: float | None = Field(
         None, gt=0, description="Rate limit: key + value bytes consumed per second."
     )
-    fetch_max_bytes: int = Field(50 * MiB, gt=0)
-    max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
 
     @property
     def cluster_name(self) -> str:
         return self.cluster or self.name
 
-    @model_validator(mode="after")
-    def _check(self) -> KafkaSourceConfig:
-        if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+    def _check_common(self) -> None:
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics: listed twice")
         for topic in self.topics:
@@ -370,12 +349,93 @@ class KafkaSourceConfig(_Model):
             raise ValueError(
                 "format = 'avro' needs a [sources.registry] table (url or schemas_dir)"
             )
+
+
+class KafkaSourceConfig(_SourceBase):
+    """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka."""
+
+    kind: Literal["kafka"] = "kafka"
+    bootstrap_servers: str = Field(min_length=1)
+    group_id: str = "thalweg"
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    session_timeout_ms: int = Field(10_000, gt=0)
+    heartbeat_interval_ms: int = Field(3_000, gt=0)
+    dlq_topic: str | None = Field(
+        None,
+        description="Also produce dead letters to this Kafka topic (same cluster), with "
+        "__twg.errors.* headers; the Parquet dlq/ lane is written either way.",
+    )
+    fetch_max_bytes: int = Field(50 * MiB, gt=0)
+    max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSourceConfig:
+        if not self.topics:
+            raise ValueError("topics: name at least one topic")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+        self._check_common()
         if self.sasl_mechanism and not (self.sasl_username and self.sasl_password):
             raise ValueError("sasl_mechanism needs sasl_username and sasl_password")
         return self
 
 
-SourceConfig = Annotated[KafkaSourceConfig, Field(discriminator="kind")]
+class PulsarSourceConfig(_SourceBase):
+    """A Pulsar source: one subscription through the official pulsar-client.
+
+    Topics are short names in ``tenant``/``namespace``; a partitioned topic is read
+    partition by partition into the lane of its own name. ``exclusive`` and ``failover``
+    subscriptions acknowledge cumulatively, ``shared`` and ``key_shared`` one message at
+    a time — always after the raw lane holding the message is durable.
+    """
+
+    kind: Literal["pulsar"]
+    service_url: str = Field(
+        min_length=1, description="pulsar:// or pulsar+ssl:// URL of the brokers."
+    )
+    tenant: str = Field("public", pattern=r"^[A-Za-z0-9_.=-]+$")
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.=-]+$")
+    topics_pattern: str | None = Field(
+        None,
+        description="A regex over short topic names in tenant/namespace, instead of "
+        "topics. Needs a broker that supports regex subscriptions.",
+    )
+    subscription: str = Field("thalweg", min_length=1)
+    subscription_type: Literal["exclusive", "failover", "shared", "key_shared"] = "failover"
+    initial_position: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a new subscription starts."
+    )
+    receiver_queue_size: int = Field(
+        1000,
+        gt=0,
+        description="Messages the client prefetches per partition: with the buffer bound, "
+        "the most a paused source holds in memory.",
+    )
+    auth_token: SecretStr | None = Field(None, description="JWT for token authentication.")
+    tls_trust_certs_file: Path | None = None
+    operation_timeout_s: float = Field(30.0, gt=0)
+
+    @property
+    def namespace_prefix(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/"
+
+    @model_validator(mode="after")
+    def _check(self) -> PulsarSourceConfig:
+        if bool(self.topics) == (self.topics_pattern is not None):
+            raise ValueError("name either topics or a topics_pattern (one of them)")
+        if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise ValueError("service_url must start with pulsar:// or pulsar+ssl://")
+        self._check_common()
+        return self
+
+
+SourceConfig = Annotated[KafkaSourceConfig | PulsarSourceConfig, Field(discriminator="kind")]
 
 
 class ThalwegConfig(_Model):
@@ -408,8 +468,10 @@ class ThalwegConfig(_Model):
             out += [f"gateway.auth.tokens.{i}.token" for i in range(len(self.gateway.auth.tokens))]
             out += [f"gateway.auth.users.{i}.password" for i in range(len(self.gateway.auth.users))]
         for i, source in enumerate(self.sources):
-            if source.sasl_password is not None:
+            if isinstance(source, KafkaSourceConfig) and source.sasl_password is not None:
                 out.append(f"sources.{i}.sasl_password")
+            if isinstance(source, PulsarSourceConfig) and source.auth_token is not None:
+                out.append(f"sources.{i}.auth_token")
             reg = source.registry
             if reg is not None and reg.password is not None:
                 out.append(f"sources.{i}.registry.password")

@@ -28,7 +28,7 @@ from thalweg.codecs.guard import SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
 from thalweg.codecs.typemap import json_schema_record
-from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
+from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig, RawLaneConfig
 from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.retry import Backoff
@@ -44,11 +44,11 @@ from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing, links_from_headers
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.raw_batch import build_raw_batch
 from thalweg.registry import RegistryUnavailableError
 from thalweg.registry.factory import open_proto_schemas, open_registry
 from thalweg.sinks.dlq_topic import DeadLetterTopic
-from thalweg.sources.kafka import KafkaSource, PartitionKey
+from thalweg.sources import load_source_class
+from thalweg.sources.base import PartitionKey, Source
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ class LaneContext:
 
 
 class SourceRunner:
-    """Runs one configured Kafka source until asked to stop."""
+    """Runs one configured source (Kafka or Pulsar) until asked to stop."""
 
-    def __init__(self, cfg: KafkaSourceConfig, ctx: LaneContext) -> None:
+    def __init__(self, cfg: KafkaSourceConfig | PulsarSourceConfig, ctx: LaneContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
@@ -85,10 +85,10 @@ class SourceRunner:
         self._sizes = SizeEstimator(cfg.record_size_est_bytes)
         self._dlq_topic = (
             DeadLetterTopic(cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns)
-            if cfg.dlq_topic
+            if isinstance(cfg, KafkaSourceConfig) and cfg.dlq_topic
             else None
         )
-        self.source = KafkaSource(cfg)
+        self.source: Source = load_source_class(cfg.kind)(cfg, ctx.columns)
         self.component = f"source:{cfg.name}"
         self._parts: dict[PartitionKey, PartitionBuffer] = {}
         self._flushes: dict[PartitionKey, asyncio.Task[None]] = {}
@@ -102,17 +102,25 @@ class SourceRunner:
         elif cfg.registry is not None:
             self._registry = open_registry(cfg.registry)
         self._unknown_ids: set[int] = set()
-        if cfg.format != "none":
-            reader = LaneReader(ctx.layout, ctx.columns)
-            for topic in cfg.topics:
-                pinned = reader.decoded_schema(topic)
-                if pinned is not None:
-                    keep = [f for f in pinned if not ctx.columns.is_reserved(f.name)]
-                    pinned = pa.schema(keep)
-                decoder = self._decoder(pinned)
-                if cfg.max_record_bytes is not None:
-                    decoder = SizeGuard(decoder, cfg.max_record_bytes)
-                self._decoders[topic] = decoder
+        for topic in cfg.topics:
+            self._decoder_for(topic)
+
+    def _decoder_for(self, topic: str) -> ArrowDecoder | None:
+        """The topic's decoder, made on first use (a pattern subscription finds topics
+        as it goes), pinned to the schema its decoded lane already has."""
+        if self.cfg.format == "none":
+            return None
+        decoder = self._decoders.get(topic)
+        if decoder is None:
+            pinned = LaneReader(self.ctx.layout, self.ctx.columns).decoded_schema(topic)
+            if pinned is not None:
+                keep = [f for f in pinned if not self.ctx.columns.is_reserved(f.name)]
+                pinned = pa.schema(keep)
+            decoder = self._decoder(pinned)
+            if self.cfg.max_record_bytes is not None:
+                decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
+            self._decoders[topic] = decoder
+        return decoder
 
     def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
         if self.cfg.format == "avro":
@@ -195,9 +203,9 @@ class SourceRunner:
                 fetch_backoff.reset()
                 fetch_s = time.perf_counter() - started
                 nrecords = nbytes = 0
-                for key, records in fetched.items():
-                    nrecords += len(records)
-                    nbytes += await self._ingest(key, records, stop)
+                for key, raw in fetched.items():
+                    nrecords += raw.num_rows
+                    nbytes += await self._ingest(key, raw, stop)
                 if nrecords:
                     self.ctx.stats.done("fetch", nrecords, nbytes, fetch_s)
                 if nrecords and self._throttle.active:
@@ -266,7 +274,7 @@ class SourceRunner:
                 durable=resume,
                 committed=committed,
                 columns=self.ctx.columns,
-                decoder=self._decoders.get(topic),
+                decoder=self._decoder_for(topic),
             )
             self._parts[key] = buf
             self.ctx.live.reset(topic, partition, resume)
@@ -309,39 +317,32 @@ class SourceRunner:
 
     # -- ingest --------------------------------------------------------------------
 
-    async def _ingest(self, key: PartitionKey, records: list[object], stop: asyncio.Event) -> int:
-        """Build, decode and buffer one partition's fetched records; their key + value
-        bytes."""
+    async def _ingest(self, key: PartitionKey, raw: pa.RecordBatch, stop: asyncio.Event) -> int:
+        """Decode and buffer one partition's fetched records; their key + value bytes."""
         buf = self._parts.get(key)
         if buf is None:
             # Only possible for a partition revoked while its fetch was in flight: it is
             # not ours any more and nothing of it was committed, so the new owner reads it.
-            log.debug("dropping %d records of unowned %s[%d]", len(records), *key)
+            log.debug("dropping %d records of unowned %s[%d]", raw.num_rows, *key)
             return 0
         ctx = self.ctx
         started = time.perf_counter()
         with ctx.tracing.span(
-            "twg.receive", {"topic": key[0], "partition": key[1], "records": len(records)}
+            "twg.receive", {"topic": key[0], "partition": key[1], "records": raw.num_rows}
         ) as span:
-            return await self._receive(key, buf, records, stop, started, span)
+            return await self._receive(key, buf, raw, stop, started, span)
 
     async def _receive(
         self,
         key: PartitionKey,
         buf: PartitionBuffer,
-        records: list[object],
+        raw: pa.RecordBatch,
         stop: asyncio.Event,
         started: float,
         span: Any,
     ) -> int:
         ctx = self.ctx
-        raw = build_raw_batch(
-            records,  # type: ignore[arg-type]
-            cluster=self.cfg.cluster_name,
-            ingest_ts_us=time.time_ns() // 1000,
-            columns=ctx.columns,
-        )
-        offsets = raw.column(ctx.columns.offset)
+        offsets = raw.column(ctx.columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
         self._sizes.observe(raw.column(ctx.columns.value), raw.column(ctx.columns.source("key")))
         if ctx.tracing.enabled:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from thalweg.config.models import KafkaSourceConfig
+from thalweg.config.models import SourceConfig
 from thalweg.errors import TicketError
 from thalweg.records.model import Locator, RawRecord, Timestamp
 
@@ -33,7 +33,7 @@ class PutPlan:
     """How the batches of one put become records."""
 
     topic: str
-    source: KafkaSourceConfig
+    source: SourceConfig
     payload_columns: tuple[str, ...]  # empty: a ``value`` column carries the payload
     encode: Callable[[pa.Table], list[bytes]] | None
 
@@ -68,7 +68,7 @@ class PutPlan:
 def plan_put(
     topic: str,
     schema: pa.Schema,
-    source: KafkaSourceConfig | None,
+    source: SourceConfig | None,
     avro_encoder: Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None = None,
     protobuf_encoder: Callable[[], tuple[Any, pa.Schema]] | None = None,
 ) -> PutPlan:

@@ -22,7 +22,8 @@ from thalweg.config.models import (
     FlightAuthConfig,
     FlightServingConfig,
     FlightTlsConfig,
-    KafkaSourceConfig,
+    PulsarSourceConfig,
+    SourceConfig,
 )
 from thalweg.errors import ThalwegError, TicketError
 from thalweg.flight.auth import (
@@ -35,6 +36,7 @@ from thalweg.flight.auth import (
 from thalweg.flight.endpoints import plan_endpoints
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.plan import plan_read
+from thalweg.flight.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
 from thalweg.flight.put import PutPlan, plan_put, refuse_unsafe_types
 from thalweg.flight.stream import FollowLagError, read_stream
 from thalweg.flight.tickets import OffsetPosition, ReadTicket, parse_ticket
@@ -72,7 +74,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         metrics: Metrics,
         advertise: str | None = None,
         *,
-        sources: dict[str, KafkaSourceConfig] | None = None,
+        sources: dict[str, SourceConfig] | None = None,
         health: Callable[[], dict[str, Any]] | None = None,
         auth: FlightAuthConfig | None = None,
         tls: FlightTlsConfig | None = None,
@@ -224,7 +226,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     async def _produce(
         self,
         plan: PutPlan,
-        source: KafkaSourceConfig,
+        source: SourceConfig,
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
         traceparent: bytes | None = None,
@@ -234,12 +236,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         total = 0
         received = 0
         limits = self._limits
-        out = KafkaWriter(
-            source.bootstrap_servers,
-            max_request_size=16 << 20,
-            idempotent=self._idempotent,
-            request_timeout_ms=self._put_timeout_ms,
-        )
+        out = self._producer_for(source)
         try:
             await out.start()
         except ThalwegError as exc:
@@ -288,22 +285,29 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                         )
                     ) from exc
                 try:
-                    placed = await out.send_records(plan.topic, records)
+                    ack = await out.send(plan.topic, records)
                 except ThalwegError as exc:
                     raise fl.FlightServerError(
                         f"producing to {plan.topic!r} failed after {total} rows: {exc}"
                     ) from exc
-                total += len(placed)
+                total += int(ack["rows"])
                 self._metrics.flight_bytes.labels("do_put").inc(size)
-                ranges: dict[str, list[int]] = {}
-                for w in placed:
-                    r = ranges.setdefault(str(w.partition), [w.offset, w.offset])
-                    r[0], r[1] = min(r[0], w.offset), max(r[1], w.offset)
-                ack = {"rows": len(placed), "partitions": ranges}
                 writer.write(pa.py_buffer(json.dumps(ack).encode()))
         finally:
             await out.stop()
         return total
+
+    def _producer_for(self, source: SourceConfig) -> TopicProducer:
+        if isinstance(source, PulsarSourceConfig):
+            return PulsarTopicProducer(source, self._put_timeout_ms)
+        return KafkaTopicProducer(
+            KafkaWriter(
+                source.bootstrap_servers,
+                max_request_size=16 << 20,
+                idempotent=self._idempotent,
+                request_timeout_ms=self._put_timeout_ms,
+            )
+        )
 
     def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:
         if descriptor.descriptor_type != fl.DescriptorType.PATH:
@@ -314,7 +318,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return str(path[1])
 
     def _avro_encoder(
-        self, topic: str, source: KafkaSourceConfig | None
+        self, topic: str, source: SourceConfig | None
     ) -> Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None:
         if source is None or source.registry is None or source.registry.url is None:
             return None
@@ -327,7 +331,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         return make
 
     def _protobuf_encoder(
-        self, topic: str, source: KafkaSourceConfig | None
+        self, topic: str, source: SourceConfig | None
     ) -> Callable[[], tuple[Any, pa.Schema]] | None:
         if source is None or source.format != "protobuf":
             return None

@@ -59,7 +59,7 @@ def read_stream(
     ends = {r.partition: r.end for r in plan.ranges}
     decoded = plan.ticket.lane is Lane.DECODED
     with_raw = not decoded or plan.ticket.metadata is MetadataPolicy.ALL
-    off = catalog.columns.offset
+    off = catalog.columns.position
     wanted, pushed = _pushdown(catalog, plan)
     active = sorted(cursors)
     caught_up: set[int] = set()
@@ -142,7 +142,7 @@ def _check_lag(
 
 def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBatch]:
     """Dead-letter segments overlapping each partition's range (durable history only)."""
-    off = catalog.columns.offset
+    off = catalog.columns.position
     for r in plan.ranges:
         end = r.end if r.end is not None else catalog.durable_end(plan.ticket.topic, r.partition)
         for seg in catalog.layout.segments(Lane.DLQ, plan.ticket.topic, r.partition):

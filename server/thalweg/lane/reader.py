@@ -60,7 +60,7 @@ class LaneReader:
         read); ``predicate`` is pushed into the Parquet scan of the one file read — the
         caller passes it only when no twin has to stay row-aligned.
         """
-        off = self._columns.offset
+        off = self._columns.position
         for seg in self.segments_between(topic, partition, start, end):
             dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
             raw = dec = None
@@ -86,7 +86,7 @@ class LaneReader:
         columns = None
         if wanted is not None:
             present = pq.read_schema(path).names
-            columns = [c for c in present if c in wanted or c == self._columns.offset]
+            columns = [c for c in present if c in wanted or c == self._columns.position]
         return pq.read_table(path, columns=columns, filters=predicate).replace_schema_metadata(None)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int, end: int) -> int | None:
@@ -95,7 +95,7 @@ class LaneReader:
         Resolved from the lane, not the broker (some brokers answer ListOffsets wrongly),
         skipping segments whose footer statistics show no timestamp that late.
         """
-        ts_col, off_col = self._columns.timestamp, self._columns.offset
+        ts_col, off_col = self._columns.timestamp, self._columns.position
         for seg in self.segments_between(topic, partition, 0, end):
             meta = pq.ParquetFile(seg.path).metadata
             idx = meta.schema.to_arrow_schema().get_field_index(ts_col)

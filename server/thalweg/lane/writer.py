@@ -65,7 +65,7 @@ class SegmentWriter:
         self._cfg = cfg
         c = columns
         self._dictionary = [c.source("cluster"), c.topic, c.source("timestamp_type")]
-        self._stats = [c.offset, c.timestamp, c.partition]
+        self._stats = [c.position, c.timestamp, c.partition]
 
     def write(
         self,
@@ -87,7 +87,7 @@ class SegmentWriter:
         Raises:
             LaneError: the raw segment could not be made durable (retriable).
         """
-        offsets = raw.column(self._columns.offset)
+        offsets = raw.column(self._columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
         name = segment_name(first, last)
         meta = {

@@ -59,6 +59,9 @@ SOURCE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 # We-stamped columns of the raw lane. Joined to "<prefix>".
 STAMPED_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("record_id", RECORD_ID_TYPE),
+    # The lane's order key within a partition: the Kafka offset, or the Pulsar message id
+    # packed into an int64 (thalweg.records.position). Never null, whatever the transport.
+    ("position", pa.int64()),
     ("ingest_ts", TIMESTAMP_US),
 )
 
@@ -120,6 +123,11 @@ class MetadataColumns:
         return self.source("offset")
 
     @cached_property
+    def position(self) -> str:
+        """The per-partition order key every lane is sorted, named and sliced by."""
+        return self.stamped("position")
+
+    @cached_property
     def partition(self) -> str:
         return self.source("partition")
 
@@ -158,7 +166,7 @@ class MetadataColumns:
     def locator_fields(self) -> list[pa.Field]:
         """What ``MetadataPolicy.LOCATOR`` keeps: where the record came from + its id."""
         raw = self.raw_schema
-        names = [self.source(s) for s in LOCATOR_SOURCE] + [self.record_id]
+        names = [self.source(s) for s in LOCATOR_SOURCE] + [self.record_id, self.position]
         return [raw.field(n) for n in names]
 
     def metadata_fields(self, policy: MetadataPolicy) -> list[pa.Field]:

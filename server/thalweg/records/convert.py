@@ -20,6 +20,21 @@ from thalweg.records.model import (
     Timestamp,
     TimestampType,
 )
+from thalweg.records.position import pack_message_id
+
+
+def position_of(locator: Locator) -> int:
+    """A record's lane position: its Kafka offset, else its packed Pulsar message id."""
+    if locator.offset is not None:
+        return locator.offset
+    if locator.ledger_id is None or locator.entry_id is None:
+        raise ValueError(f"locator {locator} has neither an offset nor a message id")
+    return pack_message_id(
+        locator.ledger_id,
+        locator.entry_id,
+        locator.batch_index if locator.batch_index is not None else -1,
+    )
+
 
 # raw-lane source column suffix -> how it is read from a RawRecord.
 SOURCE_FIELDS: dict[str, str] = {
@@ -142,6 +157,7 @@ def batch_from_records(
         for s, v in row.items():
             data[columns.source(s)].append(v)
     data[columns.record_id] = record_ids.to_pylist()
+    data[columns.position] = [position_of(r.locator) for r in records]
     data[columns.stamped("ingest_ts")] = [ingest_ts_us] * len(records)
     arrays = [
         pa.array(data[f.name], f.type)

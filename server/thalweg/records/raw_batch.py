@@ -123,5 +123,6 @@ def build_raw_batch(
         built[suffix] if suffix in built else pa.nulls(n, type_) for suffix, type_ in SOURCE_COLUMNS
     ]
     arrays.append(record_ids(cluster, topic, partition, offsets_np))
+    arrays.append(built["offset"])  # a Kafka record's position is its offset
     arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
     return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING
 
-from thalweg.config.models import KafkaSourceConfig, RegistryConfig
+from thalweg.config.models import RegistryConfig, SourceConfig
 from thalweg.errors import ConfigError
 from thalweg.registry.confluent import ConfluentRegistry
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 from thalweg.registry.static import StaticRegistry
 
 
-def open_proto_schemas(cfg: KafkaSourceConfig) -> RegistryProtoSchemas | FileProtoSchemas:
+def open_proto_schemas(cfg: SourceConfig) -> RegistryProtoSchemas | FileProtoSchemas:
     """Protobuf schemas for ``format = "protobuf"``: a descriptor-set file or a registry."""
     try:
         from thalweg.registry.proto_lookup import FileProtoSchemas, RegistryProtoSchemas

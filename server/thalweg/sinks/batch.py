@@ -65,7 +65,7 @@ class BatchSink(ABC, Generic[T]):
         """Add one raw-lane batch (offsets ascending, after everything pushed so far)."""
         if raw.num_rows == 0:
             return
-        offsets = raw.column(self.columns.offset)
+        offsets = raw.column(self.columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
         if self._first is None:
             self._topic = str(raw.column(self.columns.topic)[0].as_py())

@@ -1,4 +1,4 @@
-"""Produce records into Pulsar topics (the produce direction of issue 7; no source yet).
+"""Produce records into Pulsar topics (``do_put`` on a Pulsar source's topic, and tests).
 
 The official ``pulsar-client`` is thread-based: ``send_async`` callbacks run on its I/O
 threads and are handed to the event loop, so a batch of records is sent without a

@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LOADERS = {"kafka": "thalweg.sources.kafka:KafkaSource"}
+_LOADERS = {
+    "kafka": "thalweg.sources.kafka:KafkaSource",
+    "pulsar": "thalweg.sources.pulsar:PulsarSource",
+}
 
 
 def load_source_class(kind: str) -> Any:

@@ -9,19 +9,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import SourceError
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.raw_batch import build_raw_batch
+from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
-
-PartitionKey = tuple[str, int]
-RebalanceCallback = Callable[[list[PartitionKey]], Awaitable[None]]
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -39,8 +41,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaSource:
     """One consumer-group member for the topics of one configured source."""
 
-    def __init__(self, cfg: KafkaSourceConfig) -> None:
+    def __init__(self, cfg: KafkaSourceConfig, columns: MetadataColumns) -> None:
         self.cfg = cfg
+        self._columns = columns
         self._consumer: AIOKafkaConsumer | None = None
 
     def _kwargs(self) -> dict[str, Any]:
@@ -91,13 +94,24 @@ class KafkaSource:
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
 
-    async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, list[Any]]:
-        """Records fetched since the last call, grouped by partition, in offset order."""
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
+        """Records fetched since the last call as one raw-lane batch per partition, in
+        offset order."""
         try:
             data = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
-        return {(tp.topic, tp.partition): recs for tp, recs in data.items() if recs}
+        ingest_ts_us = time.time_ns() // 1000
+        return {
+            (tp.topic, tp.partition): build_raw_batch(
+                recs,
+                cluster=self.cfg.cluster_name,
+                ingest_ts_us=ingest_ts_us,
+                columns=self._columns,
+            )
+            for tp, recs in data.items()
+            if recs
+        }
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         """Whether a broker answers a metadata request now.

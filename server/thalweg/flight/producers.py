@@ -1,0 +1,85 @@
+"""The produce side of ``do_put``, one shape for both transports.
+
+Each put batch becomes one acknowledgement, written as PutResult metadata:
+``{"rows": n, "partitions": {"<p>": [first, last]}}`` where first/last are lane
+positions — Kafka offsets, or packed Pulsar message ids (``thalweg.records.position``),
+so a reader can ask for exactly those rows back. Pulsar acknowledgements also list each
+row's ``message_ids`` (hex of the serialized id, in row order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from thalweg.config.models import PulsarSourceConfig
+from thalweg.records.model import RawRecord
+from thalweg.records.position import pack_message_id
+from thalweg.sinks.kafka import KafkaWriter
+from thalweg.sinks.pulsar import PulsarWriter
+
+Ack = dict[str, Any]
+
+
+class TopicProducer(Protocol):
+    async def start(self) -> None: ...
+    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack: ...
+    async def stop(self) -> None: ...
+
+
+def _ranges(placed: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    ranges: dict[str, list[int]] = {}
+    for partition, position in placed:
+        r = ranges.setdefault(str(partition), [position, position])
+        r[0], r[1] = min(r[0], position), max(r[1], position)
+    return ranges
+
+
+class KafkaTopicProducer:
+    def __init__(self, writer: KafkaWriter) -> None:
+        self._writer = writer
+
+    async def start(self) -> None:
+        await self._writer.start()
+
+    async def stop(self) -> None:
+        await self._writer.stop()
+
+    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack:
+        placed = await self._writer.send_records(topic, records)
+        return {
+            "rows": len(placed),
+            "partitions": _ranges([(w.partition, w.offset) for w in placed]),
+        }
+
+
+class PulsarTopicProducer:
+    """Produces into ``tenant/namespace/topic`` of a Pulsar source."""
+
+    def __init__(self, source: PulsarSourceConfig, send_timeout_ms: int) -> None:
+        self._prefix = source.namespace_prefix
+        self._writer = PulsarWriter(
+            source.service_url,
+            send_timeout_millis=send_timeout_ms,
+            batching_enabled=True,
+            block_if_queue_full=True,
+        )
+
+    async def start(self) -> None:
+        await self._writer.start()
+
+    async def stop(self) -> None:
+        await self._writer.stop()
+
+    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack:
+        placed = await self._writer.send_records(self._prefix + topic, records)
+        return {
+            "rows": len(placed),
+            "partitions": _ranges(
+                [
+                    (max(w.partition, 0), pack_message_id(w.ledger_id, w.entry_id, w.batch_index))
+                    for w in placed
+                ]
+            ),
+            "message_ids": [w.message_id.hex() for w in placed],
+        }

@@ -1,0 +1,49 @@
+"""What the ingest loop needs from a transport, whatever the broker.
+
+A source hands over Arrow (one raw-lane batch per partition per fetch, positions
+ascending and never repeated) and advances the broker's position only when told to by
+``commit`` — which the runner calls after the raw lane covering it is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import pyarrow as pa
+
+PartitionKey = tuple[str, int]
+RebalanceCallback = Callable[[list[PartitionKey]], Awaitable[None]]
+
+
+class Source(Protocol):
+    """One configured source's connection to its broker."""
+
+    async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
+        """Connect; partitions are announced through ``on_assigned`` before any of their
+        records is returned by :meth:`fetch`."""
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
+        """At most ``max_records`` new records, one raw-lane batch per partition."""
+
+    async def probe(self, timeout_s: float = 3.0) -> bool:
+        """Whether a broker answers now (for /ready)."""
+
+    def highwater(self, key: PartitionKey) -> int | None:
+        """The broker's end of a partition as a position, when known cheaply."""
+
+    async def commit(self, positions: dict[PartitionKey, int]) -> None:
+        """Tell the broker everything below ``positions`` is safely stored."""
+
+    async def committed(self, key: PartitionKey) -> int | None:
+        """The position the broker resumes ``key`` from, when the broker can say."""
+
+    def seek(self, key: PartitionKey, position: int) -> None:
+        """Return nothing below ``position`` for ``key`` from now on."""
+
+    def pause(self, keys: list[PartitionKey]) -> None: ...
+
+    def resume(self, keys: list[PartitionKey]) -> None: ...
+
+    async def stop(self) -> None:
+        """Close connections (leave the group / close the consumer)."""

@@ -1,0 +1,306 @@
+"""Pulsar through the official pulsar-client: one subscription, acknowledged only after
+the raw lane holding a message is durable.
+
+The client is blocking C++ underneath, so receives, acknowledgements and closes run on
+worker threads. Three things differ from Kafka and are handled here, at the edge:
+
+* **Positions.** A message id is packed into an int64 lane position
+  (``thalweg.records.position``), so the runner orders, names and resumes Pulsar lanes
+  exactly as it does Kafka's.
+* **Resuming.** The broker keeps the subscription's cursor and the client cannot read
+  it, so ``committed`` is unknown and the runner resumes from the lane's coverage:
+  ``seek`` sets a floor below which messages are acknowledged (they are durable) and
+  dropped. That is also how redeliveries after a crash, a reconnect or a broker that
+  dispatches twice are kept out of the lane: a position at or below one already handed
+  over is never handed over again.
+* **Assignment.** The client announces no partition assignment, so a partition is
+  announced to the runner when its first message arrives (before that message is
+  returned).
+
+Flow control is the client's receiver queue: while the runner is paused nothing is
+received, the queue fills and the broker stops dispatching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any
+
+import numpy as np
+import pulsar
+import pyarrow as pa
+from pulsar.exceptions import PulsarException, Timeout
+
+from thalweg.config.models import PulsarSourceConfig
+from thalweg.errors import SourceError
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.pulsar_batch import build_pulsar_raw_batch
+from thalweg.sources.base import PartitionKey, RebalanceCallback
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    "exclusive": pulsar.ConsumerType.Exclusive,
+    "failover": pulsar.ConsumerType.Failover,
+    "shared": pulsar.ConsumerType.Shared,
+    "key_shared": pulsar.ConsumerType.KeyShared,
+}
+CUMULATIVE_TYPES = frozenset({"exclusive", "failover"})
+_PARTITION_RE = re.compile(r"^(.*)-partition-(\d+)$")
+
+
+class PulsarSource:
+    """One consumer on one subscription for the topics of one configured source."""
+
+    def __init__(self, cfg: PulsarSourceConfig, columns: MetadataColumns) -> None:
+        self.cfg = cfg
+        self._columns = columns
+        self._client: Any = None
+        self._consumer: Any = None
+        self._on_assigned: RebalanceCallback | None = None
+        self._cumulative = cfg.subscription_type in CUMULATIVE_TYPES
+        self._known: set[PartitionKey] = set()
+        self._floor: dict[PartitionKey, int] = {}  # the lowest position still accepted
+        self._acked: dict[PartitionKey, int] = {}  # everything below is durable
+        self._unacked: dict[PartitionKey, list[tuple[int, Any]]] = {}
+        self._held: dict[PartitionKey, list[Any]] = {}
+        self._paused: set[PartitionKey] = set()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
+        """Connect and subscribe. ``on_revoked`` is never called: the client does not say
+        when a failover subscription moves a partition away (docs/pulsar.md)."""
+        self._on_assigned = on_assigned
+        try:
+            self._client, self._consumer = await asyncio.to_thread(self._subscribe)
+        except PulsarException as exc:
+            raise SourceError(
+                f"source {self.cfg.name!r}: cannot subscribe at {self.cfg.service_url}: {exc}"
+            ) from exc
+
+    def _subscribe(self) -> tuple[Any, Any]:
+        c = self.cfg
+        kw: dict[str, Any] = {
+            "operation_timeout_seconds": max(1, int(c.operation_timeout_s)),
+            "logger": logging.getLogger("thalweg.pulsar.client"),
+        }
+        if c.auth_token is not None:
+            kw["authentication"] = pulsar.AuthenticationToken(c.auth_token.get_secret_value())
+        if c.tls_trust_certs_file is not None:
+            kw["tls_trust_certs_file_path"] = str(c.tls_trust_certs_file)
+        client = pulsar.Client(c.service_url, **kw)
+        topics: Any = (
+            re.compile(re.escape(c.namespace_prefix) + c.topics_pattern)
+            if c.topics_pattern is not None
+            else [c.namespace_prefix + t for t in c.topics]
+        )
+        try:
+            consumer = client.subscribe(
+                topics,
+                c.subscription,
+                consumer_type=_TYPES[c.subscription_type],
+                receiver_queue_size=c.receiver_queue_size,
+                consumer_name=f"thalweg-{c.name}",
+                initial_position=(
+                    pulsar.InitialPosition.Earliest
+                    if c.initial_position == "earliest"
+                    else pulsar.InitialPosition.Latest
+                ),
+            )
+        except BaseException:
+            client.close()
+            raise
+        return client, consumer
+
+    async def stop(self) -> None:
+        """Close the consumer and the client (unacknowledged messages are redelivered
+        to whoever subscribes next)."""
+        consumer, client = self._consumer, self._client
+        self._consumer = self._client = None
+        if client is None:
+            return
+
+        def close() -> None:
+            try:
+                if consumer is not None:
+                    consumer.close()
+            finally:
+                client.close()
+
+        try:
+            await asyncio.to_thread(close)
+        except PulsarException as exc:
+            log.warning("source %s: error while closing: %s", self.cfg.name, exc)
+
+    @property
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            raise SourceError(f"source {self.cfg.name!r} is not started", retriable=False)
+        return self._consumer
+
+    # -- fetching ------------------------------------------------------------------
+
+    def _receive(self, timeout_ms: int, max_records: int) -> list[Any]:
+        """Up to ``max_records`` messages: waits up to ``timeout_ms`` for the first, then
+        takes what the receiver queue already holds."""
+        consumer = self.consumer
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_ms / 1000
+        wait_ms = timeout_ms
+        while len(out) < max_records:
+            try:
+                out.append(consumer.receive(timeout_millis=max(1, wait_ms)))
+            except Timeout:
+                break
+            # Once something arrived, only drain what is queued (1 ms), until the deadline.
+            wait_ms = 1 if time.monotonic() < deadline else 0
+            if wait_ms == 0:
+                break
+        return out
+
+    def lane_key(self, message: Any) -> PartitionKey:
+        """``(lane topic, partition)`` of a message: the short topic name, and the
+        partition index (0 for a topic that is not partitioned)."""
+        name = message.topic_name()
+        if name.startswith(self.cfg.namespace_prefix):
+            name = name[len(self.cfg.namespace_prefix) :]
+        partition = message.message_id().partition()
+        if partition >= 0:
+            m = _PARTITION_RE.match(name)
+            if m is not None and int(m.group(2)) == partition:
+                name = m.group(1)
+        return name, max(partition, 0)
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
+        """New messages as one raw-lane batch per partition, positions ascending;
+        redeliveries of anything already handed over are left out."""
+        grouped: dict[PartitionKey, list[Any]] = {}
+        for key in [k for k in self._held if k not in self._paused]:
+            grouped[key] = self._held.pop(key)
+        if self._known and self._known <= self._paused:
+            # Everything is paused: receive nothing, so the broker stops dispatching.
+            await asyncio.sleep(timeout_ms / 1000)
+        else:
+            try:
+                received = await asyncio.to_thread(self._receive, timeout_ms, max_records)
+            except PulsarException as exc:
+                raise SourceError(f"source {self.cfg.name!r}: receive failed: {exc}") from exc
+            for message in received:
+                key = self.lane_key(message)
+                if key in self._paused:
+                    self._held.setdefault(key, []).append(message)
+                else:
+                    grouped.setdefault(key, []).append(message)
+        new = [k for k in grouped if k not in self._known]
+        if new:
+            self._known.update(new)
+            assert self._on_assigned is not None
+            await self._on_assigned(new)  # sets each partition's floor (seek) first
+        ingest_ts_us = time.time_ns() // 1000
+        out: dict[PartitionKey, pa.RecordBatch] = {}
+        late: list[Any] = []
+        for key, messages in grouped.items():
+            raw = build_pulsar_raw_batch(
+                messages,
+                topic=key[0],
+                partition=key[1],
+                cluster=self.cfg.cluster_name,
+                ingest_ts_us=ingest_ts_us,
+                columns=self._columns,
+            )
+            fresh = self._admit(key, raw, messages, late)
+            if fresh.num_rows:
+                out[key] = fresh
+        if late:
+            await self._ack(late, cumulative=False)
+        return out
+
+    def _admit(
+        self, key: PartitionKey, raw: pa.RecordBatch, messages: list[Any], late: list[Any]
+    ) -> pa.RecordBatch:
+        """Keep each position above everything handed over before it; the rest are
+        redeliveries (acknowledged at once when already durable, else with the segment
+        that holds their first delivery)."""
+        positions = raw.column(self._columns.position).to_numpy()
+        floor = self._floor.get(key, -1)
+        seen = np.maximum.accumulate(np.concatenate(([floor - 1], positions)))[:-1]
+        keep = positions > seen
+        acked = self._acked.get(key, -1)
+        pending = self._unacked.setdefault(key, [])
+        for pos, message, kept in zip(positions.tolist(), messages, keep.tolist(), strict=True):
+            if not kept and pos < acked:
+                late.append(message.message_id())
+            else:
+                pending.append((pos, message.message_id()))
+        if keep.any():
+            self._floor[key] = int(positions[keep].max()) + 1
+        return raw if keep.all() else raw.filter(pa.array(keep))
+
+    # -- positions -----------------------------------------------------------------
+
+    async def commit(self, positions: dict[PartitionKey, int]) -> None:
+        """Acknowledge every message below each position (cumulatively for exclusive and
+        failover subscriptions, one by one for shared and key_shared)."""
+        ids: list[Any] = []
+        for key, end in positions.items():
+            pending = self._unacked.get(key, [])
+            done = [(p, m) for p, m in pending if p < end]
+            if done:
+                self._unacked[key] = [(p, m) for p, m in pending if p >= end]
+                if self._cumulative:
+                    ids.append(max(done, key=lambda pm: pm[0])[1])
+                else:
+                    ids.extend(m for _, m in done)
+            self._acked[key] = max(self._acked.get(key, -1), end)
+        if ids:
+            await self._ack(ids, cumulative=self._cumulative)
+
+    async def _ack(self, ids: list[Any], *, cumulative: bool) -> None:
+        consumer = self.consumer
+        ack = consumer.acknowledge_cumulative if cumulative else consumer.acknowledge
+
+        def send() -> None:
+            for msg_id in ids:
+                ack(msg_id)
+
+        try:
+            await asyncio.to_thread(send)
+        except PulsarException as exc:
+            # Not lost: unacknowledged messages come back and are dropped as redeliveries.
+            raise SourceError(f"source {self.cfg.name!r}: acknowledge failed: {exc}") from exc
+
+    async def committed(self, key: PartitionKey) -> int | None:
+        """Unknown: the subscription's cursor lives in the broker, out of the client's
+        reach. The runner resumes from the lane's coverage instead."""
+        return None
+
+    def seek(self, key: PartitionKey, position: int) -> None:
+        """Hand over nothing below ``position`` (it is in the lane already)."""
+        self._floor[key] = max(self._floor.get(key, -1), position)
+        self._acked[key] = max(self._acked.get(key, -1), position)
+
+    def pause(self, keys: list[PartitionKey]) -> None:
+        self._paused.update(keys)
+
+    def resume(self, keys: list[PartitionKey]) -> None:
+        self._paused.difference_update(keys)
+
+    def highwater(self, key: PartitionKey) -> int | None:
+        """Not known cheaply (it would take a ``get_last_message_id`` round trip)."""
+        return None
+
+    async def probe(self, timeout_s: float = 3.0) -> bool:
+        """Whether the consumer holds a broker connection now."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        task = asyncio.ensure_future(asyncio.to_thread(consumer.is_connected))
+        done, _ = await asyncio.wait([task], timeout=timeout_s)
+        if not done:
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return False
+        return task.exception() is None and bool(task.result())
