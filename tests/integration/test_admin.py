@@ -50,9 +50,9 @@ def test_live_ready_health_metrics(
     _, text = get(gw.admin_url + "/metrics")
     metrics = text.decode()
     labels = f'partition="0",source="test",topic="{topic}"'
-    assert f"twg_partition_durable_offset{{{labels}}} 21.0" in metrics
-    assert f"twg_partition_committed_offset{{{labels}}} 21.0" in metrics
-    assert f"twg_partition_consumed_offset{{{labels}}} 21.0" in metrics
+    assert f"twg_partition_durable_position{{{labels}}} 21.0" in metrics
+    assert f"twg_partition_committed_position{{{labels}}} 21.0" in metrics
+    assert f"twg_partition_consumed_position{{{labels}}} 21.0" in metrics
     assert f"twg_source_records_total{{{labels}}} 21.0" in metrics
     assert f'twg_decode_failures_total{{reason="syntax",topic="{topic}"}} 1.0' in metrics
     assert f'twg_raw_rows_written_total{{topic="{topic}"}} 41.0' in metrics

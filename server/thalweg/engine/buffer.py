@@ -40,6 +40,7 @@ class PartitionBuffer:
     sink: BatchSink[Any]
     arrow: ArrowSink | None
     in_flight_bytes: int = 0
+    in_flight_rows: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
@@ -73,8 +74,15 @@ class PartitionBuffer:
         out, span = self.sink.finish()
         raw, decoded = out if self.arrow is not None else (out, None)
         self.in_flight_bytes += nbytes
+        self.in_flight_rows += raw.num_rows
         return Pending(raw, decoded, span, nbytes)
 
     @property
     def held_bytes(self) -> int:
         return self.sink.nbytes + self.in_flight_bytes
+
+    @property
+    def held_rows(self) -> int:
+        """Records received and not yet durable (a count, whatever the transport's
+        positions look like)."""
+        return self.sink.rows + self.in_flight_rows

@@ -383,8 +383,9 @@ class SourceRunner:
             consumed = state.high_water if state is not None else None
             labels = (self.cfg.name, topic, str(partition))
             if consumed is not None:
-                waiting_write += max(0, consumed - durable)
-                self.ctx.metrics.lag.labels(*labels, "durable").set(max(0, consumed - durable))
+                # In records, not positions: Pulsar positions are not dense.
+                waiting_write += b.held_rows
+                self.ctx.metrics.lag.labels(*labels, "durable").set(b.held_rows)
                 latest = self.source.highwater((topic, partition))
                 if latest is not None:
                     self.ctx.metrics.lag.labels(*labels, "broker").set(max(0, latest - consumed))
@@ -461,6 +462,7 @@ class SourceRunner:
             if self._dlq_topic is not None and written.dead is not None:
                 await self._send_dead_letters(written.dead)
             buf.in_flight_bytes -= pending.nbytes
+            buf.in_flight_rows -= pending.raw.num_rows
             buf.durable = span.covers_to
             self.ctx.live.mark_durable(key[0], key[1], span.covers_to)
             m.durable.labels(*self._labels(key)).set(span.covers_to)

@@ -19,27 +19,27 @@ class Metrics:
         self.records = Counter("twg_source_records", "Records consumed.", part, registry=r)
         self.bytes = Counter("twg_source_bytes", "Key + value bytes consumed.", part, registry=r)
         self.consumed = Gauge(
-            "twg_partition_consumed_offset",
-            "Next offset after the last consumed record.",
+            "twg_partition_consumed_position",
+            "Position after the last consumed record (Kafka: offset; Pulsar: packed id).",
             part,
             registry=r,
         )
         self.durable = Gauge(
-            "twg_partition_durable_offset",
-            "Exclusive end of the durable raw lane.",
+            "twg_partition_durable_position",
+            "Exclusive end of the durable raw lane, as a position.",
             part,
             registry=r,
         )
         self.committed = Gauge(
-            "twg_partition_committed_offset",
-            "Offset committed to the source.",
+            "twg_partition_committed_position",
+            "Position committed (Kafka) or acknowledged up to (Pulsar) at the source.",
             part,
             registry=r,
         )
         self.lag = Gauge(
             "twg_partition_lag_records",
-            "Records between two positions: broker (latest - consumed), durable "
-            "(consumed - durable), commit (durable - committed).",
+            "Records behind: broker (latest - consumed; Kafka only), durable (received, "
+            "not yet durable), commit (durable - committed, in positions).",
             [*part, "kind"],
             registry=r,
         )
