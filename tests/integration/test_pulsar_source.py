@@ -61,7 +61,9 @@ def produce(url: str, topic: str, messages: list[dict[str, Any]], **producer: An
 
 
 def raw_lane(rg: RunningGateway, topic: str) -> Any:
-    return ds.dataset(rg.data_dir / "raw" / f"topic={topic}", format="parquet").to_table()
+    """The finished raw segments of ``topic`` (not the .tmp file being written)."""
+    files = [str(f) for f in (rg.data_dir / "raw" / f"topic={topic}").glob("partition=*/*.parquet")]
+    return ds.dataset(files, format="parquet").to_table()
 
 
 def test_raw_lane_keeps_every_pulsar_field(

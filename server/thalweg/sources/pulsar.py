@@ -86,7 +86,10 @@ class PulsarSource:
         c = self.cfg
         kw: dict[str, Any] = {
             "operation_timeout_seconds": max(1, int(c.operation_timeout_s)),
-            "logger": logging.getLogger("thalweg.pulsar.client"),
+            # Not a Python logger: the client's I/O threads calling into Python while
+            # the interpreter exits abort the process ("terminate called without an
+            # active exception", seen on SIGTERM during start-up).
+            "logger": pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
         }
         if c.auth_token is not None:
             kw["authentication"] = pulsar.AuthenticationToken(c.auth_token.get_secret_value())
