@@ -112,7 +112,7 @@ def _positions(admin: str) -> tuple[int, int]:
     sums = {"consumed": 0, "committed": 0}
     for line in text.splitlines():
         for kind in sums:
-            if line.startswith(f"twg_partition_{kind}_offset{{"):
+            if line.startswith(f"twg_partition_{kind}_position{{"):
                 sums[kind] += int(float(line.rsplit(" ", 1)[1]))
     return sums["consumed"], sums["committed"]
 

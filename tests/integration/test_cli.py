@@ -70,6 +70,18 @@ def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
             "sources.0",
         ),
         (
+            "[[sources]]\nname='p'\nkind='pulsar'\nservice_url='pulsar://h:6650'\ntopics=['x']\ntopics_pattern='x.*'\n",
+            "either topics or a topics_pattern",
+        ),
+        (
+            "[[sources]]\nname='p'\nkind='pulsar'\nservice_url='http://h:8080'\ntopics=['x']\n",
+            "service_url must start with pulsar://",
+        ),
+        (
+            "[[sources]]\nname='p'\nkind='pulsar'\nservice_url='pulsar://h:6650'\ntopics=['x']\nsubscription_type='fanout'\n",
+            "sources.0.pulsar.subscription_type",
+        ),
+        (
             "[raw_lane]\nroll_rows=0\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
             "raw_lane.roll_rows",
         ),

@@ -356,6 +356,7 @@ class KafkaSourceConfig(_SourceBase):
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)
+    topics: list[str] = Field(min_length=1)
     group_id: str = "thalweg"
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
@@ -376,8 +377,6 @@ class KafkaSourceConfig(_SourceBase):
 
     @model_validator(mode="after")
     def _check(self) -> KafkaSourceConfig:
-        if not self.topics:
-            raise ValueError("topics: name at least one topic")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
         self._check_common()

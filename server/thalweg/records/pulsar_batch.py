@@ -14,15 +14,23 @@ one, so both are null. Kafka-only columns are null.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from operator import methodcaller
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from thalweg.records.columns import SOURCE_COLUMNS, TIMESTAMP_MS, TIMESTAMP_US, MetadataColumns
+from thalweg.records.columns import (
+    HEADER_TYPE,
+    SOURCE_COLUMNS,
+    TIMESTAMP_MS,
+    TIMESTAMP_US,
+    MetadataColumns,
+)
 from thalweg.records.position import pack_message_ids
-from thalweg.records.raw_batch import build_headers, constant
+from thalweg.records.raw_batch import constant
 from thalweg.records.record_id import record_ids
 
 
@@ -51,15 +59,36 @@ class PulsarLikeMessage(Protocol):
 
 
 _ids = methodcaller("message_id")
+_EMPTY_STRUCTS = pa.array([], HEADER_TYPE.value_type)
 
 
 def _utf8_or_null(values: list[str]) -> pa.Array:
-    return pa.array([v.encode("utf-8") if v else None for v in values], pa.binary())
+    """UTF-8 bytes of ``values``, with "" as null (one vectorised pass, no per-value
+    encode: Arrow's string and binary share their bytes)."""
+    arr = pa.array(values, pa.string())
+    return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.binary()), arr.cast(pa.binary()))
 
 
 def _ms_or_null(values: list[int]) -> pa.Array:
     arr = np.array(values, dtype=np.int64)
     return pa.array(arr, mask=arr == 0).view(TIMESTAMP_MS)
+
+
+def _properties(props: list[Mapping[str, str]]) -> pa.Array:
+    """``list<struct<key, value>>`` of each message's properties, in the client's order."""
+    n = len(props)
+    lengths = np.fromiter(map(len, props), dtype=np.int32, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] == 0:
+        values = _EMPTY_STRUCTS
+    else:
+        keys = pa.array(list(chain.from_iterable(props)), pa.string()).cast(pa.binary())
+        vals = pa.array(list(chain.from_iterable(p.values() for p in props)), pa.string()).cast(
+            pa.binary()
+        )
+        values = pa.StructArray.from_arrays([keys, vals], fields=list(HEADER_TYPE.value_type))
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=HEADER_TYPE)
 
 
 def build_pulsar_raw_batch(
@@ -70,6 +99,7 @@ def build_pulsar_raw_batch(
     cluster: str,
     ingest_ts_us: int,
     columns: MetadataColumns,
+    ids: Sequence[PulsarLikeMessageId] | None = None,
 ) -> pa.RecordBatch:
     """Build the raw-lane batch for messages of one (topic, partition), in id order.
 
@@ -78,6 +108,7 @@ def build_pulsar_raw_batch(
         partition: the partition index (0 for a non-partitioned topic).
         cluster: the source's cluster name (part of the record id).
         ingest_ts_us: when the batch was received, in µs since the epoch.
+        ids: the messages' ids, when the caller has them already.
 
     Raises:
         PositionOverflowError: a message id does not fit the packed position.
@@ -85,7 +116,8 @@ def build_pulsar_raw_batch(
     n = len(messages)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=columns.raw_schema)
-    ids = list(map(_ids, messages))
+    if ids is None:
+        ids = list(map(_ids, messages))
     ledger = np.fromiter(map(methodcaller("ledger_id"), ids), np.int64, n)
     entry = np.fromiter(map(methodcaller("entry_id"), ids), np.int64, n)
     batch = np.fromiter(map(methodcaller("batch_index"), ids), np.int64, n)
@@ -95,7 +127,6 @@ def build_pulsar_raw_batch(
     publish = list(map(methodcaller("publish_timestamp"), messages))
     event = list(map(methodcaller("event_timestamp"), messages))
     ts = np.where(np.array(event, np.int64) != 0, event, publish).astype(np.int64)
-    props = [list(p.items()) for p in map(methodcaller("properties"), messages)]
     built: dict[str, pa.Array] = {
         "cluster": constant(cluster, pa.string(), n),
         "topic": constant(topic, pa.string(), n),
@@ -107,7 +138,7 @@ def build_pulsar_raw_batch(
         "key": _utf8_or_null(list(map(methodcaller("partition_key"), messages))),
         "ordering_key": _utf8_or_null(list(map(methodcaller("ordering_key"), messages))),
         "value": pa.array(data, pa.binary(), mask=nulls if nulls.any() else None),
-        "headers": build_headers([[(k, v.encode("utf-8")) for k, v in p] for p in props]),
+        "headers": _properties(list(map(methodcaller("properties"), messages))),
         "timestamp": pa.array(ts).view(TIMESTAMP_MS),
         "timestamp_type": constant("CreateTime", pa.string(), n),
         "publish_time": _ms_or_null(publish),

@@ -1,0 +1,185 @@
+"""Pulsar ingest benchmark: Thalweg's raw lane against a bare pulsar-client consume loop.
+
+Produces N JSON messages (~200 B, batched) to a fresh topic on a local pulsar-lite
+broker, then measures in the same run:
+
+  (a) baseline: a bare pulsar-client ``receive`` loop on its own subscription that only
+      counts distinct message ids (pulsar-lite dispatches some messages more than once;
+      one cumulative acknowledgement at the end);
+  (b) thalweg:  ``twg stream`` (a subprocess, as deployed) with a Pulsar source until the
+      raw lane holds all N messages durably and they are acknowledged.
+
+Prints messages/s of both and the ratio (a)/(b). Not a test: machines here are noisy,
+so only the ratio within one run means much.
+
+    python load-tests/pulsar_bench.py --records 300000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pulsar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.pulsar_lite import PulsarLite
+
+from thalweg.embedded import free_port
+
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+sys.path.insert(0, str(Path(__file__).parent))
+from ingest_bench import make_value  # noqa: E402
+
+
+def produce(url: str, topic: str, n: int) -> int:
+    client = pulsar.Client(url, logger=QUIET)
+    total = 0
+    try:
+        p = client.create_producer(
+            f"persistent://public/default/{topic}",
+            batching_enabled=True,
+            batching_max_messages=1000,
+            batching_max_publish_delay_ms=10,
+            block_if_queue_full=True,
+            max_pending_messages=50_000,
+        )
+        for i in range(n):
+            v = make_value(i)
+            total += len(v)
+            p.send_async(v, None)
+        p.flush()
+        p.close()
+    finally:
+        client.close()
+    return total
+
+
+def bare(url: str, topic: str, n: int) -> float:
+    """Seconds from the first message to the n-th, counting only."""
+    client = pulsar.Client(url, logger=QUIET)
+    try:
+        c = client.subscribe(
+            f"persistent://public/default/{topic}",
+            f"bare-{uuid.uuid4().hex[:6]}",
+            consumer_type=pulsar.ConsumerType.Failover,
+            initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=1000,
+        )
+        start = None
+        seen: set[bytes] = set()
+        last = None
+        # Distinct ids: pulsar-lite dispatches some messages more than once.
+        while len(seen) < n:
+            last = c.receive(timeout_millis=10_000)
+            if start is None:
+                start = time.perf_counter()
+            seen.add(last.message_id().serialize())
+        elapsed = time.perf_counter() - (start or time.perf_counter())
+        c.acknowledge_cumulative(last)
+        c.close()
+        return elapsed
+    finally:
+        client.close()
+
+
+def _metric(admin: str, name: str) -> float:
+    try:
+        with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
+
+
+def thalweg(url: str, topic: str, n: int, fmt: str, roll_age: float) -> tuple[float, float]:
+    """(first consumed -> all consumed, first consumed -> all durable and acknowledged)."""
+    port = free_port()
+    admin = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "twg.toml"
+        cfg.write_text(f"""
+[gateway]
+data_dir = "{d}/lane"
+flight_listen = "grpc://127.0.0.1:0"
+http_listen = "127.0.0.1:{port}"
+[raw_lane]
+roll_age_s = {roll_age}
+[[sources]]
+name = "bench"
+kind = "pulsar"
+service_url = "{url}"
+topics = ["{topic}"]
+subscription = "twg-{uuid.uuid4().hex[:6]}"
+format = "{fmt}"
+""")
+        cmd = [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream"]
+        proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
+        first = all_consumed = None
+        try:
+            while True:
+                consumed = _metric(admin, "twg_source_records_total")
+                durable = _metric(admin, "twg_raw_rows_written_total")
+                now = time.perf_counter()
+                if consumed and first is None:
+                    first = now
+                if consumed >= n and all_consumed is None:
+                    all_consumed = now
+                if durable >= n:
+                    break
+                if proc.poll() is not None:
+                    raise SystemExit(f"twg stream exited with {proc.returncode}")
+                time.sleep(0.02)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert first is not None
+    assert all_consumed is not None
+    return all_consumed - first, now - first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--records", type=int, default=300_000)
+    ap.add_argument("--format", choices=["json", "none"], default="json")
+    ap.add_argument("--roll-age", type=float, default=5.0)
+    args = ap.parse_args()
+    n = args.records
+    with tempfile.TemporaryDirectory() as d:
+        broker = PulsarLite(Path(d) / "pulsar")
+        try:
+            topic = f"bench-{uuid.uuid4().hex[:8]}"
+            t = time.perf_counter()
+            value_bytes = produce(broker.url, topic, n)
+            print(f"produced {n:,} messages ({value_bytes / n:.0f} B avg) in "
+                  f"{time.perf_counter() - t:.1f}s")  # fmt: skip
+            base = bare(broker.url, topic, n)
+            consume_s, durable_s = thalweg(broker.url, topic, n, args.format, args.roll_age)
+        finally:
+            broker.stop()
+    mb = value_bytes / 1e6
+    py = platform.python_version()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}, pulsar-lite")
+    print(f"settings: {n:,} messages, format={args.format}, roll_age_s={args.roll_age}")
+    for label, secs in (
+        ("(a) bare pulsar-client receive, count", base),
+        ("(b) twg stream: consumed into Arrow", consume_s),
+        ("(b) twg stream: durable + acknowledged", durable_s),
+    ):
+        print(f"{label:40} {n / secs:10,.0f} msg/s {mb / secs:7.1f} MB/s ({secs:.2f}s)")
+    print(f"ratio consumed/(a): {base / consume_s:.2f}   durable/(a): {base / durable_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
