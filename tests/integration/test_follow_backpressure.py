@@ -112,7 +112,7 @@ def test_slow_follower_is_bounded_and_fast_follower_keeps_up(
 
     with pytest.raises(OSError, match=r"fell \d+ records behind") as info:
         read_on()
-    assert "resume from offsets {0: " in str(info.value)
+    assert "resume from positions {0: " in str(info.value)
     assert got[0] < TOTAL
     client.close()
     deadline = time.monotonic() + 10

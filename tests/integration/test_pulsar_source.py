@@ -136,7 +136,17 @@ def _wait_rows(rg: RunningGateway, topic: str, n: int, timeout: float = 30) -> N
         except (FileNotFoundError, OSError):
             pass
         time.sleep(0.1)
-    raise AssertionError(f"{topic}: fewer than {n} rows durable in {timeout}s")
+    m = rg.gateway.metrics
+    raise AssertionError(
+        f"{topic}: fewer than {n} rows durable in {timeout}s "
+        f"(consumed {m.records.labels(*_labels(rg, topic))._value.get():.0f}, "
+        f"buffered {m.buffered_bytes._value.get():.0f} bytes, "
+        f"paused {m.paused.labels(rg.gateway.runners[0].cfg.name)._value.get():.0f})"
+    )
+
+
+def _labels(rg: RunningGateway, topic: str) -> tuple[str, str, str]:
+    return (rg.gateway.runners[0].cfg.name, topic, "0")
 
 
 @pytest.mark.parametrize("compression", ["NONE", "LZ4", "ZLib", "ZSTD", "SNAPPY"])

@@ -128,15 +128,20 @@ def _check_lag(
     """Lag is what is already durable and not yet sent: records that just arrived are
     not lag (a reader that keeps up reads them from the live tail). A partition counts
     once its cursor has reached the durable end; catching up from history is not lag."""
-    lag = catalog.durable_end(topic, p) - pos
+    end = catalog.durable_end(topic, p)
+    lag = end - pos  # positions: an upper bound on records (exact for dense offsets)
     if lag <= 0:
         caught_up.add(p)
     elif p in caught_up and lag > max_lag:
+        # Positions can be sparse (Pulsar's packed ids, compacted Kafka): count records.
+        lag = min(lag, catalog.records_between(topic, p, pos, end))
+        if lag <= max_lag:
+            return
         resume = ", ".join(f"{q}: {o}" for q, o in sorted(cursors.items()))
         raise FollowLagError(
             f"follow stream of {topic!r} fell {lag} records behind partition {p}'s durable end "
             f"(gateway.flight.follow_max_lag_records = {max_lag}); read faster, or "
-            f"resume from offsets {{{resume}}}"
+            f"resume from positions {{{resume}}}"
         )
 
 

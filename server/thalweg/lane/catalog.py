@@ -113,6 +113,12 @@ class LaneCatalog:
             self.segment_stats(s.path)[0] for s in self.layout.segments(Lane.RAW, topic, partition)
         )
 
+    def records_between(self, topic: str, partition: int, start: int, end: int) -> int:
+        """Durable records of ``[start, end)``, from footers: whole segments, so at most
+        the rows of the first segment below ``start`` too many."""
+        segments = self.reader.segments_between(topic, partition, start, end)
+        return sum(self.segment_stats(s.path)[0] for s in segments)
+
     def segment_stats(self, path: Path) -> tuple[int, int]:
         """``(rows, uncompressed bytes)`` of one segment, from its footer.
 
