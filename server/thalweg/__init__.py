@@ -1,4 +1,4 @@
-"""Thalweg: an Arrow Flight gateway for Kafka (and, later, Pulsar) streams.
+"""Thalweg: an Arrow Flight gateway for Kafka and Pulsar streams.
 
 Layers, lowest first (imports only point downwards; ``tests/unit/test_layering.py``
 enforces it):
@@ -9,7 +9,7 @@ enforces it):
 ``lane``
     The on-disk raw and decoded Parquet lanes: durable writes, coverage, history reads.
 ``sources``
-    Transports that yield raw-lane batches (``kafka``).
+    Transports that yield raw-lane batches (``kafka``, ``pulsar``).
 ``engine``, ``flight``, ``ops``, ``config``, ``cli``
     The running gateway and its operator surface.
 

@@ -49,7 +49,7 @@ def _setup_logging(level: str) -> None:
 )
 @click.pass_context
 def cli(ctx: click.Context, output: str, log_level: str) -> None:
-    """Thalweg: Kafka topics into Arrow, served over Arrow Flight.
+    """Thalweg: Kafka and Pulsar topics into Arrow, served over Arrow Flight.
 
     \b
     Try it:      twg quickstart
@@ -99,8 +99,9 @@ def run_until_signal(main: object) -> None:
 def stream(ctx: click.Context, config_path: Path) -> None:
     """Consume the configured topics into the raw lane and serve them over Flight.
 
-    Runs until SIGINT or SIGTERM, then makes everything buffered durable, commits, and
-    leaves the consumer group within gateway.shutdown_timeout_s (default 25 s).
+    Runs until SIGINT or SIGTERM, then makes everything buffered durable, commits
+    (Kafka) or acknowledges (Pulsar) it, and leaves the consumer group or closes the
+    subscription's consumer within gateway.shutdown_timeout_s (default 25 s).
 
     Exit codes: 0 stopped cleanly, 1 failed, 2 bad configuration, 3 the shutdown deadline
     passed (nothing uncommitted is lost: it is read again after a restart).
