@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pulsar
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
@@ -324,3 +325,53 @@ def test_a_chunked_message_lands_whole(
     rg = gateway_factory([], sources=[pulsar_source_cfg(pulsar_broker.url, [topic])])
     _wait_rows(rg, topic, 1)
     assert raw_lane(rg, topic)["_twg_source_value"].to_pylist() == [big]
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "failover", "shared", "key_shared"])
+def test_every_subscription_type_acknowledges_what_is_durable(
+    kind: str, pulsar_broker: Broker, gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    """Cumulative acknowledgements (exclusive, failover) and individual ones (shared,
+    key_shared) both leave nothing behind once the lane holds everything."""
+    topic = f"pt-{kind}-{uuid.uuid4().hex[:8]}"
+    sent = [{"content": b'{"i": %d}' % i, "partition_key": f"k{i % 5}"} for i in range(300)]
+    produce(pulsar_broker.url, topic, sent, batching_max_messages=50)
+    cfg = pulsar_source_cfg(pulsar_broker.url, [topic], subscription="sub", subscription_type=kind)
+    rg = gateway_factory([], sources=[cfg])
+    _wait_rows(rg, topic, 300)
+    rg.stop()
+    assert raw_lane(rg, topic).num_rows == 300
+    client = client_for(pulsar_broker.url)
+    try:
+        consumer = client.subscribe(
+            f"persistent://public/default/{topic}",
+            "sub",
+            consumer_type=getattr(
+                pulsar.ConsumerType, {"key_shared": "KeyShared"}.get(kind, kind.capitalize())
+            ),
+        )
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1500)
+        consumer.close()
+    finally:
+        client.close()
+
+
+def test_put_into_a_partitioned_topic_reports_positions_per_partition(
+    pulsar_partitioned: Callable[[str], tuple[str, str]],
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    url, topic = pulsar_partitioned("pput")
+    rg = gateway_factory([], sources=[pulsar_source_cfg(url, [topic])])
+    table = pa.table({"value": [b'{"i": %d}' % i for i in range(60)]})
+    keys = [f"key-{i % 12}".encode() for i in range(60)]
+    with connect(rg.flight_url) as c:
+        acks = c.write(topic, table, key=keys)
+    assert sum(a["rows"] for a in acks) == 60
+    ranges = {int(p): r for a in acks for p, r in a["partitions"].items()}
+    assert len(ranges) > 1 and set(ranges) <= set(range(PULSAR_PARTITIONS))
+    _wait_rows(rg, topic, 60)
+    lane = raw_lane(rg, topic)
+    for p, (first, last) in ranges.items():
+        positions = lane.filter(pc.equal(lane["_twg_source_partition"], p))["_twg_position"]
+        assert (pc.min(positions).as_py(), pc.max(positions).as_py()) == (first, last)
