@@ -64,7 +64,7 @@ def produce(url: str, topic: str, n: int) -> int:
     return total
 
 
-def bare(url: str, topic: str, n: int) -> float:
+def bare(url: str, topic: str, n: int, queue: int) -> float:
     """Seconds from the first message to the n-th, counting only."""
     client = pulsar.Client(url, logger=QUIET)
     try:
@@ -73,7 +73,7 @@ def bare(url: str, topic: str, n: int) -> float:
             f"bare-{uuid.uuid4().hex[:6]}",
             consumer_type=pulsar.ConsumerType.Failover,
             initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=1000,
+            receiver_queue_size=queue,
         )
         start = None
         seen: set[bytes] = set()
@@ -101,7 +101,9 @@ def _metric(admin: str, name: str) -> float:
     return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
 
 
-def thalweg(url: str, topic: str, n: int, fmt: str, roll_age: float) -> tuple[float, float]:
+def thalweg(
+    url: str, topic: str, n: int, fmt: str, roll_age: float, queue: int
+) -> tuple[float, float]:
     """(first consumed -> all consumed, first consumed -> all durable and acknowledged)."""
     port = free_port()
     admin = f"http://127.0.0.1:{port}"
@@ -121,6 +123,7 @@ service_url = "{url}"
 topics = ["{topic}"]
 subscription = "twg-{uuid.uuid4().hex[:6]}"
 format = "{fmt}"
+receiver_queue_size = {queue}
 """)
         cmd = [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream"]
         proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
@@ -154,6 +157,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=300_000)
     ap.add_argument("--format", choices=["json", "none"], default="json")
     ap.add_argument("--roll-age", type=float, default=5.0)
+    ap.add_argument("--queue", type=int, default=1000, help="receiver_queue_size of both")
     args = ap.parse_args()
     n = args.records
     with tempfile.TemporaryDirectory() as d:
@@ -164,14 +168,19 @@ def main() -> None:
             value_bytes = produce(broker.url, topic, n)
             print(f"produced {n:,} messages ({value_bytes / n:.0f} B avg) in "
                   f"{time.perf_counter() - t:.1f}s")  # fmt: skip
-            base = bare(broker.url, topic, n)
-            consume_s, durable_s = thalweg(broker.url, topic, n, args.format, args.roll_age)
+            base = bare(broker.url, topic, n, args.queue)
+            consume_s, durable_s = thalweg(
+                broker.url, topic, n, args.format, args.roll_age, args.queue
+            )
         finally:
             broker.stop()
     mb = value_bytes / 1e6
     py = platform.python_version()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}, pulsar-lite")
-    print(f"settings: {n:,} messages, format={args.format}, roll_age_s={args.roll_age}")
+    print(
+        f"settings: {n:,} messages, format={args.format}, roll_age_s={args.roll_age}, "
+        f"receiver_queue_size={args.queue}"
+    )
     for label, secs in (
         ("(a) bare pulsar-client receive, count", base),
         ("(b) twg stream: consumed into Arrow", consume_s),
