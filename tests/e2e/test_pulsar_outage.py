@@ -1,0 +1,64 @@
+"""The Pulsar broker goes away and comes back: /live stays 200, /ready goes 503 and
+back to 200, and every message — before, during the outage's aftermath, after — lands
+in the raw lane exactly once."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningGateway, pulsar_source_cfg
+from tests.e2e.test_pulsar_crash import lane_values, produce
+from tests.pulsar_lite import PulsarLite
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if cond():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_pulsar_broker_outage(
+    tmp_path: Path, gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    broker = PulsarLite(tmp_path / "broker")  # its own: this test stops it
+    try:
+        topic = "outage"
+        produce(broker.url, topic, 0, 1000)
+        gw = gateway_factory([], sources=[pulsar_source_cfg(broker.url, [topic])])
+        ready, live = gw.admin_url + "/ready", gw.admin_url + "/live"
+        wait_for(lambda: status(ready) == 200, "ready")
+        wait_for(lambda: len(lane_values(gw.data_dir, topic)) == 1000, "first 1000 durable")
+        broker.stop()
+        went_down = wait_for(lambda: status(ready) == 503, "/ready 503")
+        assert status(live) == 200
+        time.sleep(3)  # an outage, not a blip
+        assert status(live) == 200 and status(ready) == 503
+        broker = PulsarLite(tmp_path / "broker", port=broker.port)  # same storage
+        wait_for(lambda: status(ready) == 200, "/ready back", timeout=60)
+        produce(broker.url, topic, 1000, 1000)
+        wait_for(lambda: len(lane_values(gw.data_dir, topic)) >= 2000, "all 2000", timeout=60)
+        gw.stop()
+        values = lane_values(gw.data_dir, topic)
+        assert sorted(values) == list(range(2000))  # none lost, none twice
+        assert went_down < 8, went_down  # within a few probe periods (2 s each)
+    finally:
+        broker.stop()
