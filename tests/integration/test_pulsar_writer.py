@@ -1,7 +1,7 @@
 """The Pulsar produce direction against a real Pulsar-protocol broker (pulsar-lite).
 
-Issue 7 is in progress: this is the writer (records → Pulsar messages) only; the Pulsar
-source, its raw lane and do_put on Pulsar topics are not built yet.
+The writer alone (records → Pulsar messages); the source, its lanes and ``do_put`` through
+the gateway are tested in ``test_pulsar_source.py`` and ``test_two_transports.py``.
 """
 
 from __future__ import annotations
