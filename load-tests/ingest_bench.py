@@ -102,19 +102,15 @@ async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
     return elapsed
 
 
-def _positions(admin: str) -> tuple[int, int]:
-    """(consumed, committed) summed over partitions, from the gateway's /metrics."""
+def metric_sum(admin: str, name: str) -> float:
+    """A metric summed over its label sets, from the gateway's /metrics (0 until it
+    answers)."""
     try:
         with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
-        return 0, 0
-    sums = {"consumed": 0, "committed": 0}
-    for line in text.splitlines():
-        for kind in sums:
-            if line.startswith(f"twg_partition_{kind}_position{{"):
-                sums[kind] += int(float(line.rsplit(" ", 1)[1]))
-    return sums["consumed"], sums["committed"]
+        return 0.0
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
 
 
 @dataclass
@@ -124,8 +120,9 @@ class Run:
     total_s: float  # process start -> last record committed (start-up and group join)
 
 
-def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float) -> Run:
-    group = f"twg-{uuid.uuid4().hex[:6]}"
+def time_stream(source: str, n: int, roll_age: float, consumed: str, done: str) -> Run:
+    """Run ``twg stream`` (a subprocess, as deployed) over one ``[[sources]]`` table until
+    the ``done`` metric reaches ``n``; times read from its own /metrics."""
     port = free_port()
     admin = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as d:
@@ -138,39 +135,21 @@ http_listen = "127.0.0.1:{port}"
 [raw_lane]
 roll_age_s = {roll_age}
 [[sources]]
-name = "bench"
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-group_id = "{group}"
-format = "{fmt}"
-session_timeout_ms = 6000
-heartbeat_interval_ms = 1000
+{source}
 """)
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "thalweg.cli.main",
-                "--log-level",
-                "warning",
-                "stream",
-                "--config",
-                str(cfg),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        cmd = [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream"]
+        proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
         first = all_consumed = None
         try:
             while True:
-                consumed, committed = _positions(admin)
+                got = metric_sum(admin, consumed)
                 now = time.perf_counter()
-                if consumed and first is None:
+                if got and first is None:
                     first = now
-                if consumed >= n and all_consumed is None:
+                if got >= n and all_consumed is None:
                     all_consumed = now
-                if committed >= n:
+                if metric_sum(admin, done) >= n:
                     break
                 if proc.poll() is not None:
                     raise SystemExit(f"twg stream exited with {proc.returncode}")
@@ -181,6 +160,25 @@ heartbeat_interval_ms = 1000
     assert first is not None
     assert all_consumed is not None
     return Run(all_consumed - first, now - first, now - start)
+
+
+def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float) -> Run:
+    source = f"""name = "bench"
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+group_id = "twg-{uuid.uuid4().hex[:6]}"
+format = "{fmt}"
+session_timeout_ms = 6000
+heartbeat_interval_ms = 1000"""
+    # Kafka positions are offsets: their sum over partitions reaches n at the end.
+    return time_stream(
+        source,
+        n,
+        roll_age,
+        "twg_partition_consumed_position",
+        "twg_partition_committed_position",
+    )
 
 
 def main() -> None:

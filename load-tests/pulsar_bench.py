@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -34,11 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.pulsar_lite import PulsarLite
 
-from thalweg.embedded import free_port
-
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 sys.path.insert(0, str(Path(__file__).parent))
-from ingest_bench import make_value  # noqa: E402
+from ingest_bench import make_value, time_stream  # noqa: E402
 
 
 def produce(url: str, topic: str, n: int) -> int:
@@ -92,62 +88,20 @@ def bare(url: str, topic: str, n: int, queue: int) -> float:
         client.close()
 
 
-def _metric(admin: str, name: str) -> float:
-    try:
-        with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
-
-
 def thalweg(
     url: str, topic: str, n: int, fmt: str, roll_age: float, queue: int
 ) -> tuple[float, float]:
     """(first consumed -> all consumed, first consumed -> all durable and acknowledged)."""
-    port = free_port()
-    admin = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as d:
-        cfg = Path(d) / "twg.toml"
-        cfg.write_text(f"""
-[gateway]
-data_dir = "{d}/lane"
-flight_listen = "grpc://127.0.0.1:0"
-http_listen = "127.0.0.1:{port}"
-[raw_lane]
-roll_age_s = {roll_age}
-[[sources]]
-name = "bench"
+    source = f"""name = "bench"
 kind = "pulsar"
 service_url = "{url}"
 topics = ["{topic}"]
 subscription = "twg-{uuid.uuid4().hex[:6]}"
 format = "{fmt}"
-receiver_queue_size = {queue}
-""")
-        cmd = [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream"]
-        proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
-        first = all_consumed = None
-        try:
-            while True:
-                consumed = _metric(admin, "twg_source_records_total")
-                durable = _metric(admin, "twg_raw_rows_written_total")
-                now = time.perf_counter()
-                if consumed and first is None:
-                    first = now
-                if consumed >= n and all_consumed is None:
-                    all_consumed = now
-                if durable >= n:
-                    break
-                if proc.poll() is not None:
-                    raise SystemExit(f"twg stream exited with {proc.returncode}")
-                time.sleep(0.02)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    assert first is not None
-    assert all_consumed is not None
-    return all_consumed - first, now - first
+receiver_queue_size = {queue}"""
+    # Pulsar positions are packed ids, not counts: count records instead.
+    run = time_stream(source, n, roll_age, "twg_source_records_total", "twg_raw_rows_written_total")
+    return run.consume_s, run.commit_s
 
 
 def main() -> None:

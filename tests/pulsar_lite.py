@@ -6,6 +6,7 @@ off, so nothing listens beyond 127.0.0.1. Stopped by process group.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from tests.services import start_service, stop_group
@@ -73,3 +74,34 @@ class ExternalPulsar:
 
     def stop(self) -> None:
         """Not ours to stop."""
+
+
+def drain_subscription(
+    url: str,
+    topic: str,
+    subscription: str,
+    kind: str = "failover",
+    *,
+    wait_ms: int = 2000,
+    limit: int | None = None,
+) -> list[bytes]:
+    """The payloads still unacknowledged on ``subscription`` of ``public/default/topic``:
+    received until ``wait_ms`` passes without one (or ``limit`` arrived), never
+    acknowledged."""
+    import pulsar
+
+    from thalweg.sources.pulsar import CONSUMER_TYPES
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    out: list[bytes] = []
+    try:
+        consumer = client.subscribe(
+            f"persistent://public/default/{topic}", subscription, consumer_type=CONSUMER_TYPES[kind]
+        )
+        with contextlib.suppress(pulsar.Timeout):
+            while limit is None or len(out) < limit:
+                out.append(consumer.receive(timeout_millis=wait_ms).data())
+        consumer.close()
+    finally:
+        client.close()
+    return out

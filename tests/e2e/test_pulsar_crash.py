@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.e2e.test_crash_exactness import start_gateway, wait_started
-from tests.pulsar_lite import ExternalPulsar, PulsarLite
+from tests.pulsar_lite import ExternalPulsar, PulsarLite, drain_subscription
 from thalweg.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -123,22 +123,7 @@ def test_nothing_is_acknowledged_before_it_is_durable(
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     assert lane_values(data, topic) == []  # nothing was durable...
-    client = pulsar.Client(pulsar_broker.url, logger=QUIET)
-    try:
-        consumer = client.subscribe(
-            f"persistent://public/default/{topic}",
-            "crash",
-            consumer_type=pulsar.ConsumerType.Shared,
-        )
-        seen: set[int] = set()
-        try:
-            while len(seen) < 500:
-                seen.add(json.loads(consumer.receive(timeout_millis=5000).data())["n"])
-        except pulsar.Timeout:
-            pass
-        consumer.close()
-    finally:
-        client.close()
+    seen = pending_on_subscription(pulsar_broker.url, topic, wait_ms=5000, limit=500)
     assert seen == set(range(500))  # ...so nothing was acknowledged
 
 
@@ -196,21 +181,9 @@ def test_sigkill_loop_writes_every_message_exactly_once(
     assert left == set()  # after a graceful stop, everything durable is acknowledged
 
 
-def pending_on_subscription(url: str, topic: str) -> set[int]:
-    client = pulsar.Client(url, logger=QUIET)
-    seen: set[int] = set()
-    try:
-        consumer = client.subscribe(
-            f"persistent://public/default/{topic}",
-            "crash",
-            consumer_type=pulsar.ConsumerType.Shared,
-        )
-        try:
-            while True:
-                seen.add(json.loads(consumer.receive(timeout_millis=2000).data())["n"])
-        except pulsar.Timeout:
-            pass
-        consumer.close()
-    finally:
-        client.close()
-    return seen
+def pending_on_subscription(
+    url: str, topic: str, wait_ms: int = 2000, limit: int | None = None
+) -> set[int]:
+    """The message numbers still unacknowledged on the gateway's subscription."""
+    payloads = drain_subscription(url, topic, "crash", "shared", wait_ms=wait_ms, limit=limit)
+    return {json.loads(p)["n"] for p in payloads}

@@ -23,14 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.records.columns import (
-    HEADER_TYPE,
     SOURCE_COLUMNS,
     TIMESTAMP_MS,
     TIMESTAMP_US,
     MetadataColumns,
 )
 from thalweg.records.position import pack_message_ids
-from thalweg.records.raw_batch import constant
+from thalweg.records.raw_batch import assemble_headers, constant
 from thalweg.records.record_id import record_ids
 
 
@@ -59,7 +58,6 @@ class PulsarLikeMessage(Protocol):
 
 
 _ids = methodcaller("message_id")
-_EMPTY_STRUCTS = pa.array([], HEADER_TYPE.value_type)
 
 
 def _utf8_or_null(values: list[str]) -> pa.Array:
@@ -75,20 +73,15 @@ def _ms_or_null(values: list[int]) -> pa.Array:
 
 
 def _properties(props: list[Mapping[str, str]]) -> pa.Array:
-    """``list<struct<key, value>>`` of each message's properties, in the client's order."""
-    n = len(props)
-    lengths = np.fromiter(map(len, props), dtype=np.int32, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] == 0:
-        values = _EMPTY_STRUCTS
-    else:
-        keys = pa.array(list(chain.from_iterable(props)), pa.string()).cast(pa.binary())
-        vals = pa.array(list(chain.from_iterable(p.values() for p in props)), pa.string()).cast(
-            pa.binary()
-        )
-        values = pa.StructArray.from_arrays([keys, vals], fields=list(HEADER_TYPE.value_type))
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=HEADER_TYPE)
+    """``list<struct<key, value>>`` of each message's properties, in the client's order
+    (Arrow's string and binary share their bytes: no per-value encode)."""
+
+    def flat() -> tuple[pa.Array, pa.Array]:
+        keys = pa.array(list(chain.from_iterable(props)), pa.string())
+        vals = pa.array(list(chain.from_iterable(p.values() for p in props)), pa.string())
+        return keys.cast(pa.binary()), vals.cast(pa.binary())
+
+    return assemble_headers(props, flat)
 
 
 def build_pulsar_raw_batch(

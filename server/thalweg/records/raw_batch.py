@@ -8,7 +8,7 @@ record. Measured shape: about 1 M rows/s per column on this class of machine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Sized
 from itertools import chain
 from operator import attrgetter
 from typing import Protocol
@@ -63,19 +63,32 @@ def _header_key(key: str | bytes) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else key
 
 
-def build_headers(headers: list[Sequence[tuple[str | bytes, bytes | None]]]) -> pa.Array:
-    """``list<struct<key, value>>`` keeping order, duplicate keys and null values."""
-    lengths = np.fromiter(map(len, headers), dtype=np.int32, count=len(headers))
-    offsets = np.zeros(len(headers) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+def assemble_headers(
+    rows: Sequence[Sized], flat: Callable[[], tuple[pa.Array, pa.Array]]
+) -> pa.Array:
+    """``list<struct<key, value>>`` from each row's pairs (only their count is read here)
+    and ``flat()``: every key and every value in row order, asked for only when there
+    is at least one pair."""
+    counts = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
     if offsets[-1] == 0:
         values = _EMPTY_HEADER_VALUES
     else:
-        flat = list(chain.from_iterable(headers))
-        keys = pa.array([_header_key(k) for k, _ in flat], pa.binary())
-        vals = pa.array([v for _, v in flat], pa.binary())
+        keys, vals = flat()
         values = pa.StructArray.from_arrays([keys, vals], fields=list(_HEADER_STRUCT))
     return pa.ListArray.from_arrays(pa.array(offsets), values, type=HEADER_TYPE)
+
+
+def build_headers(headers: list[Sequence[tuple[str | bytes, bytes | None]]]) -> pa.Array:
+    """``list<struct<key, value>>`` keeping order, duplicate keys and null values."""
+
+    def flat() -> tuple[pa.Array, pa.Array]:
+        pairs = list(chain.from_iterable(headers))
+        keys = pa.array([_header_key(k) for k, _ in pairs], pa.binary())
+        return keys, pa.array([v for _, v in pairs], pa.binary())
+
+    return assemble_headers(headers, flat)
 
 
 def constant(value: object, type_: pa.DataType, n: int) -> pa.Array:

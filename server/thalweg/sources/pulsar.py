@@ -42,7 +42,7 @@ from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
 
-_TYPES = {
+CONSUMER_TYPES = {
     "exclusive": pulsar.ConsumerType.Exclusive,
     "failover": pulsar.ConsumerType.Failover,
     "shared": pulsar.ConsumerType.Shared,
@@ -108,7 +108,7 @@ class PulsarSource:
             consumer = client.subscribe(
                 topics,
                 c.subscription,
-                consumer_type=_TYPES[c.subscription_type],
+                consumer_type=CONSUMER_TYPES[c.subscription_type],
                 receiver_queue_size=c.receiver_queue_size,
                 consumer_name=f"thalweg-{c.name}",
                 initial_position=(
