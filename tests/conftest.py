@@ -222,6 +222,27 @@ class RunningGateway:
         writer.write = held_write  # type: ignore[method-assign]
         return release
 
+    def committed(self, topic: str, partition: int, want: int, timeout: float = 15) -> int:
+        """The Kafka source group's committed offset for one partition, as the broker
+        reports it, once it reaches ``want`` (commits follow durable writes
+        asynchronously) or the timeout passes; -1 when nothing is committed."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        cfg = self.gateway.cfg.sources[0]
+        c = Consumer(
+            {"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group_id, "log_level": 2}
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                (tp,) = c.committed([TopicPartition(topic, partition)], timeout=10)
+                got = max(tp.offset, -1)
+                if got >= want or time.monotonic() > deadline:
+                    return int(got)
+                time.sleep(0.1)
+        finally:
+            c.close()
+
     def wait_durable(self, topic: str, counts: dict[int, int], timeout: float = 30) -> None:
         """Wait until each partition's durable end reaches ``counts[p]``."""
         deadline = time.monotonic() + timeout

@@ -46,6 +46,27 @@ def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
     assert "ok:" in out and "orders" in out
 
 
+def test_validate_checks_the_contract_and_lists_what_it_does_not_enforce(tmp_path: Path) -> None:
+    contract = tmp_path / "orders.odcs.yaml"
+    contract.write_text(
+        "apiVersion: v3.0.2\nkind: DataContract\nschema:\n"
+        "  - name: orders\n    properties:\n      - {name: id, required: true}\n"
+        "    quality:\n      - {type: sql, query: 'SELECT COUNT(*) FROM orders'}\n"
+    )
+    f = tmp_path / "c.toml"
+    f.write_text(GOOD + f'contract = "{contract}"\n')
+    code, out, _ = run("config", "validate", str(f))
+    assert code == 0, out
+    assert "note: not enforced per record:" in out and "(sql)" in out
+    contract.write_text(
+        "apiVersion: v3.0.2\nkind: DataContract\nschema:\n  - name: orders\n"
+        "    properties:\n      - {name: id, logicalType: money}\n"
+    )
+    code, _, err = run("config", "validate", str(f))
+    assert code == 2
+    assert "sources.main.contract" in err and "logicalType 'money'" in err
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [

@@ -144,13 +144,34 @@ def _load_or_fail(ctx: click.Context, path: Path) -> ThalwegConfig:
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @click.pass_context
 def config_validate(ctx: click.Context, path: Path) -> None:
-    """Validate PATH; print one line naming the first bad key, exit 2 if invalid."""
+    """Validate PATH (and the data contracts it names); print one line naming the first
+    bad key, exit 2 if invalid. Contract rules that are not enforced are listed."""
+    from thalweg.contracts import compile_object, load_contract
+
     cfg = _load_or_fail(ctx, path)
     topics = [t for s in cfg.sources for t in s.topics]
+    unenforced: list[str] = []
+    for source in cfg.sources:
+        if source.contract is None:
+            continue
+        try:
+            contract = load_contract(source.contract)
+        except ConfigError as exc:
+            fail(ctx, f"sources.{source.name}.{exc}", EXIT_CONFIG)
+        for obj in contract.schema_:
+            unenforced += [f"{source.contract}: {u}" for u in compile_object(obj).unenforced]
+    lines = [f"ok: {path}: {len(cfg.sources)} source(s), topics {', '.join(topics)}"]
+    lines += [f"note: not enforced per record: {u}" for u in unenforced]
     emit(
         ctx,
-        f"ok: {path}: {len(cfg.sources)} source(s), topics {', '.join(topics)}",
-        {"ok": True, "path": str(path), "sources": len(cfg.sources), "topics": topics},
+        "\n".join(lines),
+        {
+            "ok": True,
+            "path": str(path),
+            "sources": len(cfg.sources),
+            "topics": topics,
+            "contract_rules_not_enforced": unenforced,
+        },
     )
 
 

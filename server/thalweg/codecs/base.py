@@ -17,7 +17,13 @@ from thalweg.records.columns import MetadataColumns
 
 
 class DecodeReason(StrEnum):
-    """Why one payload did not decode. Also the ``reason`` label of the failure metric."""
+    """Why one record did not make it into the decoded lane: its dead-letter reason,
+    and the ``reason`` label of the failure metric.
+
+    Most are decode failures (stage ``decode``); ``contract`` and ``quality`` are a data
+    contract's verdict on a record that decoded (stage ``contract``); ``oversize`` and
+    ``retry_exhausted`` are records the decoder was never given.
+    """
 
     EMPTY = "empty"  # zero-length or whitespace-only payload
     SYNTAX = "syntax"  # not parseable in the format
@@ -29,6 +35,14 @@ class DecodeReason(StrEnum):
     SCHEMA_CONFLICT = "schema_conflict"  # the writer schema contradicts the lane schema
     UNSUPPORTED = "unsupported"  # the schema uses a type the type map does not cover yet
     OVERSIZE = "oversize"  # larger than the source's max_record_bytes: not decoded
+    RETRY_EXHAUSTED = "retry_exhausted"  # its schema stayed unreachable past the retry bound
+    CONTRACT = "contract"  # decoded, but breaks the data contract's schema (ODCS)
+    QUALITY = "quality"  # decoded, but breaks one of the contract's quality rules
+
+    @property
+    def stage(self) -> str:
+        """The pipeline stage that refused the record (the dead-letter ``stage``)."""
+        return "contract" if self in (DecodeReason.CONTRACT, DecodeReason.QUALITY) else "decode"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,46 @@
-"""A size limit in front of any decoder: oversize payloads become ``oversize`` failures.
+"""Guards in front of any decoder: rows the decoder must not see become failures.
 
 A payload larger than ``max_bytes`` is not handed to the decoder at all (a runaway
-record can cost a parser far more memory than its size); its row stays aligned, decoded
-as nothing, with an ``oversize`` error — so it reaches the dead-letter lane like any
-failure, and the raw lane keeps it whole. Sizes are read from the binary array's offsets,
-so the check is vectorised and free when nothing is oversize.
+record can cost a parser far more memory than its size): an ``oversize`` failure. A
+payload whose writer schema stayed unreachable past the retry bound is not either: a
+``retry_exhausted`` failure (decoding it would only report an unknown schema, and the
+decoder might remember that). Either way the row stays aligned, decoded as nothing, so
+it reaches the dead-letter lane like any failure, and the raw lane keeps it whole. The
+checks are vectorised and free when nothing is withheld.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeReason, DecodeResult
+from thalweg.codecs.framing import peel
+
+
+def decode_withholding(
+    inner: ArrowDecoder,
+    values: pa.Array,
+    withheld: npt.NDArray[np.bool_],
+    failures: list[DecodeFailure],
+) -> DecodeResult:
+    """Decode ``values`` except the ``withheld`` rows, which fail with ``failures``."""
+    # Hand the decoder a tombstone in their place: rows stay aligned, nothing parses.
+    masked = pc.if_else(pa.array(withheld), pa.scalar(None, values.type), values)
+    result = inner.decode(masked)
+    errors = result.errors.to_pylist()
+    for f in failures:
+        errors[f.row] = f"{f.reason.value}: {f.message}"
+    return dataclasses.replace(
+        result,
+        errors=pa.array(errors, pa.string()),
+        failures=tuple(sorted((*result.failures, *failures), key=lambda f: f.row)),
+    )
 
 
 class SizeGuard:
@@ -34,10 +59,8 @@ class SizeGuard:
         over = pc.greater(lengths, self.max_bytes)
         if not pc.any(over).as_py():
             return self._inner.decode(values)
-        # Hand the decoder a tombstone in their place: rows stay aligned, nothing parses.
-        masked = pc.if_else(over, pa.scalar(None, values.type), values)
-        result = self._inner.decode(masked)
-        rows = np.flatnonzero(np.asarray(over))
+        mask = np.asarray(over)
+        rows = np.flatnonzero(mask)
         sizes = np.asarray(lengths)[rows]
         failures = [
             DecodeFailure(
@@ -47,11 +70,40 @@ class SizeGuard:
             )
             for r, n in zip(rows, sizes, strict=True)
         ]
-        errors = result.errors.to_pylist()
-        for f in failures:
-            errors[f.row] = f"{f.reason.value}: {f.message}"
-        return dataclasses.replace(
-            result,
-            errors=pa.array(errors, pa.string()),
-            failures=tuple(sorted((*result.failures, *failures), key=lambda f: f.row)),
-        )
+        return decode_withholding(self._inner, values, mask, failures)
+
+
+class SchemaGate:
+    """An :class:`ArrowDecoder` that withholds payloads framed with certain schema ids.
+
+    ``withheld()`` is read at every batch (the engine swaps the set from its event loop;
+    replacing a frozenset is atomic for the decoding thread), so a registry that comes
+    back lets the next batch through.
+    """
+
+    def __init__(
+        self, inner: ArrowDecoder, withheld: Callable[[], frozenset[int]], why: str
+    ) -> None:
+        self._inner = inner
+        self._withheld = withheld
+        self._why = why
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._inner.schema
+
+    def decode(self, values: pa.Array) -> DecodeResult:
+        ids = self._withheld()
+        if not ids:
+            return self._inner.decode(values)
+        framed = peel(values).ids
+        mask = np.isin(framed, np.fromiter(ids, np.int64, len(ids)))
+        if not mask.any():
+            return self._inner.decode(values)
+        failures = [
+            DecodeFailure(
+                int(r), DecodeReason.RETRY_EXHAUSTED, f"schema id {int(framed[r])}: {self._why}"
+            )
+            for r in np.flatnonzero(mask)
+        ]
+        return decode_withholding(self._inner, values, mask, failures)

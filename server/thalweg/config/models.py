@@ -320,6 +320,20 @@ class _SourceBase(_Model):
         description="Payloads larger than this are not decoded: they go to the dead-letter "
         "lane with reason 'oversize' (the raw lane keeps them whole). Unset: no limit.",
     )
+    contract: Path | None = Field(
+        None,
+        description="An ODCS v3 data contract (YAML): decoded records that break its schema "
+        "or per-record quality rules go to the dead-letter lane with reason 'contract' or "
+        "'quality'. The object whose physicalName (or name) is the topic applies; a "
+        "contract with one object applies to every topic.",
+    )
+    registry_max_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="How long records wait for an unreachable schema registry before they "
+        "go to the dead-letter lane with reason 'retry_exhausted'. Unset: they wait (and "
+        "fetching with them) until it answers.",
+    )
     record_size_est_bytes: int = Field(
         1024,
         gt=0,
@@ -345,6 +359,8 @@ class _SourceBase(_Model):
                 raise ValueError(f"topics: {topic!r} is not a usable topic name")
         if self.json_schema is not None and self.format != "json":
             raise ValueError("json_schema applies to format = 'json' only")
+        if self.contract is not None and self.format == "none":
+            raise ValueError("contract needs a decoded lane: set format (json, avro, protobuf)")
         if self.format == "avro" and self.registry is None:
             raise ValueError(
                 "format = 'avro' needs a [sources.registry] table (url or schemas_dir)"

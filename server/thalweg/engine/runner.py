@@ -24,11 +24,12 @@ import pyarrow.parquet as pq
 from thalweg.codecs.avro import AvroArrowDecoder
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.codecs.framing import peel
-from thalweg.codecs.guard import SizeGuard
+from thalweg.codecs.guard import SchemaGate, SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig, RawLaneConfig
+from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.retry import Backoff
@@ -102,6 +103,13 @@ class SourceRunner:
         elif cfg.registry is not None:
             self._registry = open_registry(cfg.registry)
         self._unknown_ids: set[int] = set()
+        # Schema ids whose records skip decoding (retry_exhausted) while the registry has
+        # been unreachable for longer than registry_max_wait_s; emptied when it answers.
+        self._withheld_ids: frozenset[int] = frozenset()
+        self._registry_down_since: float | None = None
+        self._contract: DataContract | None = None
+        if cfg.contract is not None:
+            self._contract = load_contract(cfg.contract)
         for topic in cfg.topics:
             self._decoder_for(topic)
 
@@ -119,8 +127,34 @@ class SourceRunner:
             decoder = self._decoder(pinned)
             if self.cfg.max_record_bytes is not None:
                 decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
+            if self._registry is not None and self.cfg.registry_max_wait_s is not None:
+                why = (
+                    f"the schema registry was unreachable for over "
+                    f"{self.cfg.registry_max_wait_s:g}s (registry_max_wait_s)"
+                )
+                decoder = SchemaGate(decoder, lambda: self._withheld_ids, why)
+            if self._contract is not None:
+                decoder = self._guarded(topic, decoder, self._contract)
             self._decoders[topic] = decoder
         return decoder
+
+    def _guarded(self, topic: str, decoder: ArrowDecoder, contract: DataContract) -> ArrowDecoder:
+        """``decoder`` behind the contract object that describes ``topic``."""
+        obj = contract.object_for(topic)
+        if obj is None:
+            log.warning(
+                "source %s: contract %s has no object for topic %s; its records are not checked",
+                self.cfg.name,
+                self.cfg.contract,
+                topic,
+            )
+            return decoder
+        compiled = compile_object(obj)
+        for item in compiled.unenforced:
+            log.warning(
+                "source %s, topic %s: contract: not enforced: %s", self.cfg.name, topic, item
+            )
+        return ContractGuard(decoder, compiled)
 
     def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
         if self.cfg.format == "avro":
@@ -142,29 +176,46 @@ class SourceRunner:
     async def _resolve_schemas(self, raw: pa.RecordBatch, stop: asyncio.Event) -> None:
         """Fetch writer schemas this batch needs before decoding it.
 
-        A registry that cannot answer is retried with backoff for as long as it takes:
-        its records wait (fetching stops with them), none is failed for it. An id the
-        registry does not know (404) is left to the decoder: a per-record failure.
+        A registry that cannot answer is retried with backoff: its records wait
+        (fetching stops with them). By default for as long as it takes; with
+        ``registry_max_wait_s``, once the registry has been unreachable that long, the
+        ids still missing are withheld from the decoder — their records go to the
+        dead-letter lane as ``retry_exhausted`` and the stream moves on — and each later
+        batch tries the registry once before withholding again. An id the registry does
+        not know (404) is left to the decoder: a per-record failure.
         """
         registry = self._registry
         if registry is None:
             return
         ids = np.unique(peel(raw.column(self.ctx.columns.value)).ids)
         backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
+        bound = self.cfg.registry_max_wait_s
+        withheld: set[int] = set()
         for schema_id in (int(i) for i in ids if i >= 0):
             if schema_id in self._unknown_ids or registry.get(schema_id) is not None:
                 continue
             while True:
                 try:
                     found = await asyncio.to_thread(registry.fetch, schema_id)
+                    self._registry_down_since = None
                     break
                 except RegistryUnavailableError as exc:
                     self.ctx.metrics.registry_errors.labels(self.cfg.name).inc()
                     self.ctx.health.set(self.component, State.DEGRADED, str(exc))
+                    now = time.monotonic()
+                    if self._registry_down_since is None:
+                        self._registry_down_since = now
+                    if bound is not None and now - self._registry_down_since >= bound:
+                        withheld.add(schema_id)
+                        self.ctx.metrics.retries_exhausted.labels("registry").inc()
+                        found = False
+                        break
                     await self._retry(backoff, stop, exc, "registry")
             if found is None:
                 self._unknown_ids.add(schema_id)
-            self.ctx.health.set(self.component, State.UP, "connected")
+            if not withheld:
+                self.ctx.health.set(self.component, State.UP, "connected")
+        self._withheld_ids = frozenset(withheld)
 
     # -- read side hooks -----------------------------------------------------------
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from thalweg.codecs.base import DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import LaneError
 from thalweg.lane.layout import (
@@ -54,6 +55,14 @@ class WrittenSegment:
     decoded_ok: bool
     dlq_rows: int = 0
     dead: pa.Table | None = None  # the dead-letter rows, for a Kafka DLQ topic
+
+
+def _stage(reason: str) -> str:
+    """The stage a dead-letter reason belongs to (``decode`` for any older text)."""
+    try:
+        return DecodeReason(reason).stage
+    except ValueError:
+        return "decode"
 
 
 class SegmentWriter:
@@ -158,7 +167,7 @@ class SegmentWriter:
         extra = {
             c.stamped("dlq_reason"): pa.array(reasons, pa.string()),
             c.stamped("dlq_error"): pa.array(messages, pa.string()),
-            c.stamped("dlq_stage"): pa.array(["decode"] * n, pa.string()),
+            c.stamped("dlq_stage"): pa.array([_stage(r) for r in reasons], pa.string()),
             c.stamped("dlq_ts"): pa.array([now] * n, pa.int64()).cast(
                 c.dlq_schema.field(c.stamped("dlq_ts")).type
             ),

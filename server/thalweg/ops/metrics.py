@@ -115,6 +115,13 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.retries_exhausted = Counter(
+            "twg_retries_exhausted",
+            "Retries given up past their bound, by stage (registry: the records needing "
+            "that schema went to the dead-letter lane as retry_exhausted).",
+            ["stage"],
+            registry=r,
+        )
         self.throttled = Counter(
             "twg_source_throttled_seconds",
             "Seconds a source waited for its rate limits.",

@@ -71,9 +71,9 @@ DECODE_ERROR = ("decode_error", pa.string())
 
 # Dead-letter columns, added to the raw columns of a failed record. Joined to "<prefix>".
 DLQ_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
-    ("dlq_reason", pa.string()),  # a DecodeReason value (later: contract, quality, ...)
+    ("dlq_reason", pa.string()),  # a DecodeReason value: syntax, oversize, contract, ...
     ("dlq_error", pa.string()),  # the error text
-    ("dlq_stage", pa.string()),  # where it failed: "decode"
+    ("dlq_stage", pa.string()),  # where it failed: "decode" or "contract"
     ("dlq_ts", TIMESTAMP_US),  # when it was dead-lettered
 )
 
