@@ -7,14 +7,17 @@ do_get
         ``RecordBatchStream`` in 64k-row batches (the ceiling: no Parquet, no planning);
     (a') from a bare server that reads the same decoded Parquet files and sends them (the
         floor of serving from disk: what Thalweg adds is planning, shaping, seams);
-    (b) from Thalweg's Flight server: one stream with every partition (``do_get``), and
+    (b) from Thalweg's Flight server: one stream with every partition (``do_get``), the
+        segments in its memory cache (``gateway.flight.segment_cache_bytes``, sized by
+        ``--cache-gib`` to hold them: a hot topic, filled by a first read);
+    (b') the same with the cache off: every segment decoded from Parquet (a cold read);
     (c) the way ``thalweg_client.read`` does it: all endpoints fetched in parallel.
 do_put
   ``--put-rows`` JSON payloads produced into a fresh tansu topic
     (d) by a bare aiokafka producer (``send`` per record, every future awaited), and
     (e) through Thalweg's ``do_put`` (``thalweg_client.write``), acks=all, offsets back.
 
-Prints GB/s, rows/s and the ratios (b)/(a), (c)/(a) and (e)/(d). Not a test: machines
+Prints GB/s, rows/s and the ratios (b)/(a), (b')/(a), (c)/(a) and (e)/(d). Not a test: machines
 here are noisy (2 shared cores), so only ratios within one run mean much.
 
     python load-tests/flight_bench.py --gib 1 --put-rows 1000000
@@ -46,6 +49,7 @@ import thalweg_client
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.embedded import TansuBroker
 from thalweg.flight.server import GatewayFlightServer
+from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
@@ -91,6 +95,7 @@ def lane_tables(
         cols.source("topic"): pa.array([TOPIC] * n),
         cols.source("partition"): pa.array(np.full(n, partition, dtype=np.int32)),
         cols.offset: offsets,
+        cols.position: offsets,
         cols.value: pa.array([b"{}"] * n, pa.binary()),
     }
     raw = pa.table(
@@ -176,7 +181,9 @@ def parallel_read(url: str) -> tuple[float, int, int]:
     return time.perf_counter() - t, sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict[str, float]:
+def bench_get(
+    gib: float, repeats: int, decoded_compression: str | None, cache_gib: float
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="twg-flight-bench-") as d:
         root = Path(d)
         t = time.perf_counter()
@@ -184,12 +191,18 @@ def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict
         print(f"wrote {rows:,} rows of lane segments in {time.perf_counter() - t:.1f}s")
         cols = MetadataColumns()
         layout = LaneLayout(root)
-        catalog = LaneCatalog(layout, cols, LiveTail())
+        cache = SegmentCache(int(cache_gib * 2**30))
+        catalog = LaneCatalog(layout, cols, LiveTail(), cache=cache)
         server = GatewayFlightServer("grpc://127.0.0.1:0", catalog, Metrics())
         threading.Thread(target=server.serve, daemon=True).start()
+        cold = GatewayFlightServer(
+            "grpc://127.0.0.1:0", LaneCatalog(layout, cols, LiveTail()), Metrics()
+        )
+        threading.Thread(target=cold.serve, daemon=True).start()
         ticket = json.dumps({"topic": TOPIC}).encode()
-        table = fl.FlightClient(server.url).do_get(fl.Ticket(ticket)).read_all()
+        table = fl.FlightClient(server.url).do_get(fl.Ticket(ticket)).read_all()  # fills it
         assert table.num_rows == rows, (table.num_rows, rows)
+        print(f"segment cache: {cache.nbytes / 2**30:.2f} GiB held after the first read")
         # The bare server's best case: in memory, in 64k-row batches (Flight's sweet spot).
         table = pa.Table.from_batches(table.combine_chunks().to_batches(max_chunksize=65536))
         bare = BareServer(table)
@@ -205,6 +218,7 @@ def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict
                 ("bare", lambda: timed_read(bare_url, b"x")),
                 ("bare_parquet", lambda: timed_read(bare_pq_url, b"x")),
                 ("thalweg", lambda: timed_read(server.url, ticket)),
+                ("thalweg_cold", lambda: timed_read(cold.url, ticket)),
                 ("thalweg_parallel", lambda: parallel_read(server.url)),
             ):
                 took, n, nbytes = run()
@@ -212,6 +226,7 @@ def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict
                 if name not in best or took < best[name][0]:
                     best[name] = (took, n, nbytes)
         server.shutdown()
+        cold.shutdown()
         bare.shutdown()
         bare_pq.shutdown()
     out = {}
@@ -223,8 +238,9 @@ def bench_get(gib: float, repeats: int, decoded_compression: str | None) -> dict
             f"{n / took:12,.0f} rows/s"
         )
     print(f"do_get ratio thalweg/bare          {out['thalweg_gbps'] / out['bare_gbps']:.2f}x")
-    ratio_pq = out["thalweg_gbps"] / out["bare_parquet_gbps"]
-    print(f"do_get ratio thalweg/bare_parquet  {ratio_pq:.2f}x")
+    print(f"do_get ratio thalweg_cold/bare     {out['thalweg_cold_gbps'] / out['bare_gbps']:.2f}x")
+    ratio_pq = out["thalweg_cold_gbps"] / out["bare_parquet_gbps"]
+    print(f"do_get ratio thalweg_cold/bare_pq  {ratio_pq:.2f}x")
     print(
         f"do_get ratio thalweg_parallel/bare {out['thalweg_parallel_gbps'] / out['bare_gbps']:.2f}x"
     )
@@ -304,6 +320,9 @@ def main() -> None:
         choices=["zstd", "lz4", "snappy", "none"],
         help="raw_lane.decoded_compression for the do_get lanes (default: as the raw lane)",
     )
+    ap.add_argument(
+        "--cache-gib", type=float, default=4.0, help="segment cache bound for (b) (0: off)"
+    )
     ap.add_argument("--skip-get", action="store_true")
     ap.add_argument("--skip-put", action="store_true")
     args = ap.parse_args()
@@ -312,7 +331,7 @@ def main() -> None:
         f"pyarrow {pa.__version__}, {os.cpu_count()} cpus"
     )
     if not args.skip_get:
-        bench_get(args.gib, args.repeats, args.decoded_compression)
+        bench_get(args.gib, args.repeats, args.decoded_compression, args.cache_gib)
     if not args.skip_put:
         bench_put(args.put_rows)
 

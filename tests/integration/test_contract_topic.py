@@ -5,6 +5,7 @@ offset is committed only once its record is durably somewhere."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,6 +123,10 @@ def test_records_breaking_the_contract_are_dead_lettered_and_committed(
     metrics = gw.gateway.metrics.exposition().decode()
     assert f'twg_decode_failures_total{{reason="quality",topic="{topic}"}} 10.0' in metrics
     assert f'twg_decode_failures_total{{reason="contract",topic="{topic}"}} 20.0' in metrics
+    # The reads were served from segments kept in memory as they were written.
+    hits = re.search(r'twg_segment_cache_requests_total\{result="hit"\} (\d+)', metrics)
+    assert hits is not None and int(hits.group(1)) >= 2
+    assert re.search(r"twg_segment_cache_bytes [1-9]", metrics)
 
 
 def test_an_unreachable_registry_past_its_bound_dead_letters_retry_exhausted(

@@ -10,6 +10,7 @@ MODULES = [
     "thalweg",
     "thalweg.records",
     "thalweg.codecs",
+    "thalweg.contracts",
     "thalweg.config",
     "thalweg.lane",
     "thalweg.flight",

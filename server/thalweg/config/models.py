@@ -145,6 +145,12 @@ class FlightServingConfig(_Model):
         description="A follow stream that, once caught up, falls this many records behind "
         "the partition's durable end ends with an error (None: never).",
     )
+    segment_cache_bytes: int = Field(
+        256 * MiB,
+        ge=0,
+        description="Recent lane segments kept in memory as Arrow (written or read), so hot "
+        "do_get reads skip Parquet decoding; least recently used out first. 0: off.",
+    )
     max_streams_per_caller: int = Field(
         32, ge=1, description="Concurrent do_get/do_put calls one caller may hold."
     )

@@ -12,6 +12,7 @@ from thalweg.config.models import ThalwegConfig
 from thalweg.engine.runner import RAW_LANE, LaneContext, SourceRunner
 from thalweg.errors import ShutdownTimeoutError
 from thalweg.flight.server import GatewayFlightServer
+from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
@@ -49,6 +50,9 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
+        self.segment_cache = SegmentCache(g.flight.segment_cache_bytes)
+        cache = self.segment_cache
+        self.metrics.watch_segment_cache(lambda: (cache.nbytes, cache.hits, cache.misses))
         t = g.tracing
         self.tracing = Tracing(t.otlp_endpoint, t.service_name, t.sample_ratio)
         self.stats = PipelineStats(
@@ -59,7 +63,7 @@ class Gateway:
         self.health.register("flight", "flight", gates_readiness=False)
         ctx = LaneContext(
             layout=self.layout,
-            writer=SegmentWriter(self.layout, self.columns, cfg.raw_lane),
+            writer=SegmentWriter(self.layout, self.columns, cfg.raw_lane, self.segment_cache),
             columns=self.columns,
             live=self.live,
             metrics=self.metrics,
@@ -73,6 +77,7 @@ class Gateway:
             self.layout,
             self.columns,
             self.live,
+            cache=self.segment_cache,
             payload_schemas=self._payload_schema,
             decoded_topics=self._decoded_topics,
             configured_topics=self._configured_topics,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from thalweg.lane.cache import SegmentCache
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.live import LiveTail
@@ -37,11 +38,12 @@ class LaneCatalog:
         payload_schemas: Callable[[str], pa.Schema | None] | None = None,
         decoded_topics: Callable[[], set[str]] | None = None,
         configured_topics: Callable[[], list[str]] | None = None,
+        cache: SegmentCache | None = None,
     ) -> None:
         self.layout = layout
         self.columns = columns
         self.live = live
-        self.reader = LaneReader(layout, columns)
+        self.reader = LaneReader(layout, columns, cache)
         self._payload_schemas = payload_schemas or (lambda _t: None)
         self._decoded_topics = decoded_topics or set
         self._configured = configured_topics or list

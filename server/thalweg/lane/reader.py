@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.records.columns import MetadataColumns
 
@@ -30,9 +31,12 @@ def offset_slice(
 class LaneReader:
     """Reads one partition's segments between two positions."""
 
-    def __init__(self, layout: LaneLayout, columns: MetadataColumns) -> None:
+    def __init__(
+        self, layout: LaneLayout, columns: MetadataColumns, cache: SegmentCache | None = None
+    ) -> None:
         self._layout = layout
         self._columns = columns
+        self._cache = cache
 
     def segments_between(self, topic: str, partition: int, start: int, end: int) -> list[Segment]:
         return [
@@ -83,11 +87,26 @@ class LaneReader:
     def _read(
         self, path: Path, wanted: set[str] | None, predicate: pc.Expression | None
     ) -> pa.Table:
+        """One segment file's rows: from the cache when it holds the file (projection and
+        filter applied in memory), else from Parquet with both pushed into the scan."""
+        cached = self._cache.get(path) if self._cache is not None else None
+        if cached is not None:
+            if predicate is not None:  # first: it may name columns the projection drops
+                cached = cached.filter(predicate)
+            if wanted is not None:
+                cached = cached.select(
+                    [c for c in cached.column_names if c in wanted or c == self._columns.position]
+                )
+            return cached
         columns = None
         if wanted is not None:
             present = pq.read_schema(path).names
             columns = [c for c in present if c in wanted or c == self._columns.position]
-        return pq.read_table(path, columns=columns, filters=predicate).replace_schema_metadata(None)
+        table = pq.read_table(path, columns=columns, filters=predicate)
+        table = table.replace_schema_metadata(None)
+        if self._cache is not None and columns is None and predicate is None:
+            self._cache.put(path, table)
+        return table
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int, end: int) -> int | None:
         """The first offset below ``end`` whose record timestamp is ``>= ts_ms``.

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from thalweg.codecs.base import DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import LaneError
+from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import (
     META_COVERS_FROM,
     META_COVERS_TO,
@@ -68,10 +69,17 @@ def _stage(reason: str) -> str:
 class SegmentWriter:
     """Writes paired raw/decoded segments for one lane root."""
 
-    def __init__(self, layout: LaneLayout, columns: MetadataColumns, cfg: RawLaneConfig) -> None:
+    def __init__(
+        self,
+        layout: LaneLayout,
+        columns: MetadataColumns,
+        cfg: RawLaneConfig,
+        cache: SegmentCache | None = None,
+    ) -> None:
         self._layout = layout
         self._columns = columns
         self._cfg = cfg
+        self._cache = cache
         c = columns
         self._dictionary = [c.source("cluster"), c.topic, c.source("timestamp_type")]
         self._stats = [c.position, c.timestamp, c.partition]
@@ -128,6 +136,7 @@ class SegmentWriter:
                     stats=False,
                     codec=self._cfg.decoded_compression,
                 )
+                self._keep(path, decoded)
             except (OSError, pa.ArrowException) as exc:
                 # The raw lane is primary: a decoded-lane failure never blocks it. The
                 # missing decoded segment is rebuilt from raw at the next start.
@@ -138,6 +147,7 @@ class SegmentWriter:
             size = self._durable(raw, path, {**meta, META_LANE: b"raw"}, stats=True)
         except (OSError, pa.ArrowException) as exc:
             raise LaneError(f"raw segment {path} not written: {exc}") from exc
+        self._keep(path, raw)
         return WrittenSegment(
             Segment(first, last, path),
             raw.num_rows,
@@ -175,6 +185,19 @@ class SegmentWriter:
         for name, arr in extra.items():
             dead = dead.append_column(name, arr)
         return dead.select(c.dlq_schema.names).cast(c.dlq_schema)
+
+    def _keep(self, path: Path, table: pa.Table) -> None:
+        """Hand a durable segment's table to the read cache as a reader of the file would
+        get it: Parquet changes some types on the way (seconds become milliseconds, list
+        items are renamed), so the table is cast to the file's own Arrow schema — read
+        from the footer just written, a zero-copy cast where nothing differs."""
+        if self._cache is None or not self._cache.enabled:
+            return
+        try:
+            schema = pq.read_schema(path).remove_metadata()
+            self._cache.put(path, table.replace_schema_metadata(None).cast(schema))
+        except (OSError, pa.ArrowException) as exc:  # only a cache: the read path decodes
+            log.debug("segment %s not cached: %s", path, exc)
 
     def _durable(
         self,

@@ -7,7 +7,11 @@ in one process, as the tests do, without name clashes. Names are transport-neutr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -156,5 +160,30 @@ class Metrics:
             "twg_flight_active_streams", "Open do_get streams.", registry=r
         )
 
+    def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""
+        self.registry.register(_CacheCollector(read))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CacheCollector(Collector):
+    """Reads the segment cache's own counters at scrape time (no lock on the read path)."""
+
+    def __init__(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        held, hits, misses = self._read()
+        yield GaugeMetricFamily(
+            "twg_segment_cache_bytes", "Bytes of lane segments held in memory for reads.", held
+        )
+        requests = CounterMetricFamily(
+            "twg_segment_cache_requests",
+            "Segment reads by whether the memory cache held the segment.",
+            labels=["result"],
+        )
+        requests.add_metric(["hit"], hits)
+        requests.add_metric(["miss"], misses)
+        yield requests
