@@ -13,17 +13,17 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from thalweg.config.models import PulsarSourceConfig
-from thalweg.records.model import RawRecord
 from thalweg.records.position import pack_message_id
 from thalweg.sinks.kafka import KafkaWriter
 from thalweg.sinks.pulsar import PulsarWriter
+from thalweg.sinks.rows import ProduceRows
 
 Ack = dict[str, Any]
 
 
 class TopicProducer(Protocol):
     async def start(self) -> None: ...
-    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack: ...
+    async def send(self, topic: str, rows: ProduceRows) -> Ack: ...
     async def stop(self) -> None: ...
 
 
@@ -45,8 +45,8 @@ class KafkaTopicProducer:
     async def stop(self) -> None:
         await self._writer.stop()
 
-    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack:
-        placed = await self._writer.send_records(topic, records)
+    async def send(self, topic: str, rows: ProduceRows) -> Ack:
+        placed = await self._writer.send_rows(topic, rows)
         return {
             "rows": len(placed),
             "partitions": _ranges([(w.partition, w.offset) for w in placed]),
@@ -58,6 +58,7 @@ class PulsarTopicProducer:
 
     def __init__(self, source: PulsarSourceConfig, send_timeout_ms: int) -> None:
         self._prefix = source.namespace_prefix
+        self._cluster = source.cluster_name
         self._writer = PulsarWriter(
             source.service_url,
             send_timeout_millis=send_timeout_ms,
@@ -71,7 +72,8 @@ class PulsarTopicProducer:
     async def stop(self) -> None:
         await self._writer.stop()
 
-    async def send(self, topic: str, records: Sequence[RawRecord]) -> Ack:
+    async def send(self, topic: str, rows: ProduceRows) -> Ack:
+        records = rows.records(self._cluster, topic)
         placed = await self._writer.send_records(self._prefix + topic, records)
         return {
             "rows": len(placed),

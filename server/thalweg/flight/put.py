@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from thalweg.config.models import SourceConfig
 from thalweg.errors import TicketError
-from thalweg.records.model import Locator, RawRecord, Timestamp
+from thalweg.sinks.rows import ProduceRows
 
 ENVELOPE = ("key", "headers", "partition", "timestamp")
 
@@ -37,32 +38,31 @@ class PutPlan:
     payload_columns: tuple[str, ...]  # empty: a ``value`` column carries the payload
     encode: Callable[[pa.Table], list[bytes]] | None
 
-    def records(self, batch: pa.RecordBatch) -> list[RawRecord]:
-        """The records of one (already validated) batch, in row order."""
+    def rows(self, batch: pa.RecordBatch) -> ProduceRows:
+        """The records of one (already validated) batch, in row order, as columns.
+
+        Converted column by column (``to_pylist`` on binary arrays), never record by
+        record: only headers, when present, need a Python step per row.
+        """
         table = pa.Table.from_batches([batch])
-        if self.encode is not None:
-            values: list[Any] = self.encode(table.select(list(self.payload_columns)))
-        else:
-            values = [_bytes(v) for v in table.column("value").to_pylist()]
         n = table.num_rows
-        keys = _column(table, "key", n, _bytes)
-        headers = _column(table, "headers", n, _headers)
-        partitions = _column(table, "partition", n, lambda p: -1 if p is None else int(p))
-        stamps = _timestamps(table, n)
-        return [
-            RawRecord(
-                key=keys[i],
-                value=values[i],
-                headers=headers[i] or (),
-                timestamp=Timestamp(stamps[i]),
-                locator=Locator(
-                    self.source.cluster_name,
-                    self.topic,
-                    partitions[i] if partitions[i] is not None else -1,
-                ),
-            )
-            for i in range(n)
-        ]
+        if self.encode is not None:
+            values: list[bytes | None] = list(self.encode(table.select(list(self.payload_columns))))
+        else:
+            values = _binary(table.column("value"))
+        keys: list[bytes | None] = (
+            _binary(table.column("key")) if "key" in table.column_names else [None] * n
+        )
+        headers: list[tuple[tuple[bytes, bytes | None], ...]] = (
+            [_headers(v) for v in table.column("headers").to_pylist()]
+            if "headers" in table.column_names
+            else [()] * n
+        )
+        if "partition" in table.column_names:
+            partitions = pc.fill_null(table.column("partition").cast(pa.int64()), -1).to_pylist()
+        else:
+            partitions = [-1] * n
+        return ProduceRows(keys, values, headers, _timestamps(table, n), partitions)
 
 
 def plan_put(
@@ -194,17 +194,21 @@ def _headers(v: Any) -> tuple[tuple[bytes, bytes | None], ...]:
     return tuple(out)
 
 
-def _column(table: pa.Table, name: str, n: int, convert: Callable[[Any], Any]) -> list[Any]:
-    if name not in table.column_names:
-        return [None] * n
-    return [convert(v) for v in table.column(name).to_pylist()]
+def _binary(col: pa.ChunkedArray) -> list[bytes | None]:
+    """A binary, string or null column as bytes (strings as UTF-8: a zero-copy cast)."""
+    if pa.types.is_null(col.type):
+        return [None] * len(col)
+    if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        col = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+    return col.to_pylist()  # type: ignore[no-any-return]
 
 
 def _timestamps(table: pa.Table, n: int) -> list[int]:
+    """Epoch milliseconds per row; a missing or null timestamp is the time of the put."""
     now = time.time_ns() // 1_000_000
     if "timestamp" not in table.column_names:
         return [now] * n
     col = table.column("timestamp")
     if pa.types.is_timestamp(col.type):
         col = col.cast(pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
-    return [now if v is None else int(v) for v in col.to_pylist()]
+    return pc.fill_null(col.cast(pa.int64()), now).to_pylist()  # type: ignore[no-any-return]

@@ -8,7 +8,6 @@ specific read. Every endpoint covers one partition, so readers can fetch in para
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import weakref
@@ -44,7 +43,6 @@ from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory, call_spa
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import Tracing, traceparent_of
-from thalweg.records.model import RawRecord
 from thalweg.registry.confluent import ConfluentRegistry
 from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
 from thalweg.registry.factory import open_registry
@@ -275,9 +273,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                             f"({limits.max_put_bytes}); split it into several puts"
                         )
                     batch.validate(full=True)
-                    records = plan.records(batch)
+                    rows = plan.rows(batch)
                     if traceparent is not None:
-                        records = [_with_traceparent(r, traceparent) for r in records]
+                        rows = rows.with_header(b"traceparent", traceparent)
                 except (pa.ArrowException, TicketError) as exc:
                     raise _invalid(
                         TicketError(
@@ -285,7 +283,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                         )
                     ) from exc
                 try:
-                    ack = await out.send(plan.topic, records)
+                    ack = await out.send(plan.topic, rows)
                 except ThalwegError as exc:
                     raise fl.FlightServerError(
                         f"producing to {plan.topic!r} failed after {total} rows: {exc}"
@@ -424,13 +422,6 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
-
-
-def _with_traceparent(record: RawRecord, traceparent: bytes) -> RawRecord:
-    """The record with the put's trace context, unless it carries its own."""
-    if any(k == b"traceparent" for k, _ in record.headers):
-        return record
-    return dataclasses.replace(record, headers=(*record.headers, (b"traceparent", traceparent)))
 
 
 def _offset(position: object) -> int | None:

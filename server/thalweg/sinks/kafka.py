@@ -24,6 +24,7 @@ from thalweg.errors import SourceError, ThalwegError
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.convert import records_from_batch
 from thalweg.records.model import Locator, RawRecord, Timestamp
+from thalweg.sinks.rows import ProduceRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,63 +91,79 @@ class KafkaWriter:
 
     async def send_records(self, topic: str, records: Sequence[RawRecord]) -> list[Written]:
         """Produce ``records`` and wait for every acknowledgement; returns where each landed,
-        in input order.
-
-        Records are packed into producer batches per partition (``create_batch`` /
-        ``send_batch``) instead of one ``send`` each: one future per batch, not per
-        record, which is most of a per-record produce's Python cost. The partition is the
-        record's own (``keep_partition``), else aiokafka's default partitioner (murmur2 of
-        the key; random without one), as ``send`` would choose. Within a partition the
-        input order is kept, and a record's offset is its batch's base offset plus its
-        place in the batch.
-        """
-        if not records:
-            return []
-        try:
-            partitions = sorted(await self._producer.partitions_for(topic))
-        except KafkaError as exc:
-            raise SourceError(f"produce to {topic!r} failed: {exc}") from exc
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(records):
+        in input order (see :meth:`send_rows`)."""
+        for r in records:
             if r.key is None and r.value is None:
                 raise ThalwegError(
                     "a record with a null key and a null value cannot be produced with "
                     f"aiokafka (offset {r.locator.offset} of {r.locator.topic})"
                 )
-            if self.keep_partition and r.locator.partition >= 0:
-                p = r.locator.partition
-            else:
-                p = self._partitioner(r.key, partitions, partitions)
+        return await self.send_rows(topic, ProduceRows.of(list(records)))
+
+    async def send_rows(self, topic: str, rows: ProduceRows) -> list[Written]:
+        """Produce ``rows`` and wait for every acknowledgement; returns where each landed,
+        in input order.
+
+        Records are packed into producer batches per partition (``create_batch`` /
+        ``send_batch``) instead of one ``send`` each: one future per batch, not per
+        record, which is most of a per-record produce's Python cost. The partition is the
+        row's own (``keep_partition``), else aiokafka's default partitioner (murmur2 of
+        the key; random without one), as ``send`` would choose. Within a partition the
+        input order is kept, and a record's offset is its batch's base offset plus its
+        place in the batch.
+        """
+        n = len(rows)
+        if not n:
+            return []
+        try:
+            partitions = sorted(await self._producer.partitions_for(topic))
+        except KafkaError as exc:
+            raise SourceError(f"produce to {topic!r} failed: {exc}") from exc
+        keys, values, stamps = rows.keys, rows.values, rows.timestamps_ms
+        groups: dict[int, list[int]] = {}
+        keep = self.keep_partition
+        for i in range(n):
+            key, own = keys[i], rows.partitions[i]
+            if key is None and values[i] is None:
+                raise ThalwegError(
+                    f"row {i}: a record with a null key and a null value cannot be produced "
+                    "with aiokafka"
+                )
+            p = own if keep and own >= 0 else self._partitioner(key, partitions, partitions)
             groups.setdefault(p, []).append(i)
         pending: list[tuple[int, list[int], Any]] = []
         try:
-            for p, rows in groups.items():
+            for p, members in groups.items():
                 batch = self._producer.create_batch()
                 held: list[int] = []
-                for i in rows:
-                    r = records[i]
-                    kwargs = {
-                        "timestamp": r.timestamp.ms,
-                        "key": r.key,
-                        "value": r.value,
-                        "headers": [(k.decode("utf-8"), v) for k, v in r.headers],
-                    }
-                    if batch.append(**kwargs) is None:  # full: send it, start another
+                for i in members:
+                    headers = [(k.decode("utf-8"), v) for k, v in rows.headers[i]]
+                    if (
+                        batch.append(
+                            timestamp=stamps[i], key=keys[i], value=values[i], headers=headers
+                        )
+                        is None
+                    ):  # full: send it, start another
                         if not held:
                             raise ThalwegError(
-                                f"a record of {len(r.value or b'')} bytes does not fit one "
+                                f"a record of {len(values[i] or b'')} bytes does not fit one "
                                 "producer batch (max_batch_size)"
                             )
                         fut = await self._producer.send_batch(batch, topic, partition=p)
                         pending.append((p, held, fut))
                         batch, held = self._producer.create_batch(), []
-                        if batch.append(**kwargs) is None:
+                        if (
+                            batch.append(
+                                timestamp=stamps[i], key=keys[i], value=values[i], headers=headers
+                            )
+                            is None
+                        ):
                             raise ThalwegError("a record does not fit an empty producer batch")
                     held.append(i)
                 if held:
                     fut = await self._producer.send_batch(batch, topic, partition=p)
                     pending.append((p, held, fut))
-            out: list[Written | None] = [None] * len(records)
+            out: list[Written | None] = [None] * n
             for p, held, fut in pending:
                 meta = await fut
                 for j, i in enumerate(held):
