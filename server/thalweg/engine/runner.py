@@ -50,6 +50,7 @@ from thalweg.registry.factory import open_proto_schemas, open_registry
 from thalweg.sinks.dlq_topic import DeadLetterTopic
 from thalweg.sources import load_source_class
 from thalweg.sources.base import PartitionKey, Source
+from thalweg.sources.kafka_security import security_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ class SourceRunner:
         self._broker_down = False
         self._sizes = SizeEstimator(cfg.record_size_est_bytes)
         self._dlq_topic = (
-            DeadLetterTopic(cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns)
+            DeadLetterTopic(
+                cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns, **security_kwargs(cfg)
+            )
             if isinstance(cfg, KafkaSourceConfig) and cfg.dlq_topic
             else None
         )

@@ -47,6 +47,7 @@ from thalweg.registry.confluent import ConfluentRegistry
 from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
 from thalweg.registry.factory import open_registry
 from thalweg.sinks.kafka import KafkaWriter
+from thalweg.sources.kafka_security import security_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 max_request_size=16 << 20,
                 idempotent=self._idempotent,
                 request_timeout_ms=self._put_timeout_ms,
+                **security_kwargs(source),
             )
         )
 

@@ -14,6 +14,7 @@ Parquet lane only (the restart resumes after the segment).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pyarrow as pa
 
@@ -61,16 +62,25 @@ def _b(value: object) -> bytes | None:
 class DeadLetterTopic:
     """A started producer for one source's DLQ topic."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, columns: MetadataColumns) -> None:
+    def __init__(
+        self, bootstrap_servers: str, topic: str, columns: MetadataColumns, **client: Any
+    ) -> None:
+        """``client``: further aiokafka producer arguments — the source cluster's security
+        settings (``thalweg.sources.kafka_security``)."""
         self.topic = topic
         self._bootstrap = bootstrap_servers
         self._columns = columns
+        self._client = client
         self._writer: KafkaWriter | None = None  # made on the event loop, at first use
+
+    def make_writer(self) -> KafkaWriter:
+        """A new (not started) producer for the topic; call on the event loop."""
+        return KafkaWriter(self._bootstrap, self._columns, keep_partition=False, **self._client)
 
     async def send(self, dead: pa.Table) -> int:
         """Produce every dead letter and wait for all acknowledgements; the count."""
         if self._writer is None:
-            writer = KafkaWriter(self._bootstrap, self._columns, keep_partition=False)
+            writer = self.make_writer()
             await writer.start()
             self._writer = writer
         placed = await self._writer.send_records(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from thalweg.errors import SourceError
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.kafka_security import security_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +59,8 @@ class KafkaSource:
             "heartbeat_interval_ms": c.heartbeat_interval_ms,
             "fetch_max_bytes": c.fetch_max_bytes,
             "max_partition_fetch_bytes": c.max_partition_fetch_bytes,
-            "security_protocol": c.security_protocol,
+            **security_kwargs(c),
         }
-        if c.security_protocol in ("SSL", "SASL_SSL"):
-            kw["ssl_context"] = ssl.create_default_context(
-                cafile=str(c.ssl_cafile) if c.ssl_cafile else None
-            )
-        if c.sasl_mechanism:
-            kw["sasl_mechanism"] = c.sasl_mechanism
-            kw["sasl_plain_username"] = c.sasl_username
-            kw["sasl_plain_password"] = (
-                c.sasl_password.get_secret_value() if c.sasl_password else None
-            )
         return kw
 
     @property
