@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pulsar
 import pytest
@@ -105,3 +106,48 @@ def test_what_pulsar_cannot_hold_is_refused_before_sending(
         assert reader.read_next(5000).data() == b"marker"
     finally:
         client.close()
+
+
+def test_do_put_into_a_topic_found_by_a_pattern_source(
+    pulsar_broker: PulsarLite, tmp_path: Path
+) -> None:
+    """A topic that no source lists but a Pulsar ``topics_pattern`` matches takes puts
+    through that source; a topic nothing matches is refused before anything is sent."""
+    import threading
+
+    import pyarrow as pa
+
+    import thalweg_client
+    from tests.pulsar_lite import drain_subscription
+    from thalweg.config.models import PulsarSourceConfig
+    from thalweg.flight.server import GatewayFlightServer
+    from thalweg.lane.catalog import LaneCatalog
+    from thalweg.lane.layout import LaneLayout
+    from thalweg.lane.live import LiveTail
+    from thalweg.ops.metrics import Metrics
+    from thalweg.records import MetadataColumns
+
+    tag = uuid.uuid4().hex[:8]
+    source = PulsarSourceConfig(
+        kind="pulsar", name="p", service_url=pulsar_broker.url, topics_pattern=f"orders-{tag}-.*"
+    )
+    server = GatewayFlightServer(
+        "grpc://127.0.0.1:0",
+        LaneCatalog(LaneLayout(tmp_path), MetadataColumns(), LiveTail()),
+        Metrics(),
+        pattern_sources=[source],
+    )
+    threading.Thread(target=server.serve, daemon=True).start()
+    topic = f"orders-{tag}-eu"
+    try:
+        drain_subscription(pulsar_broker.url, topic, "check", wait_ms=200)  # subscribe first
+        with thalweg_client.connect(server.url) as client:
+            acks = client.write(topic, pa.table({"value": [b"one", b"two"], "key": ["a", "b"]}))
+            assert sum(a["rows"] for a in acks) == 2
+            assert len(acks[0]["message_ids"]) == 2
+            with pytest.raises(pa.ArrowInvalid, match="not configured"):
+                client.write(f"other-{tag}", pa.table({"value": [b"x"]}))
+        got = drain_subscription(pulsar_broker.url, topic, "check", wait_ms=1000, limit=2)
+        assert sorted(got) == [b"one", b"two"]
+    finally:
+        server.shutdown()

@@ -8,7 +8,7 @@ import logging
 
 import pyarrow as pa
 
-from thalweg.config.models import ThalwegConfig
+from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.runner import RAW_LANE, LaneContext, SourceRunner
 from thalweg.errors import ShutdownTimeoutError
 from thalweg.flight.server import GatewayFlightServer
@@ -89,6 +89,7 @@ class Gateway:
             self.metrics,
             advertise=g.flight_advertise,
             sources={t: s for s in cfg.sources for t in s.topics},
+            pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],
             health=self.health.tree,
             auth=g.auth,
             tls=g.tls,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -74,6 +75,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         advertise: str | None = None,
         *,
         sources: dict[str, SourceConfig] | None = None,
+        pattern_sources: Sequence[PulsarSourceConfig] = (),
         health: Callable[[], dict[str, Any]] | None = None,
         auth: FlightAuthConfig | None = None,
         tls: FlightTlsConfig | None = None,
@@ -106,6 +108,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self._catalog = catalog
         self._metrics = metrics
         self._sources = sources or {}
+        self._patterns = [
+            (re.compile(s.topics_pattern), s) for s in pattern_sources if s.topics_pattern
+        ]
         self._health = health or dict
         self._closing = False
         host = location.partition("://")[2].rsplit(":", 1)[0]
@@ -202,7 +207,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
         try:
             refuse_unsafe_types(reader.schema)
-            source = self._sources.get(topic)
+            source = self._source_for(topic)
             plan = plan_put(
                 topic,
                 reader.schema,
@@ -308,6 +313,16 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 **security_kwargs(source),
             )
         )
+
+    def _source_for(self, topic: str) -> SourceConfig | None:
+        """The source a put to ``topic`` produces through: the one that lists it, else a
+        Pulsar source whose ``topics_pattern`` matches the whole topic name."""
+        found = self._sources.get(topic)
+        if found is None:
+            for pattern, source in self._patterns:
+                if pattern.fullmatch(topic):
+                    return source
+        return found
 
     def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:
         if descriptor.descriptor_type != fl.DescriptorType.PATH:
