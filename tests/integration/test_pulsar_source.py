@@ -350,3 +350,47 @@ def test_put_into_a_partitioned_topic_reports_positions_per_partition(
     for p, (first, last) in ranges.items():
         positions = lane.filter(pc.equal(lane["_twg_source_partition"], p))["_twg_position"]
         assert (pc.min(positions).as_py(), pc.max(positions).as_py()) == (first, last)
+
+
+def test_follow_over_all_partitions_picks_up_a_partition_that_starts_later(
+    pulsar_partitioned: Callable[[str], tuple[str, str]],
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """A Pulsar partition is known from its first message. A follow stream over every
+    partition that began before another partition's first message still delivers it,
+    from that partition's start."""
+    import threading
+
+    url, topic = pulsar_partitioned("pfol")
+    first = produce(
+        url, topic, [{"content": b'{"i": %d}' % i, "partition_key": "k"} for i in range(5)]
+    )
+    (known,) = {m.partition() for m in first}
+    rg = gateway_factory([], sources=[pulsar_source_cfg(url, [topic])])
+    _wait_rows(rg, topic, 5)
+    assert rg.gateway.catalog.partitions(topic) == [known]
+    client = connect(rg.flight_url)
+    reader = client.stream(topic, end="follow")
+    got: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        for batch in reader:
+            parts = batch.column("_twg_source_partition").to_pylist()
+            got.extend(zip(parts, batch.column("i").to_pylist(), strict=True))
+            if len(got) >= 25:
+                done.set()
+                return
+
+    threading.Thread(target=consume, daemon=True).start()
+    time.sleep(0.5)
+    later = produce(
+        url,
+        topic,
+        [{"content": b'{"i": %d}' % (100 + i), "partition_key": f"k{i}"} for i in range(20)],
+    )
+    placed = [(m.partition(), 100 + i) for i, m in enumerate(later)]
+    assert {p for p, _ in placed} - {known}, "every key hashed to the known partition"
+    assert done.wait(30), f"follow delivered {got}"
+    assert sorted(got) == sorted([(known, i) for i in range(5)] + placed)
+    client.close()

@@ -133,6 +133,15 @@ def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
     return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
 
 
+def start_of_new_partition(catalog: LaneCatalog, ticket: ReadTicket, p: int) -> int:
+    """Where a follow stream over all partitions starts one that appeared after it began:
+    at its beginning — every record in it is newer than the stream — unless the ticket
+    named an offset or a timestamp, which holds for it as for the others."""
+    if ticket.start in ("earliest", "latest"):
+        return 0
+    return _start(catalog, ticket.topic, p, ticket.start, catalog.durable_end(ticket.topic, p))
+
+
 def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int) -> int:
     if start == "earliest":
         return 0

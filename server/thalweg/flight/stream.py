@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.errors import ThalwegError
-from thalweg.flight.plan import ReadPlan
+from thalweg.flight.plan import ReadPlan, start_of_new_partition
 from thalweg.flight.prefetch import prefetched
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
@@ -26,6 +26,7 @@ from thalweg.lane.shape import fit_stream_schema, shape_decoded
 from thalweg.records.columns import MetadataPolicy
 
 _WAIT_S = 0.2
+_DISCOVER_EVERY_S = 1.0
 
 
 def _now_us() -> int:
@@ -49,7 +50,9 @@ def read_stream(
     slow reader holds at most the batch in hand; behind the live tail it reads history
     from Parquet, never making the gateway keep rows for it. A follow partition that has
     once caught up and then falls more than ``max_lag`` records behind the durable end
-    raises :class:`FollowLagError`, naming the offsets to resume from.
+    raises :class:`FollowLagError`, naming the offsets to resume from. A follow stream
+    over all of a topic's partitions picks up partitions that appear while it runs (a
+    partition's first record, a partition added to the topic).
     """
     topic = plan.ticket.topic
     if plan.ticket.lane is Lane.DLQ:
@@ -63,8 +66,16 @@ def read_stream(
     wanted, pushed = _pushdown(catalog, plan)
     active = sorted(cursors)
     caught_up: set[int] = set()
-    while active:
+    discover = plan.ticket.end == "follow" and plan.ticket.partitions is None
+    next_scan = time.monotonic() + _DISCOVER_EVERY_S
+    while active or discover:
         seen = catalog.live.version()
+        if discover and time.monotonic() >= next_scan:
+            next_scan = time.monotonic() + _DISCOVER_EVERY_S
+            for p in catalog.partitions(topic):
+                if p not in cursors:
+                    cursors[p], ends[p] = start_of_new_partition(catalog, plan.ticket, p), None
+                    active.append(p)
         progressed = False
         for p in list(active):
             pos, end = cursors[p], ends[p]
@@ -102,7 +113,7 @@ def read_stream(
                     yield from rebatch(_shape_live(catalog, plan, entry, lo, hi))
                 cursors[p] = entry.last + 1 if end is None else min(entry.last + 1, end)
                 progressed = True
-        if not progressed and active:
+        if not progressed and (active or discover):
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
