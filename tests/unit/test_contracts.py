@@ -377,3 +377,32 @@ def test_bad_contracts_are_config_errors(tmp_path: Path, text: str, needle: str)
     with pytest.raises(ConfigError, match="contract") as err:
         load_contract(path)
     assert needle in str(err.value)
+
+
+def test_a_rule_that_cannot_be_judged_refuses_the_rows_instead_of_crashing(
+    tmp_path: Path,
+) -> None:
+    guard = guard_for(
+        tmp_path,
+        {
+            "name": "orders",
+            "properties": [
+                {"name": "code", "logicalTypeOptions": {"minimum": 0}},
+                {
+                    "name": "status",
+                    "quality": [
+                        {
+                            "name": "known",
+                            "metric": "invalidValues",
+                            "arguments": {"validValues": [1, 2]},
+                        }
+                    ],
+                },
+            ],
+        },
+    )
+    failed = decode(guard, [{"code": "A1", "status": "x"}, {"code": "B2", "status": "y"}])
+    assert set(failed) == {0, 1}
+    assert failed[0].startswith("contract: code minimum: cannot be evaluated: ")
+    # The rows already refused are not judged again; a later batch still is.
+    assert decode(guard, [None]) == {}

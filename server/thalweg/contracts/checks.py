@@ -64,6 +64,11 @@ _BOUNDS: dict[str, tuple[Callable[..., Any], str]] = {
 }
 
 
+class RuleError(Exception):
+    """A rule that cannot be judged on this batch (an expression that does not plan, a
+    bound of another type than the column)."""
+
+
 @dataclass(frozen=True)
 class RowCheck:
     """One rule: ``bad(table)`` marks breaking rows; ``explain(table, row)`` says why."""
@@ -83,19 +88,35 @@ class CompiledContract:
 
     checks: list[RowCheck] = field(default_factory=list)
     unenforced: list[str] = field(default_factory=list)
+    _logged: set[str] = field(default_factory=set)
 
     def evaluate(self, table: pa.Table, eligible: Mask) -> list[DecodeFailure]:
-        """The failures among the ``eligible`` rows (decoded, not tombstones)."""
+        """The failures among the ``eligible`` rows (decoded, not tombstones).
+
+        A rule that cannot be judged refuses every row still eligible, with the reason,
+        logged once: the records wait in the dead-letter lane for a fixed contract (or
+        data) rather than pass a rule nobody checked.
+        """
         remaining = eligible.copy()
         failures: list[DecodeFailure] = []
         for check in self.checks:
             if not remaining.any():
                 break
-            hit = check.bad(table) & remaining
+            try:
+                hit = check.bad(table) & remaining
+                explain = check.explain
+            except (RuleError, pa.ArrowException, ValueError, TypeError) as exc:
+                message = f"{check.label}: cannot be evaluated: {exc}"
+                if message not in self._logged:
+                    self._logged.add(message)
+                    log.error("contract rule %s", message)
+                hit = remaining.copy()
+
+                def explain(_t: pa.Table, _r: int, m: str = message) -> str:
+                    return m
+
             for row in np.flatnonzero(hit):
-                failures.append(
-                    DecodeFailure(int(row), check.reason, check.explain(table, int(row)))
-                )
+                failures.append(DecodeFailure(int(row), check.reason, explain(table, int(row))))
             remaining &= ~hit
         return failures
 
@@ -383,41 +404,26 @@ def _valid_check(path: tuple[str, ...], label: str, valid: list[Any]) -> RowChec
 
 def _sql_check(label: str, expression: str) -> RowCheck:
     """A DataFusion SQL boolean expression over the record's fields; a row breaks the
-    rule when it is false (null passes, as in a SQL ``CHECK`` constraint).
-
-    An expression that does not plan (a typo, a field not decoded yet) breaks every row
-    with the planner's message, and is logged once: the records wait in the dead-letter
-    lane for a fixed contract instead of passing unchecked.
-    """
+    rule when it is false (null passes, as in a SQL ``CHECK`` constraint). An expression
+    that does not plan (a typo, a field not decoded yet) raises :class:`RuleError`."""
     from datafusion import SessionContext  # a heavy import, only for contracts that use it
 
     ctx = SessionContext()
-    logged: list[str] = []
-    failed: dict[int, str] = {}
 
     def bad(table: pa.Table) -> Mask:
-        failed.pop(0, None)
         try:
             ctx.from_arrow(table, name=SQL_TABLE)
             try:
                 result = ctx.sql(f"SELECT ({expression}) AS ok FROM {SQL_TABLE}").to_arrow_table()
             finally:
                 ctx.deregister_table(SQL_TABLE)
-            ok = result.column("ok")
-            if not pa.types.is_boolean(ok.type):
-                raise ValueError(f"the expression is {ok.type}, not boolean")
         except Exception as exc:  # DataFusion raises plain Exception subclasses
-            message = str(exc).splitlines()[0]
-            failed[0] = message
-            if message not in logged:
-                logged.append(message)
-                log.error("quality rule %r cannot be evaluated: %s", label, message)
-            return np.ones(len(table), np.bool_)
+            raise RuleError(str(exc).splitlines()[0]) from exc
+        ok = result.column("ok")
+        if not pa.types.is_boolean(ok.type):
+            raise RuleError(f"the expression is {ok.type}, not boolean")
         return _mask(pc.invert(ok), len(table))
 
-    def explain(table: pa.Table, row: int) -> str:
-        if 0 in failed:
-            return f"{label}: cannot be evaluated: {failed[0]}"
-        return f"{label}: {expression} is false"
-
-    return RowCheck(DecodeReason.QUALITY, label, bad, explain)
+    return RowCheck(
+        DecodeReason.QUALITY, label, bad, lambda t, r: f"{label}: {expression} is false"
+    )
