@@ -54,6 +54,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Dead letters /s", "ops", [("sum by (topic) (rate(twg_dlq_records_total[5m]))", "{{topic}}")]),
     ("Retries /s by stage", "ops", [("sum by (stage) (rate(twg_retries_total[5m]))", "{{stage}}")]),
     (
+        "Retries given up /s by stage",
+        "ops",
+        [("sum by (stage) (rate(twg_retries_exhausted_total[5m]))", "{{stage}}")],
+    ),
+    (
+        "Segment cache",
+        "percentunit",
+        [
+            (
+                'sum(rate(twg_segment_cache_requests_total{result="hit"}[5m])) '
+                "/ sum(rate(twg_segment_cache_requests_total[5m]))",
+                "hit ratio",
+            )
+        ],
+    ),
+    (
         "Errors /s",
         "ops",
         [

@@ -159,10 +159,13 @@ class Metrics:
         self.flight_active_streams = Gauge(
             "twg_flight_active_streams", "Open do_get streams.", registry=r
         )
+        # Zeros until the gateway hands over its cache (so the names always exist).
+        self._cache = _CacheCollector(lambda: (0, 0, 0))
+        r.register(self._cache)
 
     def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
         """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""
-        self.registry.register(_CacheCollector(read))
+        self._cache.read = read
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -172,10 +175,10 @@ class _CacheCollector(Collector):
     """Reads the segment cache's own counters at scrape time (no lock on the read path)."""
 
     def __init__(self, read: Callable[[], tuple[int, int, int]]) -> None:
-        self._read = read
+        self.read = read
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        held, hits, misses = self._read()
+        held, hits, misses = self.read()
         yield GaugeMetricFamily(
             "twg_segment_cache_bytes", "Bytes of lane segments held in memory for reads.", held
         )
