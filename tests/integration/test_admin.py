@@ -274,3 +274,50 @@ def test_oversize_records_go_to_the_dead_letter_lane(
     assert dlq["_twg_source_offset"].to_pylist() == [2]
     assert sorted(decoded["i"].to_pylist()) == [0, 1, 3]
     assert raw.num_rows == 4
+
+
+def test_a_large_dead_letter_reaches_the_lane_and_the_dlq_topic(
+    topic_factory: Callable[..., str],
+    broker: object,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """A 2 MiB poison record (twice the producer's batch size) is dead-lettered whole to
+    the dlq/ lane and to the DLQ topic, next to a small one, and the offsets commit."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    import thalweg_client
+
+    topic, dlq_topic = topic_factory(1), topic_factory(1, prefix="dlq")
+    bootstrap = broker.bootstrap  # type: ignore[attr-defined]
+    big_producer = Producer(
+        {"bootstrap.servers": bootstrap, "message.max.bytes": 8 << 20, "log_level": 2}
+    )
+    big = b"{" + b"x" * (2 << 20)
+    for value in (b'{"i": 0}', big, b"{small", b'{"i": 3}'):
+        big_producer.produce(topic, value, partition=0)
+    big_producer.flush(10)
+    gw = gateway_factory([topic], dlq_topic=dlq_topic)
+    gw.wait_durable(topic, {0: 4})
+    assert gw.committed(topic, 0, 4) == 4
+    with thalweg_client.connect(gw.flight_url) as client:
+        dlq = client.read(topic, lane="dlq")
+    assert sorted(dlq["_twg_source_value"].to_pylist(), key=len) == [b"{small", big]
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{dlq_topic}",
+            "fetch.max.bytes": 16 << 20,
+            "log_level": 2,
+        }
+    )
+    c.assign([TopicPartition(dlq_topic, 0, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and len(got) < 2:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+    c.close()
+    assert sorted(got, key=len) == [b"{small", big]
