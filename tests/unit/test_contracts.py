@@ -406,3 +406,21 @@ def test_a_rule_that_cannot_be_judged_refuses_the_rows_instead_of_crashing(
     assert failed[0].startswith("contract: code minimum: cannot be evaluated: ")
     # The rows already refused are not judged again; a later batch still is.
     assert decode(guard, [None]) == {}
+
+
+def test_sql_verdicts_land_on_their_own_rows_in_a_large_batch(tmp_path: Path) -> None:
+    """DataFusion runs large inputs in parallel partitions and returns rows out of
+    order; a verdict must still land on the row it was made for."""
+    guard = guard_for(
+        tmp_path,
+        {
+            "name": "orders",
+            "quality": [
+                {"name": "even", "type": "custom", "engine": "datafusion",
+                 "implementation": "i % 97 <> 13"}
+            ],
+        },
+    )  # fmt: skip
+    n = 50_000
+    failed = decode(guard, [{"i": i} for i in range(n)])
+    assert sorted(failed) == [i for i in range(n) if i % 97 == 13]

@@ -34,6 +34,7 @@ Column: TypeAlias = Any  # pa.Array | pa.ChunkedArray (pyarrow ships no type hin
 
 # The table name a custom SQL expression sees: ``... FROM record``.
 SQL_TABLE = "record"
+SQL_ROW = "__twg_row_index"  # carries each row's place through the query
 SQL_ENGINES = ("datafusion", "thalweg")
 
 _TYPE_TESTS: dict[str, Callable[[pa.DataType], bool]] = {
@@ -405,16 +406,24 @@ def _valid_check(path: tuple[str, ...], label: str, valid: list[Any]) -> RowChec
 def _sql_check(label: str, expression: str) -> RowCheck:
     """A DataFusion SQL boolean expression over the record's fields; a row breaks the
     rule when it is false (null passes, as in a SQL ``CHECK`` constraint). An expression
-    that does not plan (a typo, a field not decoded yet) raises :class:`RuleError`."""
+    that does not plan (a typo, a field not decoded yet) raises :class:`RuleError`.
+
+    DataFusion runs a query over several partitions at once and does not keep row order,
+    so each verdict travels with its row's index and is put back where it belongs.
+    """
     from datafusion import SessionContext  # a heavy import, only for contracts that use it
 
     ctx = SessionContext()
 
     def bad(table: pa.Table) -> Mask:
+        n = len(table)
+        indexed = table.append_column(SQL_ROW, pa.array(np.arange(n, dtype=np.int64)))
         try:
-            ctx.from_arrow(table, name=SQL_TABLE)
+            ctx.from_arrow(indexed, name=SQL_TABLE)
             try:
-                result = ctx.sql(f"SELECT ({expression}) AS ok FROM {SQL_TABLE}").to_arrow_table()
+                result = ctx.sql(
+                    f'SELECT "{SQL_ROW}", ({expression}) AS ok FROM {SQL_TABLE}'
+                ).to_arrow_table()
             finally:
                 ctx.deregister_table(SQL_TABLE)
         except Exception as exc:  # DataFusion raises plain Exception subclasses
@@ -422,7 +431,10 @@ def _sql_check(label: str, expression: str) -> RowCheck:
         ok = result.column("ok")
         if not pa.types.is_boolean(ok.type):
             raise RuleError(f"the expression is {ok.type}, not boolean")
-        return _mask(pc.invert(ok), len(table))
+        out = np.zeros(n, np.bool_)
+        rows = result.column(SQL_ROW).to_numpy()
+        out[rows] = _mask(pc.invert(ok), len(result))
+        return out
 
     return RowCheck(
         DecodeReason.QUALITY, label, bad, lambda t, r: f"{label}: {expression} is false"
