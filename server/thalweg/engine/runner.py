@@ -11,42 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.codecs.avro import AvroArrowDecoder
-from thalweg.codecs.base import ArrowDecoder
-from thalweg.codecs.framing import peel
-from thalweg.codecs.guard import SchemaGate, SizeGuard
-from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.lane import decode_batch
-from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig, RawLaneConfig
-from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.decoders import TopicDecoders
 from thalweg.engine.retry import Backoff
 from thalweg.engine.throttle import Throttle
-from thalweg.errors import ConfigError, LaneError, SourceError, ThalwegError
+from thalweg.errors import LaneError, SourceError, ThalwegError
 from thalweg.lane.coverage import repair, resume_position, scan_coverage
 from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, LaneLayout, Segment
 from thalweg.lane.live import LiveEntry, LiveTail
-from thalweg.lane.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing, links_from_headers
 from thalweg.records.columns import MetadataColumns
-from thalweg.registry import RegistryUnavailableError
-from thalweg.registry.factory import open_proto_schemas, open_registry
 from thalweg.sinks.dlq_topic import DeadLetterTopic
 from thalweg.sources import load_source_class
 from thalweg.sources.base import PartitionKey, Source
@@ -96,138 +85,29 @@ class SourceRunner:
         self.component = f"source:{cfg.name}"
         self._parts: dict[PartitionKey, PartitionBuffer] = {}
         self._flushes: dict[PartitionKey, asyncio.Task[None]] = {}
-        self._decoders: dict[str, ArrowDecoder] = {}
         self._paused = False
         self._fatal: BaseException | None = None
         ctx.health.register(self.component, "source", gates_readiness=True)
-        self._registry: Any = None
-        if cfg.format == "protobuf":
-            self._registry = open_proto_schemas(cfg)
-        elif cfg.registry is not None:
-            self._registry = open_registry(cfg.registry)
-        self._unknown_ids: set[int] = set()
-        # Schema ids whose records skip decoding (retry_exhausted) while the registry has
-        # been unreachable for longer than registry_max_wait_s; emptied when it answers.
-        self._withheld_ids: frozenset[int] = frozenset()
-        self._registry_down_since: float | None = None
-        self._contract: DataContract | None = None
-        if cfg.contract is not None:
-            self._contract = load_contract(cfg.contract)
+        self.decoders = TopicDecoders(
+            cfg,
+            ctx.layout,
+            ctx.columns,
+            ctx.metrics,
+            ctx.health,
+            self.component,
+            self._retry,
+            lambda: Backoff(RETRY_BASE_S, RETRY_MAX_S),
+        )
         for topic in cfg.topics:
-            self._decoder_for(topic)
-
-    def _decoder_for(self, topic: str) -> ArrowDecoder | None:
-        """The topic's decoder, made on first use (a pattern subscription finds topics
-        as it goes), pinned to the schema its decoded lane already has."""
-        if self.cfg.format == "none":
-            return None
-        decoder = self._decoders.get(topic)
-        if decoder is None:
-            pinned = LaneReader(self.ctx.layout, self.ctx.columns).decoded_schema(topic)
-            if pinned is not None:
-                keep = [f for f in pinned if not self.ctx.columns.is_reserved(f.name)]
-                pinned = pa.schema(keep)
-            decoder = self._decoder(pinned)
-            if self.cfg.max_record_bytes is not None:
-                decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
-            if self._registry is not None and self.cfg.registry_max_wait_s is not None:
-                why = (
-                    f"the schema registry was unreachable for over "
-                    f"{self.cfg.registry_max_wait_s:g}s (registry_max_wait_s)"
-                )
-                decoder = SchemaGate(decoder, lambda: self._withheld_ids, why)
-            if self._contract is not None:
-                decoder = self._guarded(topic, decoder, self._contract)
-            self._decoders[topic] = decoder
-        return decoder
-
-    def _guarded(self, topic: str, decoder: ArrowDecoder, contract: DataContract) -> ArrowDecoder:
-        """``decoder`` behind the contract object that describes ``topic``."""
-        obj = contract.object_for(topic)
-        if obj is None:
-            log.warning(
-                "source %s: contract %s has no object for topic %s; its records are not checked",
-                self.cfg.name,
-                self.cfg.contract,
-                topic,
-            )
-            return decoder
-        compiled = compile_object(obj)
-        for item in compiled.unenforced:
-            log.warning(
-                "source %s, topic %s: contract: not enforced: %s", self.cfg.name, topic, item
-            )
-        return ContractGuard(decoder, compiled)
-
-    def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
-        if self.cfg.format == "avro":
-            assert self._registry is not None
-            return AvroArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
-        if self.cfg.format == "protobuf":
-            from thalweg.codecs.protobuf import ProtobufArrowDecoder  # the protobuf extra
-
-            return ProtobufArrowDecoder(self.ctx.columns, self._registry, schema=pinned)
-        if self.cfg.json_schema is not None:
-            path = self.cfg.json_schema
-            try:
-                declared = json_schema_record(json.loads(path.read_text("utf-8")))
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"source {self.cfg.name!r}: json_schema {path}: {exc}") from exc
-            return JsonArrowDecoder(self.ctx.columns, declared, declared=True)
-        return JsonArrowDecoder(self.ctx.columns, pinned)
-
-    async def _resolve_schemas(self, raw: pa.RecordBatch, stop: asyncio.Event) -> None:
-        """Fetch writer schemas this batch needs before decoding it.
-
-        A registry that cannot answer is retried with backoff: its records wait
-        (fetching stops with them). By default for as long as it takes; with
-        ``registry_max_wait_s``, once the registry has been unreachable that long, the
-        ids still missing are withheld from the decoder — their records go to the
-        dead-letter lane as ``retry_exhausted`` and the stream moves on — and each later
-        batch tries the registry once before withholding again. An id the registry does
-        not know (404) is left to the decoder: a per-record failure.
-        """
-        registry = self._registry
-        if registry is None:
-            return
-        ids = np.unique(peel(raw.column(self.ctx.columns.value)).ids)
-        backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
-        bound = self.cfg.registry_max_wait_s
-        withheld: set[int] = set()
-        for schema_id in (int(i) for i in ids if i >= 0):
-            if schema_id in self._unknown_ids or registry.get(schema_id) is not None:
-                continue
-            while True:
-                try:
-                    found = await asyncio.to_thread(registry.fetch, schema_id)
-                    self._registry_down_since = None
-                    break
-                except RegistryUnavailableError as exc:
-                    self.ctx.metrics.registry_errors.labels(self.cfg.name).inc()
-                    self.ctx.health.set(self.component, State.DEGRADED, str(exc))
-                    now = time.monotonic()
-                    if self._registry_down_since is None:
-                        self._registry_down_since = now
-                    if bound is not None and now - self._registry_down_since >= bound:
-                        withheld.add(schema_id)
-                        self.ctx.metrics.retries_exhausted.labels("registry").inc()
-                        found = False
-                        break
-                    await self._retry(backoff, stop, exc, "registry")
-            if found is None:
-                self._unknown_ids.add(schema_id)
-            if not withheld:
-                self.ctx.health.set(self.component, State.UP, "connected")
-        self._withheld_ids = frozenset(withheld)
+            self.decoders.for_topic(topic)
 
     # -- read side hooks -----------------------------------------------------------
 
     def payload_schema(self, topic: str) -> pa.Schema | None:
-        decoder = self._decoders.get(topic)
-        return decoder.schema if decoder is not None else None
+        return self.decoders.payload_schema(topic)
 
     def decoded_topics(self) -> set[str]:
-        return set(self._decoders)
+        return self.decoders.topics()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -328,7 +208,7 @@ class SourceRunner:
                 durable=resume,
                 committed=committed,
                 columns=self.ctx.columns,
-                decoder=self._decoder_for(topic),
+                decoder=self.decoders.for_topic(topic),
             )
             self._parts[key] = buf
             self.ctx.live.reset(topic, partition, resume)
@@ -354,7 +234,7 @@ class SourceRunner:
 
     def _redecode(self, topic: str, partition: int, segments: list[Segment]) -> None:
         """Rebuild decoded segments that a failed decoded write left missing."""
-        decoder = self._decoders.get(topic)
+        decoder = self.decoders.get(topic)
         if decoder is None:
             return
         for seg in segments:
@@ -404,7 +284,7 @@ class SourceRunner:
             span.set_attribute("last_offset", last)
             for link in links_from_headers(raw.column(ctx.columns.source("headers")).to_pylist()):
                 span.add_link(link.context)
-        await self._resolve_schemas(raw, stop)
+        await self.decoders.resolve(raw, stop)
         async with buf.lock:
             # Decoding (inside the Arrow sink) runs on a worker thread.
             await asyncio.to_thread(buf.sink.push, raw)
