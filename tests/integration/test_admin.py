@@ -321,3 +321,41 @@ def test_a_large_dead_letter_reaches_the_lane_and_the_dlq_topic(
             got.append(m.value())
     c.close()
     assert sorted(got, key=len) == [b"{small", big]
+
+
+def test_a_dlq_topic_that_stays_unreachable_is_given_up_after_its_bound(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """The DLQ topic's cluster does not answer (a closed loopback port): with
+    dlq_topic_max_wait_s the letters stay in the durable dlq/ lane, the give-up is
+    counted, and the offsets are committed after the bound instead of never."""
+    import socket
+    import time
+
+    import thalweg_client
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    topic = topic_factory(1)
+    for value in (b'{"i": 0}', b"{broken", b'{"i": 2}'):
+        producer.produce(topic, value, partition=0)
+    producer.flush(10)
+    started = time.monotonic()
+    gw = gateway_factory(
+        [topic],
+        dlq_topic="dead-letters",
+        dlq_bootstrap_servers=f"127.0.0.1:{dead_port}",
+        dlq_topic_max_wait_s=2.0,
+    )
+    gw.wait_durable(topic, {0: 3})
+    assert gw.committed(topic, 0, 3, timeout=30) == 3
+    assert time.monotonic() - started >= 2.0, "committed before the DLQ bound passed"
+    with thalweg_client.connect(gw.flight_url) as client:
+        dlq = client.read(topic, lane="dlq")
+    assert dlq["_twg_source_value"].to_pylist() == [b"{broken"]
+    metrics = gw.gateway.metrics.exposition().decode()
+    assert 'twg_retries_exhausted_total{stage="dlq"} 1.0' in metrics
+    assert 'twg_retries_total{stage="dlq"}' in metrics

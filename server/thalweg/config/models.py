@@ -386,8 +386,19 @@ class KafkaSourceConfig(_SourceBase):
     heartbeat_interval_ms: int = Field(3_000, gt=0)
     dlq_topic: str | None = Field(
         None,
-        description="Also produce dead letters to this Kafka topic (same cluster), with "
-        "__twg.errors.* headers; the Parquet dlq/ lane is written either way.",
+        description="Also produce dead letters to this Kafka topic, with __twg.errors.* "
+        "headers; the Parquet dlq/ lane is written either way.",
+    )
+    dlq_bootstrap_servers: str | None = Field(
+        None,
+        description="The cluster of dlq_topic (default: the source's); the source's "
+        "security settings apply to it.",
+    )
+    dlq_topic_max_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="How long a batch of dead letters is retried to dlq_topic before it is "
+        "left in the dlq/ lane only (and the commit goes on). Unset: until it succeeds.",
     )
     fetch_max_bytes: int = Field(50 * MiB, gt=0)
     max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)

@@ -76,7 +76,10 @@ class SourceRunner:
         self._sizes = SizeEstimator(cfg.record_size_est_bytes)
         self._dlq_topic = (
             DeadLetterTopic(
-                cfg.bootstrap_servers, cfg.dlq_topic, ctx.columns, **security_kwargs(cfg)
+                cfg.dlq_bootstrap_servers or cfg.bootstrap_servers,
+                cfg.dlq_topic,
+                ctx.columns,
+                **security_kwargs(cfg),
             )
             if isinstance(cfg, KafkaSourceConfig) and cfg.dlq_topic
             else None
@@ -465,19 +468,38 @@ class SourceRunner:
         return budget
 
     async def _send_dead_letters(self, dead: pa.Table) -> None:
-        """Produce dead letters to the DLQ topic before the commit; retried until done
-        (the commit waits: a letter is never behind the committed position)."""
+        """Produce dead letters to the DLQ topic before the commit (the commit waits: a
+        letter is never behind the committed position), retried until done — or, with
+        ``dlq_topic_max_wait_s``, until that bound: then the letters stay in the durable
+        ``dlq/`` lane only, the give-up is counted, and the commit goes on."""
         assert self._dlq_topic is not None
+        assert isinstance(self.cfg, KafkaSourceConfig)
+        bound = self.cfg.dlq_topic_max_wait_s
+        deadline = None if bound is None else time.monotonic() + bound
         backoff = Backoff(RETRY_BASE_S, RETRY_MAX_S)
         while True:
             try:
-                await self._dlq_topic.send(dead)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                await asyncio.wait_for(self._dlq_topic.send(dead), left)
                 return
-            except ThalwegError as exc:
+            except (ThalwegError, TimeoutError) as exc:
+                error = exc if str(exc) else f"no answer within {bound:g}s"
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.ctx.metrics.retries_exhausted.labels("dlq").inc()
+                    log.error(
+                        "dead letters to %s: %s; gave up after dlq_topic_max_wait_s = %gs, "
+                        "the %d letter(s) are in the dlq/ lane only",
+                        self._dlq_topic.topic,
+                        error,
+                        bound,
+                        dead.num_rows,
+                    )
+                    await self._dlq_topic.stop()  # a fresh producer for the next letters
+                    return
                 self.ctx.metrics.retries.labels("dlq").inc()
                 delay = await backoff.wait()
                 log.error(
-                    "dead letters to %s: %s; retried in %.1fs", self._dlq_topic.topic, exc, delay
+                    "dead letters to %s: %s; retried in %.1fs", self._dlq_topic.topic, error, delay
                 )
 
     async def _watch_broker(self, stop: asyncio.Event) -> None:

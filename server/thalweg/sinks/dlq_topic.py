@@ -13,6 +13,8 @@ Parquet lane only (the restart resumes after the segment).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -81,7 +83,12 @@ class DeadLetterTopic:
         """Produce every dead letter and wait for all acknowledgements; the count."""
         if self._writer is None:
             writer = self.make_writer()
-            await writer.start()
+            try:
+                await writer.start()
+            except asyncio.CancelledError:  # a bounded wait ran out mid-connect
+                with contextlib.suppress(Exception):
+                    await writer.stop()
+                raise
             self._writer = writer
         placed = await self._writer.send_records(
             self.topic, dead_letter_records(dead, self._columns)
