@@ -24,6 +24,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.pulsar_lite import ExternalPulsar, PulsarLite
+from tests.registry_server import FakeRegistry
 from tests.services import start_service, stop_group
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
@@ -147,6 +148,14 @@ def pulsar_source_cfg(url: str, topics: list[str], **overrides: Any) -> dict[str
     }
     cfg.update(overrides)
     return cfg
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    """A Confluent-compatible schema registry on a free loopback port, without auth."""
+    r = FakeRegistry()
+    yield r
+    r.stop()
 
 
 @pytest.fixture

@@ -5,26 +5,17 @@ in the raw lane exactly once."""
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RunningGateway, pulsar_source_cfg
+from tests.e2e.test_broker_outage import status
 from tests.e2e.test_pulsar_crash import lane_values, produce
 from tests.pulsar_lite import PulsarLite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import fastavro
@@ -34,13 +34,6 @@ def framed(schema_id: int, schema: dict[str, Any], rec: dict[str, Any]) -> bytes
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), rec)
     return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
-
-
-@pytest.fixture
-def registry() -> Iterator[FakeRegistry]:
-    r = FakeRegistry()
-    yield r
-    r.stop()
 
 
 def test_avro_topic_with_evolution_poison_and_registry_outage(

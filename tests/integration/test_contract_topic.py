@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,13 +20,6 @@ from tests.integration.test_avro_topic import V1, framed
 from tests.registry_server import FakeRegistry
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def registry() -> Iterator[FakeRegistry]:
-    r = FakeRegistry()
-    yield r
-    r.stop()
 
 
 def contract_file(tmp_path: Path, topic: str) -> Path:

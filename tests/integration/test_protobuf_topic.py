@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,13 +28,6 @@ message Order {
   google.protobuf.Timestamp placed = 4;
 }
 """
-
-
-@pytest.fixture
-def registry() -> Iterator[FakeRegistry]:
-    r = FakeRegistry()
-    yield r
-    r.stop()
 
 
 @pytest.mark.parametrize("source", ["registry", "descriptor_set"])

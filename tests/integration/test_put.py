@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -62,13 +62,6 @@ def test_put_payload_columns_encoded_as_json(
         gw.wait_durable(topic, {0: 3})
         back = client.read(topic, metadata="none")
     assert back.select(["id", "name"]).to_pylist() == rows.to_pylist()
-
-
-@pytest.fixture
-def registry() -> Iterator[FakeRegistry]:
-    r = FakeRegistry()
-    yield r
-    r.stop()
 
 
 def test_put_payload_columns_encoded_as_avro(

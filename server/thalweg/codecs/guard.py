@@ -32,12 +32,20 @@ def decode_withholding(
     """Decode ``values`` except the ``withheld`` rows, which fail with ``failures``."""
     # Hand the decoder a tombstone in their place: rows stay aligned, nothing parses.
     masked = pc.if_else(pa.array(withheld), pa.scalar(None, values.type), values)
-    result = inner.decode(masked)
+    return with_failures(inner.decode(masked), failures)
+
+
+def with_failures(
+    result: DecodeResult, failures: list[DecodeFailure], table: pa.Table | None = None
+) -> DecodeResult:
+    """``result`` with more failed rows: their error texts set, the failures merged in
+    row order, and (when a guard refused rows that had decoded) the nulled ``table``."""
     errors = result.errors.to_pylist()
     for f in failures:
         errors[f.row] = f"{f.reason.value}: {f.message}"
     return dataclasses.replace(
         result,
+        table=result.table if table is None else table,
         errors=pa.array(errors, pa.string()),
         failures=tuple(sorted((*result.failures, *failures), key=lambda f: f.row)),
     )

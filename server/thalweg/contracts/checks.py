@@ -228,11 +228,17 @@ def _as_logical(col: Column, logical: str | None) -> tuple[Column, Mask | None]:
     target, parse = _TEMPORAL[logical]
     try:
         return pc.cast(col, target), np.zeros(len(col), np.bool_)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
+    except pa.ArrowException:  # some value is not ISO text Arrow reads: parse one by one
+        return _parse_each(col, target, parse)
+
+
+def _parse_each(
+    col: Column, target: pa.DataType, parse: Callable[[str], Any]
+) -> tuple[Column, Mask]:
+    """The slow path of :func:`_as_logical`, taken only when a value is off."""
     values: list[Any] = []
     bad = np.zeros(len(col), np.bool_)
-    for i, text in enumerate(col.to_pylist()):  # the slow path: only when a value is off
+    for i, text in enumerate(col.to_pylist()):
         try:
             value = None if text is None else parse(text)
         except ValueError:

@@ -11,13 +11,12 @@ that already failed to decode are not judged.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.base import ArrowDecoder, DecodeResult
+from thalweg.codecs.guard import with_failures
 from thalweg.contracts.checks import CompiledContract
 
 
@@ -43,17 +42,7 @@ class ContractGuard:
         failures = self.contract.evaluate(result.table, eligible)
         if not failures:
             return result
-        rows = np.array([f.row for f in failures], np.int64)
-        take = np.arange(len(values), dtype=np.int64)
-        keep = np.ones(len(values), np.bool_)
-        keep[rows] = False
-        table = result.table.take(pa.array(take, mask=~keep))
-        errors = result.errors.to_pylist()
-        for f in failures:
-            errors[f.row] = f"{f.reason.value}: {f.message}"
-        return dataclasses.replace(
-            result,
-            table=table,
-            errors=pa.array(errors, pa.string()),
-            failures=tuple(sorted((*result.failures, *failures), key=lambda f: f.row)),
-        )
+        refused = np.zeros(len(values), np.bool_)
+        refused[[f.row for f in failures]] = True
+        nulled = result.table.take(pa.array(np.arange(len(values)), mask=refused))
+        return with_failures(result, failures, nulled)
