@@ -12,17 +12,17 @@ import os
 import shutil
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.helpers import wait_committed, wait_until
 from tests.pulsar_lite import ExternalPulsar, PulsarLite
 from tests.registry_server import FakeRegistry
 from tests.services import start_service, stop_group
@@ -192,6 +192,15 @@ def source_cfg(bootstrap: str, topics: list[str], **overrides: Any) -> dict[str,
     return cfg
 
 
+class HeldWrites(threading.Event):
+    """Set it to let held raw-lane writes through; ``entered`` is set by the first write
+    that starts waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+
 @dataclass
 class RunningGateway:
     """A gateway running on its own event-loop thread."""
@@ -217,14 +226,16 @@ class RunningGateway:
             self._thread.join(timeout)
         assert not self._thread.is_alive(), "gateway did not stop"
 
-    def hold_writes(self, each_s: float = 30.0) -> threading.Event:
+    def hold_writes(self, each_s: float = 30.0) -> HeldWrites:
         """A slow or hung disk: every raw-lane write waits up to ``each_s`` first, until
-        the returned event is set (then writes go straight through again)."""
+        the returned event is set (then writes go straight through again). Its
+        ``entered`` event is set once a write is waiting: a write is then in flight."""
         writer = self.gateway.runners[0].ctx.writer
-        release = threading.Event()
+        release = HeldWrites()
         real_write = writer.write
 
         def held_write(*args: Any, **kwargs: Any) -> Any:
+            release.entered.set()
             release.wait(each_s)
             return real_write(*args, **kwargs)
 
@@ -235,34 +246,31 @@ class RunningGateway:
         """The Kafka source group's committed offset for one partition, as the broker
         reports it, once it reaches ``want`` (commits follow durable writes
         asynchronously) or the timeout passes; -1 when nothing is committed."""
-        from confluent_kafka import Consumer, TopicPartition
-
         cfg = self.gateway.cfg.sources[0]
-        c = Consumer(
-            {"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group_id, "log_level": 2}
+        return wait_committed(
+            cfg.bootstrap_servers, cfg.group_id, topic, partition, want, timeout=timeout
         )
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                (tp,) = c.committed([TopicPartition(topic, partition)], timeout=10)
-                got = max(tp.offset, -1)
-                if got >= want or time.monotonic() > deadline:
-                    return int(got)
-                time.sleep(0.1)
-        finally:
-            c.close()
 
     def wait_durable(self, topic: str, counts: dict[int, int], timeout: float = 30) -> None:
-        """Wait until each partition's durable end reaches ``counts[p]``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(self.gateway.catalog.durable_end(topic, p) >= n for p, n in counts.items()):
-                return
-            if self.errors:
-                raise self.errors[0]
-            time.sleep(0.05)
-        got = {p: self.gateway.catalog.durable_end(topic, p) for p in counts}
-        raise AssertionError(f"not durable in time: want {counts}, have {got}")
+        """Wait until each partition's durable end reaches ``counts[p]``; a gateway error
+        is raised at once."""
+        end = self.gateway.catalog.durable_end
+        try:
+            wait_until(
+                lambda: all(end(topic, p) >= n for p, n in counts.items()),
+                timeout,
+                f"{topic} durable to {counts}",
+                errors=lambda: self.errors,
+            )
+        except AssertionError:
+            got = {p: end(topic, p) for p in counts}
+            raise AssertionError(f"not durable in time: want {counts}, have {got}") from None
+
+    def expect_errors(self) -> list[BaseException]:
+        """Take the gateway's errors so far, for a test that means to make it fail; the
+        fixture's teardown fails on any error nobody took."""
+        taken, self.errors[:] = list(self.errors), []
+        return taken
 
 
 @pytest.fixture
@@ -315,8 +323,18 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         return rg
 
     yield start
-    for rg in running:
-        rg.stop()
+    # Every gateway is stopped before anything is reported, then any error a gateway
+    # raised (while the test ran, or while stopping) fails the test: a gateway that died
+    # after the test's last wait must not pass unnoticed.
+    problems: list[str] = []
+    for i, rg in enumerate(running):
+        try:
+            rg.stop()
+        except AssertionError as exc:
+            problems.append(f"gateway {i}: {exc}")
+        problems.extend(f"gateway {i} raised {e!r}" for e in rg.errors)
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
 
 
 def produce_aio(
@@ -349,50 +367,3 @@ def produce_aio(
             await p.stop()
 
     asyncio.run(run())
-
-
-class ConfluentRecord(NamedTuple):
-    """confluent-kafka's Message in the shape the raw-lane builder reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    timestamp_type: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-
-
-def consume_confluent(bootstrap: str, topic: str, n: int) -> list[ConfluentRecord]:
-    """The first ``n`` records of partition 0 as a plain confluent-kafka consumer sees them."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"diff-{topic}",
-            "enable.auto.commit": False,
-            "log_level": 2,
-        }
-    )
-    c.assign([TopicPartition(topic, 0, 0)])
-    out: list[ConfluentRecord] = []
-    deadline = time.monotonic() + 30
-    while len(out) < n and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is None or m.error() is not None:
-            continue
-        ts_type, ts = m.timestamp()
-        out.append(
-            ConfluentRecord(
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                ts,
-                1 if ts_type == TIMESTAMP_LOG_APPEND_TIME else 0,
-                m.key(),
-                m.value(),
-                list(m.headers() or []),
-            )
-        )
-    c.close()
-    return out

@@ -13,8 +13,9 @@ import pytest
 from confluent_kafka import Producer
 
 import thalweg_client
-from tests.conftest import RunningGateway, consume_confluent
+from tests.conftest import RunningGateway
 from tests.corpus.edge_records import EDGES
+from tests.helpers import consume_confluent
 from tests.integration.test_fidelity import produce_edges
 from thalweg.embedded import TansuBroker
 from thalweg.records import MetadataColumns, build_raw_batch

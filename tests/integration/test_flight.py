@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import wait_until
 from thalweg_client.wire import encode_ticket
 
 pytestmark = pytest.mark.integration
@@ -138,7 +139,8 @@ def test_end_now_terminates_and_follow_sees_new_records(
 
     t = threading.Thread(target=consume, daemon=True)
     t.start()
-    time.sleep(0.5)
+    # The stream has started (and reached the live tail) once it delivered the history.
+    wait_until(lambda: len(got) >= 300, 30, "the follow stream's history")
     produce_json(producer, topic, 3, 60, start=300)
     assert done.wait(30), f"follow delivered {len(got)} of 360"
     # No gap and no duplicate across the history/live seam.
@@ -146,10 +148,54 @@ def test_end_now_terminates_and_follow_sees_new_records(
     active = gw.gateway.metrics.flight_active_streams
     assert active._value.get() == 1
     client.close()  # cancels the follow stream
-    deadline = time.monotonic() + 10
-    while active._value.get() != 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert active._value.get() == 0, "a cancelled follow stream kept running"
+    wait_until(lambda: active._value.get() == 0, 10, "the cancelled follow stream to end")
+
+
+def test_a_follow_stream_started_while_a_segment_is_written_misses_nothing(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """The history/live seam while a write is in flight: records fetched but not yet
+    durable come from the live tail (never skipped because a segment is on its way), and
+    once the segment lands they are not sent again from Parquet."""
+    topic = topic_factory(1)
+    gw = gateway_factory([topic])
+    held = gw.hold_writes()  # a slow disk: the first raw-lane write waits for us
+    try:
+        produce_json(producer, topic, 1, 100)
+        assert held.entered.wait(30), "no raw-lane write started"
+        wait_until(
+            lambda: gw.gateway.catalog.high_water(topic, 0) >= 100, 30, "100 records fetched"
+        )
+        client = thalweg_client.connect(gw.flight_url)
+        reader = client.stream(topic, end="follow", partitions=[0])
+        got: list[int] = []
+
+        def consume() -> None:
+            for batch in reader:
+                got.extend(batch.column("id").to_pylist())
+                if 149 in got:
+                    return
+
+        threading.Thread(target=consume, daemon=True).start()
+        try:
+            wait_until(
+                lambda: len(got) >= 100,
+                15,
+                "the follow stream to deliver the 100 fetched records while their segment "
+                "is being written",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: got {len(got)} of 100") from None
+        assert got == list(range(100))
+    finally:
+        held.set()
+    gw.wait_durable(topic, {0: 100})
+    produce_json(producer, topic, 1, 50, start=100)
+    wait_until(lambda: 149 in got, 30, "the records after the seam")
+    assert got == list(range(150)), "a gap or a duplicate at the history/live seam"
+    client.close()
 
 
 def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> None:

@@ -1,0 +1,158 @@
+"""Helpers the tests share: waiting on a condition, producing records, reading what a
+consumer group has committed, and seeds for randomised tests.
+
+Plain functions, no fixtures (those live in ``conftest.py``): a test imports what it
+uses from here rather than copying a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    *,
+    interval: float = 0.05,
+    errors: Callable[[], Sequence[BaseException]] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Raises AssertionError naming ``what`` when ``timeout`` seconds pass first. When
+    ``errors`` is given (a gateway's error list, say), the first error it reports is
+    raised at once instead of waiting out the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if errors is not None and (errs := errors()):
+            raise errs[0]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def committed_offsets(
+    bootstrap: str, group: str, topic: str, partitions: Iterable[int], timeout: float = 10
+) -> dict[int, int]:
+    """What ``group`` has committed for each partition of ``topic``, as the broker says;
+    -1 for a partition with no commit (Kafka reports -1001, "invalid offset")."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 2})
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions]
+        return {tp.partition: max(tp.offset, -1) for tp in c.committed(tps, timeout=timeout)}
+    finally:
+        c.close()
+
+
+def wait_committed(
+    bootstrap: str, group: str, topic: str, partition: int, want: int, timeout: float = 15
+) -> int:
+    """The group's committed offset for one partition once it reaches ``want`` (commits
+    follow durable writes asynchronously), or whatever it is when ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = committed_offsets(bootstrap, group, topic, [partition])[partition]
+        if got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def produce_json(
+    bootstrap: str,
+    topic: str,
+    docs: Iterable[dict[str, Any]],
+    *,
+    partition: int | Callable[[int], int] = 0,
+    key: Callable[[int], bytes | None] | None = None,
+    producer: Producer | None = None,
+    flush_timeout: float = 30,
+) -> int:
+    """Produce each doc as one JSON record, in order; returns how many. ``partition`` is
+    a number or a function of the record's index; every record is acknowledged before
+    this returns."""
+    p = producer or Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 2})
+    n = 0
+    for i, doc in enumerate(docs):
+        part = partition(i) if callable(partition) else partition
+        k = key(i) if key is not None else None
+        p.produce(topic, json.dumps(doc).encode(), key=k, partition=part)
+        if i % 2000 == 1999:
+            p.poll(0)
+        n += 1
+    left = p.flush(flush_timeout)
+    assert left == 0, f"{left} of {n} records to {topic} not acknowledged"
+    return n
+
+
+class ConfluentRecord(NamedTuple):
+    """One record as a plain confluent-kafka consumer sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int  # 0 create time, 1 log-append time
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def consume_confluent(
+    bootstrap: str, topic: str, n: int, partition: int = 0, timeout: float = 30
+) -> list[ConfluentRecord]:
+    """The first ``n`` records of one partition as a plain confluent-kafka consumer sees
+    them (an assignment, no group commits)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"diff-{topic}",
+            "enable.auto.commit": False,
+            "log_level": 2,
+        }
+    )
+    c.assign([TopicPartition(topic, partition, 0)])
+    out: list[ConfluentRecord] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error() is not None:
+                continue
+            ts_type, ts = m.timestamp()
+            out.append(
+                ConfluentRecord(
+                    m.topic(),
+                    m.partition(),
+                    m.offset(),
+                    ts,
+                    1 if ts_type == TIMESTAMP_LOG_APPEND_TIME else 0,
+                    m.key(),
+                    m.value(),
+                    list(m.headers() or []),
+                )
+            )
+    finally:
+        c.close()
+    return out
+
+
+def seeded_rng(name: str = "THALWEG_CRASH_SEED") -> random.Random:
+    """A random generator whose seed is printed (pytest shows it with a failure), taken
+    from the environment variable ``name`` when set so a failing run can be replayed."""
+    seed = int(os.environ.get(name, "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"{name}={seed}  (set it to replay this run)")
+    return random.Random(seed)
