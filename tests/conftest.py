@@ -260,11 +260,16 @@ class RunningGateway:
                 lambda: all(end(topic, p) >= n for p, n in counts.items()),
                 timeout,
                 f"{topic} durable to {counts}",
-                errors=lambda: self.errors,
+                check=self.raise_errors,
             )
         except AssertionError:
             got = {p: end(topic, p) for p in counts}
             raise AssertionError(f"not durable in time: want {counts}, have {got}") from None
+
+    def raise_errors(self) -> None:
+        """Raise the gateway's first error, if it has had one."""
+        if self.errors:
+            raise self.errors[0]
 
     def expect_errors(self) -> list[BaseException]:
         """Take the gateway's errors so far, for a test that means to make it fail; the

@@ -11,7 +11,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
@@ -22,26 +22,28 @@ T = TypeVar("T")
 def wait_until(
     predicate: Callable[[], T],
     timeout: float,
-    what: str,
+    what: str | Callable[[], str],
     *,
     interval: float = 0.05,
-    errors: Callable[[], Sequence[BaseException]] | None = None,
+    check: Callable[[], object] | None = None,
 ) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
-    Raises AssertionError naming ``what`` when ``timeout`` seconds pass first. When
-    ``errors`` is given (a gateway's error list, say), the first error it reports is
-    raised at once instead of waiting out the timeout.
+    Raises AssertionError naming ``what`` (a string, or a function giving one, called
+    only on failure: a log's tail, say) when ``timeout`` seconds pass first. ``check``
+    runs on every round and may raise to stop the wait early (a gateway that died, a
+    process that exited).
     """
     deadline = time.monotonic() + timeout
     while True:
         got = predicate()
         if got:
             return got
-        if errors is not None and (errs := errors()):
-            raise errs[0]
+        if check is not None:
+            check()
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            text = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {text}")
         time.sleep(interval)
 
 

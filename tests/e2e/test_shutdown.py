@@ -15,10 +15,11 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
 from tests.e2e.test_crash_exactness import start_gateway, wait_started, write_config
+from tests.helpers import committed_offsets, produce_json, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.errors import ShutdownTimeoutError
 from thalweg.lane import LaneLayout, scan_coverage
@@ -31,15 +32,11 @@ DEADLINE_S = 25.0  # the product default
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    """The group's committed offsets; a partition with none (Kafka says -1001) as 0, the
-    lane end of a partition with nothing durable — both mean "nothing yet" (seen once in
-    CI: a stop landed before one partition's first fetch)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 2})
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        return {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}
-    finally:
-        c.close()
+    """The group's committed offsets; a partition with none as 0, the lane end of a
+    partition with nothing durable — both mean "nothing yet" (seen once in CI: a stop
+    landed before one partition's first fetch)."""
+    offsets = committed_offsets(bootstrap, group, topic, range(PARTITIONS))
+    return {p: max(o, 0) for p, o in offsets.items()}
 
 
 def test_sigterm_under_load(
@@ -66,10 +63,14 @@ def test_sigterm_under_load(
     proc = start_gateway(config, log)
     try:
         wait_started(proc)
-        deadline = time.monotonic() + 60
-        while sum(scan_coverage(layout, topic, p).end or 0 for p in range(PARTITIONS)) < 5000:
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                sum(scan_coverage(layout, topic, p).end or 0 for p in range(PARTITIONS)) >= 5000
+            ),
+            60,
+            lambda: f"5000 durable records; gateway log: {log.read_text()[-2000:]}",
+            interval=0.1,
+        )
         assert not produced.is_set(), "the producer finished before the stop: not under load"
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -84,11 +85,17 @@ def test_sigterm_under_load(
         proc = start_gateway(config, log)  # the restart continues where the lane ends
         assert produced.wait(60)
         expected = {p: len(range(p, TOTAL, PARTITIONS)) for p in range(PARTITIONS)}
-        deadline = time.monotonic() + 90
-        while {p: scan_coverage(layout, topic, p).end for p in range(PARTITIONS)} != expected:
-            assert time.monotonic() < deadline, "lane did not catch up"
+
+        def alive() -> None:
             assert proc.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.2)
+
+        wait_until(
+            lambda: {p: scan_coverage(layout, topic, p).end for p in range(PARTITIONS)} == expected,
+            90,
+            "the lane to catch up",
+            interval=0.2,
+            check=alive,
+        )
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE_S + 10) == 0
@@ -112,22 +119,17 @@ def test_a_drain_past_the_deadline_is_abandoned_uncommitted(
     topic = topic_factory(1)
     gw = gateway_factory([topic], gateway={"shutdown_timeout_s": 1.0}, raw_lane={"roll_age_s": 60})
     release = gw.hold_writes()  # a disk that hangs
-    prod = Producer(
-        {"bootstrap.servers": gw.gateway.cfg.sources[0].bootstrap_servers, "log_level": 2}
+    produce_json(gw.gateway.cfg.sources[0].bootstrap_servers, topic, ({"i": i} for i in range(100)))
+    wait_until(
+        lambda: (gw.gateway.catalog.high_water(topic, 0) or 0) >= 100, 30, "100 records fetched"
     )
-    for i in range(100):
-        prod.produce(topic, json.dumps({"i": i}).encode(), partition=0)
-    prod.flush(10)
-    deadline = time.monotonic() + 30
-    while (gw.gateway.catalog.high_water(topic, 0) or 0) < 100:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
     t = time.monotonic()
     gw.stop(timeout=15)
     took = time.monotonic() - t
     release.set()
     assert took < 10
-    assert len(gw.errors) == 1
-    assert isinstance(gw.errors[0], ShutdownTimeoutError)
-    assert "gateway.shutdown_timeout_s" in str(gw.errors[0])
+    errors = gw.expect_errors()  # the one error this test means to cause
+    assert len(errors) == 1
+    assert isinstance(errors[0], ShutdownTimeoutError)
+    assert "gateway.shutdown_timeout_s" in str(errors[0])
     assert gw.gateway.catalog.describe(topic)["partitions"][0]["committed"] in (None, 0)
