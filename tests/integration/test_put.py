@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
+from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
@@ -122,3 +123,47 @@ def test_actions(
         list(client.do_action(fl.Action("reboot", b"")))
     with pytest.raises(pa.ArrowInvalid, match="unknown topic"):
         list(client.do_action(fl.Action("describe-topic", b'{"topic": "nope"}')))
+
+
+def test_put_acks_are_the_broker_offsets_of_each_batch(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """Each batch's ack names the offsets the broker gave its rows, not their places in
+    the batch: partition 0 already holds records, and later batches continue where the
+    earlier ones ended; reading the acked ranges back gives exactly the batch's rows."""
+    topic = topic_factory(2)
+    for i in range(7):
+        producer.produce(topic, b"old%d" % i, partition=0)
+    producer.flush(10)
+    gw = gateway_factory([topic], format="none")
+    parts = [0, 1, 0, 1, 0]
+    batches = [
+        pa.record_batch(
+            {
+                "value": [b"b%d-r%d" % (b, r) for r in range(len(parts))],
+                "partition": pa.array(parts, pa.int32()),
+            }
+        )
+        for b in range(3)
+    ]
+    with thalweg_client.connect(gw.flight_url) as client:
+        acks = client.write(topic, pa.Table.from_batches(batches))
+        assert acks == [
+            {"rows": 5, "partitions": {"0": [7, 9], "1": [0, 1]}},
+            {"rows": 5, "partitions": {"0": [10, 12], "1": [2, 3]}},
+            {"rows": 5, "partitions": {"0": [13, 15], "1": [4, 5]}},
+        ]
+        gw.wait_durable(topic, {0: 16, 1: 6})
+        for b, ack in enumerate(acks):
+            for p, (first, last) in ack["partitions"].items():
+                back = client.read(
+                    topic,
+                    lane="raw",
+                    partitions=[int(p)],
+                    start={"offset": first},
+                    end={"offset": last + 1},
+                )
+                sent = [b"b%d-r%d" % (b, r) for r, q in enumerate(parts) if q == int(p)]
+                assert back.column("_twg_source_value").to_pylist() == sent, (b, p)
