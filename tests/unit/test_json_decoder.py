@@ -6,6 +6,8 @@ import datetime as dt
 import json
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thalweg.codecs import DecodeReason, JsonArrowDecoder
 from thalweg.records import MetadataColumns
@@ -111,3 +113,42 @@ def test_declared_json_schema_wins_over_inference() -> None:
     noon = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
     assert r.table.column("at").to_pylist()[0] == noon
     assert d.schema == declared
+
+
+def _pinned() -> JsonArrowDecoder:
+    """A decoder whose lane has ``id: int64`` and two fields so far seen only empty
+    (``s: struct<a: null>``, ``tags: list<null>``): payloads infer those, so a conflict
+    with them is found when pieces are fitted to the lane schema, not while parsing."""
+    d, _ = decode([b'{"id": 1, "s": {"a": null}, "tags": []}'])
+    return d
+
+
+GOOD_ROWS = [b'{"id": %d}', b'{"id": %d, "tags": ["x"]}', b'{"id": %d, "s": {"a": 7}}']
+BAD_ROWS = [b'{"id": %d, "s": 5}', b'{"id": %d, "tags": 3}', b'{"id": "%d"}']
+
+
+def test_a_type_conflict_fails_its_own_row_not_its_neighbours() -> None:
+    """One row contradicting an inferred field's pinned type: parsed together, the rows
+    form one piece that does not fit the lane schema; only the contradicting row fails."""
+    values = [b'{"id": 2}', b'{"id": 3, "s": 5}', b'{"id": 4}', b'{"id": 5, "tags": ["x"]}']
+    d = _pinned()
+    _, r = decode(values, d)
+    assert reasons(r) == {1: DecodeReason.TYPE_CONFLICT}
+    assert r.table.column("id").to_pylist() == [2, None, 4, 5]
+    assert r.table.column("tags").to_pylist() == [None, None, None, ["x"]]
+    assert d.schema.field("s").type == pa.struct([("a", pa.null())])  # not changed by row 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2)), min_size=1, max_size=40))
+def test_each_row_fails_or_decodes_on_its_own_merits(rows: list[tuple[bool, int]]) -> None:
+    """Per-row isolation: whatever a batch mixes, exactly the contradicting rows fail (as
+    type conflicts) and every other row decodes to its own id."""
+    values: list[bytes | None] = [
+        (BAD_ROWS if bad else GOOD_ROWS)[kind] % (100 + i) for i, (bad, kind) in enumerate(rows)
+    ]
+    _, r = decode(values, _pinned())
+    bad_rows = {i for i, (bad, _) in enumerate(rows) if bad}
+    assert reasons(r) == dict.fromkeys(bad_rows, DecodeReason.TYPE_CONFLICT)
+    ids = r.table.column("id").to_pylist()
+    assert ids == [None if i in bad_rows else 100 + i for i in range(len(rows))]
