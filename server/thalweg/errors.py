@@ -39,6 +39,24 @@ class PrefixMismatchError(LaneError):
     retriable = False
 
 
+class SegmentConflictError(LaneError):
+    """A segment's name or offset range is already held by another file of the lane.
+
+    Never overwritten, never written beside: two files over one offset would put two
+    records under one (epoch, partition, offset). Raised by another writer of the same
+    lane (a zombie member, a second gateway) or by a lane from an older version.
+    """
+
+    retriable = False
+
+
+class OwnershipLostError(LaneError):
+    """This member may no longer own the partition it was about to write (its group
+    session may have expired while the process was paused); nothing was renamed."""
+
+    retriable = False
+
+
 class SourceError(ThalwegError):
     """A broker client failed; usually transient."""
 

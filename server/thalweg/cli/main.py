@@ -249,6 +249,11 @@ def quickstart(
         fail(ctx, str(exc), EXIT_FAILURE)
 
 
+from thalweg.cli.lane import lane  # noqa: E402  (a command group of its own module)
+
+cli.add_command(lane)
+
+
 def main() -> None:
     _catch_signals_early()
     cli(obj={})

@@ -294,6 +294,26 @@ class RegistryConfig(_Model):
         return self
 
 
+class SchemaLimitsConfig(_Model):
+    """What records may do to a topic's decoded schema (the defence against schema
+    bombs). A record beyond a limit goes to the dead-letter lane as ``schema_limit`` and
+    the schema stays as it was; a ``do_put`` whose columns are beyond them is refused."""
+
+    max_columns: int = Field(
+        1000,
+        gt=0,
+        description="Fields of the decoded schema, counted at every depth (a struct's "
+        "children count).",
+    )
+    max_depth: int = Field(
+        32, gt=0, description="Levels of nested objects and arrays; the record is level 1."
+    )
+    max_name_length: int = Field(256, gt=0, description="Characters of one field name.")
+    max_new_fields_per_batch: int = Field(
+        500, gt=0, description="Fields one fetched batch may add to the decoded schema."
+    )
+
+
 class _SourceBase(_Model):
     """What every source has, whatever its transport: topics, how values decode, and
     the limits on what one poll may bring."""
@@ -325,6 +345,11 @@ class _SourceBase(_Model):
         gt=0,
         description="Payloads larger than this are not decoded: they go to the dead-letter "
         "lane with reason 'oversize' (the raw lane keeps them whole). Unset: no limit.",
+    )
+    schema_limits: SchemaLimitsConfig = Field(
+        default_factory=SchemaLimitsConfig,
+        description="Bounds on the decoded schema: records beyond them are dead-lettered "
+        "as 'schema_limit', do_put batches beyond them refused.",
     )
     contract: Path | None = Field(
         None,
@@ -399,6 +424,20 @@ class KafkaSourceConfig(_SourceBase):
         gt=0,
         description="How long a batch of dead letters is retried to dlq_topic before it is "
         "left in the dlq/ lane only (and the commit goes on). Unset: until it succeeds.",
+    )
+    on_divergence: Literal["stop", "new_epoch"] = Field(
+        "stop",
+        description="When a partition's broker log no longer continues its lane (topic "
+        "recreated, broker data lost, restored from backup, retention past the lane's end): "
+        "'stop' holds the partition (health names it, /ready 503) until the operator acts; "
+        "'new_epoch' closes the lane's epoch and starts a new one at the broker's log start "
+        "(docs/lanes.md).",
+    )
+    missing_topic_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a configured topic may be missing on the broker before "
+        "/ready turns 503 (/health names it from the first check).",
     )
     fetch_max_bytes: int = Field(50 * MiB, gt=0)
     max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 
-from thalweg.lane.layout import META_COVERS_FROM, TMP_MARK, Lane, LaneLayout, Segment
+from thalweg.errors import SegmentConflictError
+from thalweg.lane.layout import (
+    META_COVERS_FROM,
+    TMP_MARK,
+    Lane,
+    LaneLayout,
+    Segment,
+    ensure_dir,
+    fsync_dir,
+)
+
+QUARANTINE = "quarantine"
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +96,13 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
     """Make a partition's lanes consistent after a crash.
 
     Removes temp files of interrupted writes, and decoded and dead-letter segments without
-    a raw twin (written just before a crash; the records will be fetched again).
+    a raw twin (written just before a crash; the records will be fetched again). A raw
+    segment whose offsets lie inside another's (two writers of one lane, before fencing
+    existed) moves with its twins to ``quarantine/``.
+
+    Raises:
+        SegmentConflictError: two raw segments overlap without one containing the other;
+            which of them is right cannot be told from the lane, so nothing is guessed.
 
     Returns:
         Raw segments that have no decoded twin and need decoding again.
@@ -100,6 +117,7 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
             if TMP_MARK in name:
                 (directory / name).unlink(missing_ok=True)
                 log.info("removed interrupted write %s", directory / name)
+    _resolve_overlaps(layout, topic, partition)
     raw = {s.path.name: s for s in layout.segments(Lane.RAW, topic, partition)}
     decoded = {s.path.name: s for s in layout.segments(Lane.DECODED, topic, partition)}
     for lane in (Lane.DECODED, Lane.DLQ):
@@ -108,3 +126,45 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
                 seg.path.unlink(missing_ok=True)
                 log.info("removed %s segment without raw twin %s", lane.value, seg.path)
     return [raw[name] for name in sorted(raw.keys() - decoded.keys())]
+
+
+def _resolve_overlaps(layout: LaneLayout, topic: str, partition: int) -> None:
+    """Quarantine raw segments contained in another; refuse partial overlaps."""
+    segments = layout.segments(Lane.RAW, topic, partition)
+    # Widest first among equal starts, so a contained segment follows its container.
+    segments.sort(key=lambda s: (s.first, -s.last))
+    keeper: Segment | None = None
+    for seg in segments:
+        if keeper is None or seg.first > keeper.last:
+            keeper = seg
+            continue
+        if seg.last <= keeper.last:
+            _quarantine(layout, topic, partition, seg, keeper)
+            continue
+        raise SegmentConflictError(
+            f"{topic}[{partition}]: raw segments {keeper.path.name} and {seg.path.name} "
+            "overlap without one containing the other; the lane is refused until an "
+            f"operator removes one (see docs/operations.md). Directory: {seg.path.parent}"
+        )
+
+
+def _quarantine(
+    layout: LaneLayout, topic: str, partition: int, seg: Segment, keeper: Segment
+) -> None:
+    for lane in Lane:
+        src = layout.partition_dir(lane, topic, partition) / seg.path.name
+        if not src.exists():
+            continue
+        dst_dir = layout.root / QUARANTINE / lane.value / src.parent.parent.name / src.parent.name
+        ensure_dir(dst_dir)
+        os.rename(src, dst_dir / src.name)
+        fsync_dir(dst_dir)
+        fsync_dir(src.parent)
+    log.warning(
+        "%s[%d]: raw segment %s lies inside %s (two writers of one lane); moved to %s",
+        topic,
+        partition,
+        seg.path.name,
+        keeper.path.name,
+        layout.root / QUARANTINE,
+    )

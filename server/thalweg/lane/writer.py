@@ -6,6 +6,12 @@ source position past it. Rows that failed to decode are first written to the dea
 lane (``dlq/``, same name). The decoded segment is written next, so a raw segment on disk
 implies its decoded sibling (barring a decode-write failure, which start-up repairs);
 an orphaned decoded segment (crash between the two renames) is removed at start-up.
+
+A raw segment is never overwritten and never written beside another that overlaps its
+offsets: the final step links the temp file to its name, which fails when the name
+exists, after a check of the partition's other names. And every rename first asks the
+caller's *fence* whether this member still owns the partition (a member paused past its
+group session must not write what the next owner writes too).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +29,7 @@ import pyarrow.parquet as pq
 
 from thalweg.codecs.base import DecodeReason
 from thalweg.config.models import RawLaneConfig
-from thalweg.errors import LaneError
+from thalweg.errors import LaneError, SegmentConflictError
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -42,6 +49,13 @@ from thalweg.records.columns import MetadataColumns
 log = logging.getLogger(__name__)
 
 _ROW_GROUP = 128 * 1024
+
+Fence = Callable[[], None]
+"""Raises (``OwnershipLostError``) when the partition may no longer be this member's."""
+
+
+def _no_fence() -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +106,12 @@ class SegmentWriter:
         decoded: pa.Table | None,
         covers_from: int,
         covers_to: int,
+        fence: Fence = _no_fence,
     ) -> WrittenSegment:
         """Make ``raw`` (and ``decoded``) durable as one segment.
 
         Args:
+            fence: called before every rename; what it raises stops the write there.
             covers_from: first source position this segment accounts for (may be below the
                 first record's offset when the broker skipped offsets: compaction,
                 transaction markers).
@@ -103,6 +119,8 @@ class SegmentWriter:
 
         Raises:
             LaneError: the raw segment could not be made durable (retriable).
+            SegmentConflictError: another file of the lane holds these offsets.
+            OwnershipLostError: (from ``fence``) nothing more may be written.
         """
         offsets = raw.column(self._columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
@@ -121,7 +139,7 @@ class SegmentWriter:
                 # findable in the dead-letter lane by the time its offset is committed.
                 path = self._layout.partition_dir(Lane.DLQ, topic, partition) / name
                 try:
-                    self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True)
+                    self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True, fence=fence)
                 except (OSError, pa.ArrowException) as exc:
                     raise LaneError(f"dead-letter segment {path} not written: {exc}") from exc
                 dlq_rows = dead.num_rows
@@ -135,6 +153,7 @@ class SegmentWriter:
                     {**meta, META_LANE: b"decoded"},
                     stats=False,
                     codec=self._cfg.decoded_compression,
+                    fence=fence,
                 )
                 self._keep(path, decoded)
             except (OSError, pa.ArrowException) as exc:
@@ -144,7 +163,16 @@ class SegmentWriter:
                 decoded_ok = False
         path = self._layout.partition_dir(Lane.RAW, topic, partition) / name
         try:
-            size = self._durable(raw, path, {**meta, META_LANE: b"raw"}, stats=True)
+            size = self._durable(
+                raw,
+                path,
+                {**meta, META_LANE: b"raw"},
+                stats=True,
+                fence=lambda: self._fenced_free(fence, topic, partition, first, last),
+                exclusive=True,
+            )
+        except SegmentConflictError:
+            raise
         except (OSError, pa.ArrowException) as exc:
             raise LaneError(f"raw segment {path} not written: {exc}") from exc
         self._keep(path, raw)
@@ -158,6 +186,36 @@ class SegmentWriter:
             dlq_rows,
             dead if decoded is not None else None,
         )
+
+    def write_decoded(
+        self, topic: str, partition: int, raw_segment: Segment, decoded: pa.Table
+    ) -> None:
+        """Rebuild the decoded twin of an existing raw segment (start-up repair); the raw
+        segment itself is never written again."""
+        meta = dict(pq.read_schema(raw_segment.path).metadata or {})
+        keep = {k: v for k, v in meta.items() if k.startswith(b"thalweg.")}
+        path = self._layout.partition_dir(Lane.DECODED, topic, partition) / raw_segment.path.name
+        self._durable(
+            decoded,
+            path,
+            {**keep, META_LANE: b"decoded"},
+            stats=False,
+            codec=self._cfg.decoded_compression,
+        )
+
+    def _fenced_free(self, fence: Fence, topic: str, partition: int, first: int, last: int) -> None:
+        fence()
+        self._check_free(topic, partition, first, last)
+
+    def _check_free(self, topic: str, partition: int, first: int, last: int) -> None:
+        """Refuse a raw segment whose offsets another file of the partition holds."""
+        for seg in self._layout.segments(Lane.RAW, topic, partition):
+            if seg.first <= last and seg.last >= first:
+                raise SegmentConflictError(
+                    f"raw segment {topic}[{partition}] {first}-{last} not written: "
+                    f"{seg.path.name} already holds offsets {seg.first}-{seg.last} (another "
+                    "writer of this lane; nothing was overwritten)"
+                )
 
     def _dead_letters(self, raw: pa.Table, decoded: pa.Table) -> pa.Table | None:
         """The raw rows whose payload did not decode, with reason, error, stage and time."""
@@ -207,6 +265,8 @@ class SegmentWriter:
         *,
         stats: bool,
         codec: str | None = None,
+        fence: Callable[[], object] = _no_fence,
+        exclusive: bool = False,
     ) -> int:
         ensure_dir(path.parent)
         tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
@@ -232,7 +292,18 @@ class SegmentWriter:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            os.replace(tmp, path)
+            fence()
+            if exclusive:
+                # link() refuses an existing name, atomically: never an overwritten segment.
+                try:
+                    os.link(tmp, path)
+                except FileExistsError as exc:
+                    raise SegmentConflictError(
+                        f"segment {path} already exists; it is never overwritten"
+                    ) from exc
+                tmp.unlink()
+            else:
+                os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +30,7 @@ class Component:
     state: State = State.STARTING
     detail: str = ""
     since: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Health:
@@ -42,15 +43,36 @@ class Health:
         self._loop_stall_s = loop_stall_s
 
     def register(self, name: str, kind: str, *, gates_readiness: bool) -> None:
+        """Add a component (again: its state starts over)."""
         with self._lock:
             self._components[name] = Component(name, kind, gates_readiness, since=time.time())
 
-    def set(self, name: str, state: State, detail: str = "") -> None:
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._components.pop(name, None)
+
+    def set(
+        self, name: str, state: State, detail: str = "", *, info: dict[str, Any] | None = None
+    ) -> None:
         with self._lock:
             c = self._components[name]
             if c.state is not state:
                 c.since = time.time()
             c.state, c.detail = state, detail
+            if info is not None:
+                c.info = dict(info)
+
+    def annotate(self, name: str, **info: Any) -> None:
+        """Attach facts to a component's /health entry without changing its state."""
+        with self._lock:
+            c = self._components.get(name)
+            if c is not None:
+                c.info.update(info)
+
+    def state(self, name: str) -> State | None:
+        with self._lock:
+            c = self._components.get(name)
+            return None if c is None else c.state
 
     def beat(self) -> None:
         """Called by the event loop; /live fails when beats stop."""
@@ -73,6 +95,7 @@ class Health:
                     "detail": c.detail,
                     "since": c.since,
                     "gates_readiness": c.gates_readiness,
+                    **({"info": dict(c.info)} if c.info else {}),
                 }
                 for c in self._components.values()
             }

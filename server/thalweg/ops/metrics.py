@@ -40,6 +40,13 @@ class Metrics:
             part,
             registry=r,
         )
+        self.diverged = Gauge(
+            "twg_partition_diverged",
+            "1 while a partition is held because its broker log no longer continues the "
+            "lane (docs/operations.md).",
+            part,
+            registry=r,
+        )
         self.lag = Gauge(
             "twg_partition_lag_records",
             "Records behind: broker (latest - consumed; Kafka only), durable (received, "

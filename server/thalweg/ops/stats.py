@@ -13,6 +13,7 @@ bounded by the event rate times the window.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 STAGES = ("fetch", "decode", "write", "commit")
 
@@ -49,7 +52,12 @@ class PipelineStats:
         self._lock = threading.Lock()
 
     def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None:
-        """``stage`` finished a unit of work of ``records``/``nbytes`` in ``seconds``."""
+        """``stage`` finished a unit of work of ``records``/``nbytes`` in ``seconds``.
+
+        Never raises: a statistic must not stop ingest. Negative counts (a position that
+        went backwards) count as none.
+        """
+        records, nbytes = max(0, records), max(0, nbytes)
         now = time.monotonic()
         with self._lock:
             st = self._stages[stage]
@@ -57,7 +65,10 @@ class PipelineStats:
             st.last_done = now
             self._trim(st, now)
         if self._on_done is not None:
-            self._on_done(stage, records)
+            try:
+                self._on_done(stage, records)
+            except Exception:
+                log.exception("stage statistics callback failed (ignored)")
 
     def queued(self, stage: str, depth: int) -> None:
         """How much work (records) waits for ``stage`` now."""

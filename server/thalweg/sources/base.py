@@ -19,6 +19,10 @@ RebalanceCallback = Callable[[list[PartitionKey]], Awaitable[None]]
 class Source(Protocol):
     """One configured source's connection to its broker."""
 
+    # True when a partition's positions are broker offsets that only grow and whose log
+    # bounds the broker reports (Kafka): the runner then checks log continuity.
+    positions_are_offsets: bool
+
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         """Connect; partitions are announced through ``on_assigned`` before any of their
         records is returned by :meth:`fetch`."""
@@ -28,6 +32,19 @@ class Source(Protocol):
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         """Whether a broker answers now (for /ready)."""
+
+    def membership(self) -> tuple[bool, float | None]:
+        """Whether the group still knows this member, and when (``time.monotonic``) a
+        heartbeat last succeeded (None: not observable)."""
+
+    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
+        """The broker's log start and end positions of ``key``, asked now."""
+
+    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        """The broker's log end positions of ``keys`` (empty where it cannot tell)."""
+
+    async def missing_topics(self) -> list[str]:
+        """Configured topics the broker does not have (empty where it cannot tell)."""
 
     def highwater(self, key: PartitionKey) -> int | None:
         """The broker's end of a partition as a position, when known cheaply."""

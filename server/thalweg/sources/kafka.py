@@ -41,10 +41,16 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaSource:
     """One consumer-group member for the topics of one configured source."""
 
+    # Offsets of one partition only ever grow, and the broker can say where its log
+    # starts and ends: the runner checks that the log still continues the lane.
+    positions_are_offsets = True
+
     def __init__(self, cfg: KafkaSourceConfig, columns: MetadataColumns) -> None:
         self.cfg = cfg
         self._columns = columns
         self._consumer: AIOKafkaConsumer | None = None
+        self._last_heartbeat_ok: float | None = None
+        self._joined = False
 
     def _kwargs(self) -> dict[str, Any]:
         c = self.cfg
@@ -83,6 +89,50 @@ class KafkaSource:
             raise SourceError(
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
+        self._watch_heartbeats(consumer)
+
+    def _watch_heartbeats(self, consumer: AIOKafkaConsumer) -> None:
+        """Note the time of every successful group heartbeat.
+
+        aiokafka has no public hook for it; its coordinator's ``_do_heartbeat`` returns
+        True on success. Without that method (another aiokafka), :meth:`membership`
+        reports no heartbeats, and ownership doubts clear only at the next assignment.
+        """
+        coordinator = getattr(consumer, "_coordinator", None)
+        beat = getattr(coordinator, "_do_heartbeat", None)
+        if coordinator is None or beat is None:
+            log.warning("source %s: cannot observe group heartbeats", self.cfg.name)
+            return
+
+        async def observed() -> Any:
+            ok = await beat()
+            if ok:
+                self._last_heartbeat_ok = time.monotonic()
+            return ok
+
+        coordinator._do_heartbeat = observed
+
+    def membership(self) -> tuple[bool, float | None]:
+        """Whether the group still knows this member (as far as the client can tell),
+        and the monotonic time of the last successful heartbeat."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        generation = getattr(coordinator, "generation", -1)
+        if isinstance(generation, int) and generation > 0:
+            self._joined = True
+        # Before the first join there is nothing to lose; after it, generation -1 means
+        # the client reset its membership (unknown member, illegal generation).
+        valid = not self._joined or (coordinator is not None and generation != -1)
+        return valid, self._last_heartbeat_ok
+
+    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
+        """The broker's log start and end offsets of a partition, asked now."""
+        tp = TopicPartition(*key)
+        try:
+            start = await self.consumer.beginning_offsets([tp])
+            end = await self.consumer.end_offsets([tp])
+        except KafkaError as exc:
+            raise SourceError(f"source {self.cfg.name!r}: log bounds of {key}: {exc}") from exc
+        return int(start[tp]), int(end[tp])
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """Records fetched since the last call as one raw-lane batch per partition, in
@@ -118,6 +168,23 @@ class KafkaSource:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             return False
         return task.exception() is None
+
+    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        """The broker's log end offsets of ``keys``, asked now in one request."""
+        tps = [TopicPartition(*k) for k in keys]
+        try:
+            ends = await self.consumer.end_offsets(tps)
+        except KafkaError as exc:
+            raise SourceError(f"source {self.cfg.name!r}: log ends: {exc}") from exc
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+
+    async def missing_topics(self) -> list[str]:
+        """The configured topics the broker's metadata does not list."""
+        try:
+            known = await self.consumer.topics()
+        except KafkaError as exc:
+            raise SourceError(f"source {self.cfg.name!r}: metadata failed: {exc}") from exc
+        return [t for t in self.cfg.topics if t not in known]
 
     def highwater(self, key: PartitionKey) -> int | None:
         """The broker's end of a partition as of the last fetch (None before one)."""

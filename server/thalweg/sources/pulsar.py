@@ -55,6 +55,10 @@ _PARTITION_RE = re.compile(r"^(.*)-partition-(\d+)$")
 class PulsarSource:
     """One consumer on one subscription for the topics of one configured source."""
 
+    # Packed message ids, redelivered out of order on shared subscriptions, and no
+    # cheap log bounds: the log-continuity checks of Kafka do not apply (docs/pulsar.md).
+    positions_are_offsets = False
+
     def __init__(self, cfg: PulsarSourceConfig, columns: MetadataColumns) -> None:
         self.cfg = cfg
         self._columns = columns
@@ -312,6 +316,20 @@ class PulsarSource:
 
     def resume(self, keys: list[PartitionKey]) -> None:
         self._paused.difference_update(keys)
+
+    def membership(self) -> tuple[bool, float | None]:
+        """Always a member: a Pulsar subscription has no group session to expire."""
+        return True, None
+
+    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        return {}
+
+    async def missing_topics(self) -> list[str]:
+        """Pulsar creates topics on first use: none is ever missing."""
+        return []
+
+    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
+        raise SourceError(f"source {self.cfg.name!r}: Pulsar log bounds are not read")
 
     def highwater(self, key: PartitionKey) -> int | None:
         """Not known cheaply (it would take a ``get_last_message_id`` round trip)."""
