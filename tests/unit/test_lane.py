@@ -133,3 +133,45 @@ def test_the_decoded_lane_can_use_its_own_codec(tmp_path: Path) -> None:
 
     assert codec(written.segment.path) == "ZSTD"
     assert codec(layout.partition_dir(Lane.DECODED, "t", 0) / name) == "LZ4"
+
+
+class _Crash(BaseException):
+    """The process dying: not an error anything in the writer may catch."""
+
+
+def test_dead_letters_are_durable_before_the_raw_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/lanes.md: dead letters, then decoded, then raw. A crash right after the raw
+    segment's rename must find the dead letters already on disk: the raw segment moves the
+    resume position past these records, so they are never fetched (or dead-lettered)
+    again."""
+    import thalweg.lane.writer as writer_module
+
+    layout = LaneLayout(tmp_path)
+    w = SegmentWriter(layout, COLS, RawLaneConfig(fsync=True))
+    real_fsync_dir = writer_module.fsync_dir
+
+    def dying_fsync_dir(path: Path) -> None:
+        real_fsync_dir(path)
+        if path == layout.partition_dir(Lane.RAW, "t", 0):
+            raise _Crash  # killed right after the raw segment became durable
+
+    monkeypatch.setattr(writer_module, "fsync_dir", dying_fsync_dir)
+    errors = COLS.decode_error
+    decoded = pa.table({"a": [1, None, 3, None], errors: [None, "syntax: bad", None, "empty: x"]})
+    with pytest.raises(_Crash):
+        w.write("t", 0, raw([0, 1, 2, 3]), decoded, 0, 4)
+
+    # The restart: repair keeps the raw segment and resumes after it...
+    repair(layout, "t", 0)
+    assert scan_coverage(layout, "t", 0).end == 4
+    assert resume_position(scan_coverage(layout, "t", 0), None) == 4
+    # ...so the two dead letters must already be in the dead-letter lane.
+    dlq = layout.segments(Lane.DLQ, "t", 0)
+    assert [s.path.name for s in dlq] == ["00000000000000000000-00000000000000000003.parquet"], (
+        "the raw segment is durable but its dead letters are not: they are lost"
+    )
+    dead = pq.read_table(dlq[0].path)
+    assert dead.column(COLS.position).to_pylist() == [1, 3]
+    assert dead.column(COLS.stamped("dlq_reason")).to_pylist() == ["syntax", "empty"]
