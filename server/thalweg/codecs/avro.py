@@ -38,6 +38,7 @@ from thalweg.codecs.base import (
     assemble,
 )
 from thalweg.codecs.framing import HEADER, peel, zigzag_varint
+from thalweg.codecs.limits import SchemaLimits
 from thalweg.codecs.typemap import (
     AvroSchema,
     UnsupportedSchemaError,
@@ -93,6 +94,7 @@ class AvroArrowDecoder(LaneDecoder):
         columns: metadata names; a payload field under the prefix is refused.
         schemas: writer schemas by id.
         native: use the native container-file path (off: per-record fastavro only).
+        limits: bounds on how far a writer schema may widen the lane (defaults).
     """
 
     def __init__(
@@ -102,8 +104,9 @@ class AvroArrowDecoder(LaneDecoder):
         *,
         native: bool = True,
         schema: pa.Schema | None = None,
+        limits: SchemaLimits | None = None,
     ) -> None:
-        super().__init__(columns, schema)
+        super().__init__(columns, schema, limits)
         self._schemas = schemas
         self._native = native
         self._compiled: dict[int, _Compiled | Exception] = {}
@@ -130,6 +133,7 @@ class AvroArrowDecoder(LaneDecoder):
                 )
             )
         pieces: list[tuple[np.ndarray, pa.Table]] = []
+        start = self.shape
         for schema_id in np.unique(framing.ids[framing.ids >= 0]):
             rows = np.flatnonzero(framing.ids == schema_id)
             compiled = self._compile(int(schema_id))
@@ -141,13 +145,20 @@ class AvroArrowDecoder(LaneDecoder):
                 )
                 failures += [DecodeFailure(int(r), reason, str(compiled)) for r in rows]
                 continue
-            table, bad = self._decode_group(values, rows, compiled)
+            # Admitted on its schema, before a row is decoded: a writer schema beyond the
+            # limits (a registry schema with 100k fields) refuses its rows unread.
             merged, refused = admit(
-                self._schema, table.schema, rows, f"schema id {schema_id}", self._columns
+                self._schema,
+                compiled.arrow,
+                rows,
+                f"schema id {schema_id}",
+                self._columns,
+                (self._limits, start),
             )
             if merged is None:
                 failures += refused
                 continue
+            table, bad = self._decode_group(values, rows, compiled)
             self._schema = merged
             failures += bad
             pieces.append((np.setdiff1d(rows, [f.row for f in bad]), table))

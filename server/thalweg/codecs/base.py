@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from thalweg.codecs.limits import SchemaLimits, Shape, check
 from thalweg.records.columns import MetadataColumns
 
 
@@ -38,6 +39,7 @@ class DecodeReason(StrEnum):
     RETRY_EXHAUSTED = "retry_exhausted"  # its schema stayed unreachable past the retry bound
     CONTRACT = "contract"  # decoded, but breaks the data contract's schema (ODCS)
     QUALITY = "quality"  # decoded, but breaks one of the contract's quality rules
+    SCHEMA_LIMIT = "schema_limit"  # would take the lane schema past a SchemaLimits bound
 
     @property
     def stage(self) -> str:
@@ -98,21 +100,30 @@ def admit(
     rows: Sequence[int] | npt.NDArray[np.integer[Any]],
     label: str,
     columns: MetadataColumns,
+    limits: tuple[SchemaLimits, Shape] | None = None,
 ) -> tuple[pa.Schema | None, list[DecodeFailure]]:
     """Whether one writer schema's rows may join the lane.
 
     Returns the widened lane schema, or None with a failure per row when the writer
-    schema contradicts the lane (``schema_conflict``) or names a reserved field.
+    schema contradicts the lane (``schema_conflict``), names a reserved field, or would
+    take the lane past ``limits`` (the limits and the lane's shape when the batch began:
+    ``schema_limit``).
     """
     reserved = [name for name in group.names if columns.is_reserved(name)]
     if reserved:
         msg = f"payload field {reserved[0]!r} uses the reserved metadata prefix {columns.prefix!r}"
         return None, [DecodeFailure(int(r), DecodeReason.RESERVED_FIELD, msg) for r in rows]
     try:
-        return pa.unify_schemas([lane, group], promote_options="permissive"), []
+        widened = pa.unify_schemas([lane, group], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         msg = f"{label} does not evolve the lane schema compatibly: {exc}"
         return None, [DecodeFailure(int(r), DecodeReason.SCHEMA_CONFLICT, msg) for r in rows]
+    if limits is not None and not widened.equals(lane):
+        why = check(limits[0], limits[1], widened)
+        if why is not None:
+            msg = f"{label}: {why}"
+            return None, [DecodeFailure(int(r), DecodeReason.SCHEMA_LIMIT, msg) for r in rows]
+    return widened, []
 
 
 def assemble(
@@ -168,17 +179,36 @@ class ValueDecoder:
 
 
 class LaneDecoder(ABC):
-    """What every format's decoder shares: the lane schema so far, and one decode at a
-    time (the schema only grows, and a decode reads and widens it)."""
+    """What every format's decoder shares: the lane schema so far, the limits on how it
+    may grow, and one decode at a time (the schema only grows, and a decode reads and
+    widens it)."""
 
-    def __init__(self, columns: MetadataColumns, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self,
+        columns: MetadataColumns,
+        schema: pa.Schema | None = None,
+        limits: SchemaLimits | None = None,
+    ) -> None:
         self._columns = columns
         self._schema = schema if schema is not None else pa.schema([])
+        self._limits = limits if limits is not None else SchemaLimits()
+        self._shape = (self._schema, Shape.of(self._schema))
         self._lock = threading.Lock()
 
     @property
     def schema(self) -> pa.Schema:
         return self._schema
+
+    @property
+    def limits(self) -> SchemaLimits:
+        return self._limits
+
+    @property
+    def shape(self) -> Shape:
+        """The lane schema's :class:`Shape` (computed once per schema)."""
+        if self._shape[0] is not self._schema:
+            self._shape = (self._schema, Shape.of(self._schema))
+        return self._shape[1]
 
     def decode(self, values: pa.Array) -> DecodeResult:
         with self._lock:

@@ -29,6 +29,7 @@ from thalweg.codecs.base import (
     LaneDecoder,
     assemble,
 )
+from thalweg.codecs.limits import SchemaLimits, check, prescreen_json
 from thalweg.records.columns import MetadataColumns
 
 _MIN_BLOCK = 1 << 20
@@ -53,9 +54,14 @@ class JsonArrowDecoder(LaneDecoder):
     """
 
     def __init__(
-        self, columns: MetadataColumns, schema: pa.Schema | None = None, *, declared: bool = False
+        self,
+        columns: MetadataColumns,
+        schema: pa.Schema | None = None,
+        *,
+        declared: bool = False,
+        limits: SchemaLimits | None = None,
     ) -> None:
-        super().__init__(columns, schema)
+        super().__init__(columns, schema, limits)
         self._declared = declared and schema is not None
 
     # -- internals -------------------------------------------------------------------
@@ -69,21 +75,120 @@ class JsonArrowDecoder(LaneDecoder):
         for row in np.flatnonzero(blank):
             failures.append(DecodeFailure(int(row), DecodeReason.EMPTY, "empty payload"))
         candidates = np.flatnonzero(present & ~blank)
+        # Rows the parser must never see (too deep to parse safely, too many fields):
+        # refused before parsing; nothing is counted for short rows.
+        bombs = prescreen_json(values, stripped_len, self._limits)
+        if bombs:
+            failures.extend(
+                DecodeFailure(row, DecodeReason.SCHEMA_LIMIT, why) for row, why in bombs.items()
+            )
+            candidates = candidates[~np.isin(candidates, list(bombs))]
         flat = pc.replace_substring(values, b"\r", b" ")
         flat = pc.replace_substring(flat, b"\n", b" ")
 
-        pieces, piece_failures = self._isolate(flat, candidates)
-        failures.extend(piece_failures)
-        pieces, conflicts = self._fit(flat, pieces)
-        failures.extend(conflicts)
-        merged = self._merge(pieces)
-
-        merged, reserved = self._drop_reserved(merged, pieces)
-        failures.extend(reserved)
+        merged, pieces, more = self._parse_rows(flat, candidates)
+        failures.extend(more)
+        for attempt in range(3):
+            why = self._over_limits(merged.schema)
+            if why is None:
+                break
+            done = {f.row for f in failures}
+            refused = (
+                self._admit(flat, pieces, merged, done)
+                if attempt == 0
+                else self._widening(pieces, merged, done, why, every=attempt == 2)
+            )
+            failures.extend(refused)
+            failed = np.fromiter((f.row for f in failures), np.int64, len(failures))
+            merged, pieces, more = self._parse_rows(flat, candidates[~np.isin(candidates, failed)])
+            failures.extend(more)
         self._pin(merged.schema)
 
         rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
         return assemble(n, self._schema, [(rows, merged)] if pieces else [], failures)
+
+    def _parse_rows(
+        self, flat: pa.Array, rows: np.ndarray
+    ) -> tuple[pa.Table, list[_Piece], list[DecodeFailure]]:
+        """Parse ``rows``: the merged table (reserved fields dropped), its pieces, and the
+        rows that failed."""
+        pieces, failures = self._isolate(flat, rows)
+        pieces, conflicts = self._fit(flat, pieces)
+        failures.extend(conflicts)
+        merged, reserved = self._drop_reserved(self._merge(pieces), pieces)
+        failures.extend(reserved)
+        return merged, pieces, failures
+
+    def _over_limits(self, seen: pa.Schema) -> str | None:
+        """Why the batch's schema ``seen`` may not become the lane's; free (one schema
+        comparison) when the batch adds nothing, which is every batch of a settled topic."""
+        if self._declared or seen.equals(self._schema):
+            return None
+        widened = _try_unify(self._schema, seen)
+        if widened is None or widened.equals(self._schema):
+            return None
+        return check(self._limits, self.shape, widened)
+
+    def _admit(
+        self, flat: pa.Array, pieces: list[_Piece], merged: pa.Table, done: set[int]
+    ) -> list[DecodeFailure]:
+        """The rows that take the lane past a limit, found in row order: a row is kept
+        when the lane widened by every row kept before it still fits (the rows that add
+        no field always fit, and are not looked at). Chunks that fit whole are kept with
+        one parse; a chunk that does not is halved, down to the rows to refuse."""
+        rows = self._widening_rows(pieces, merged, done)
+        refused: list[DecodeFailure] = []
+        acc = self._schema
+        stack = [rows] if len(rows) else []
+        while stack:
+            chunk = stack.pop()
+            table, error, reason = self._try(flat, chunk)
+            why = error
+            if table is not None:
+                keep = [f for f in table.schema if not self._columns.is_reserved(f.name)]
+                widened = _try_unify(acc, pa.schema(keep))
+                if widened is None:
+                    why, reason = (
+                        "its types conflict with rows before it",
+                        DecodeReason.TYPE_CONFLICT,
+                    )
+                else:
+                    why, reason = (
+                        check(self._limits, self.shape, widened),
+                        DecodeReason.SCHEMA_LIMIT,
+                    )
+                    if why is None:
+                        acc = widened
+                        continue
+            if len(chunk) == 1:
+                refused.append(DecodeFailure(int(chunk[0]), reason, why or ""))
+            else:
+                mid = len(chunk) // 2
+                stack.extend((chunk[mid:], chunk[:mid]))
+        return refused
+
+    def _widening_rows(self, pieces: list[_Piece], merged: pa.Table, done: set[int]) -> np.ndarray:
+        """The rows (ascending) that hold a value in a column the batch widened."""
+        rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
+        hit = np.zeros(len(rows), dtype=bool)
+        for f in merged.schema:
+            i = self._schema.get_field_index(f.name)
+            if i < 0 or not self._schema.field(i).type.equals(f.type):
+                hit |= np.asarray(merged.column(f.name).is_valid())
+        out = np.sort(rows[hit])
+        return out[~np.isin(out, list(done))] if done else out
+
+    def _widening(
+        self, pieces: list[_Piece], merged: pa.Table, done: set[int], why: str, *, every: bool
+    ) -> list[DecodeFailure]:
+        """A fallback that never keeps the lane past a limit: refuse every row that widens
+        it (or, ``every``, all rows left)."""
+        if every:
+            rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
+            rows = rows[~np.isin(rows, list(done))]
+        else:
+            rows = self._widening_rows(pieces, merged, done)
+        return [DecodeFailure(int(r), DecodeReason.SCHEMA_LIMIT, why) for r in rows]
 
     @staticmethod
     def _stripped_lengths(values: pa.Array) -> np.ndarray:

@@ -31,6 +31,7 @@ from thalweg.codecs.base import (
     assemble,
 )
 from thalweg.codecs.framing import HEADER, peel
+from thalweg.codecs.limits import SchemaLimits
 from thalweg.codecs.typemap import UnsupportedSchemaError
 from thalweg.records.columns import MetadataColumns
 
@@ -224,9 +225,14 @@ class ProtobufArrowDecoder(LaneDecoder):
     """Decodes Confluent-framed Protobuf payloads into one lane per topic."""
 
     def __init__(
-        self, columns: MetadataColumns, schemas: ProtoLookup, *, schema: pa.Schema | None = None
+        self,
+        columns: MetadataColumns,
+        schemas: ProtoLookup,
+        *,
+        schema: pa.Schema | None = None,
+        limits: SchemaLimits | None = None,
     ) -> None:
-        super().__init__(columns, schema)
+        super().__init__(columns, schema, limits)
         self._schemas = schemas
 
     def _decode(self, values: pa.Array) -> DecodeResult:
@@ -240,10 +246,16 @@ class ProtobufArrowDecoder(LaneDecoder):
         groups, parse_failures = self._parse(values.to_pylist(), framing.ids)
         failures += parse_failures
         pieces: list[tuple[np.ndarray, pa.Table]] = []
+        start = self.shape
         for (schema_id, _), (arrow, items) in groups.items():
             rows = np.array([r for r, _ in items], dtype=np.int64)
             merged, refused = admit(
-                self._schema, arrow, rows, f"schema id {schema_id}", self._columns
+                self._schema,
+                arrow,
+                rows,
+                f"schema id {schema_id}",
+                self._columns,
+                (self._limits, start),
             )
             if merged is None:
                 failures += refused

@@ -1,7 +1,9 @@
 """One source's decoders: one per topic, each behind its guards, and the schema registry
 they share with its outage policy.
 
-A topic's decoder is pinned to the schema its decoded lane already has, then wrapped:
+A topic's decoder is pinned to the schema its decoded lane already has and bounded by
+the source's ``schema_limits`` (records that would widen it past them are refused as
+``schema_limit``), then wrapped:
 the size guard (``max_record_bytes``), the schema gate (``registry_max_wait_s``) and the
 data contract (``contract``) — each turns the records it refuses into per-record
 failures with a reason, so every refusal reaches the dead-letter lane the same way.
@@ -24,6 +26,7 @@ from thalweg.codecs.base import ArrowDecoder
 from thalweg.codecs.framing import peel
 from thalweg.codecs.guard import SchemaGate, SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
+from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 
 # Count and wait one retry of a stage (re-raising when the source is stopping).
 Retry = Callable[[Backoff, asyncio.Event, Exception, str], Awaitable[None]]
+
+
+def schema_limits(cfg: KafkaSourceConfig | PulsarSourceConfig) -> SchemaLimits:
+    """The source's ``schema_limits`` as the decoders take them."""
+    return SchemaLimits(**cfg.schema_limits.model_dump())
 
 
 class TopicDecoders:
@@ -145,21 +153,29 @@ class TopicDecoders:
         return ContractGuard(decoder, compiled)
 
     def _decoder(self, pinned: pa.Schema | None) -> ArrowDecoder:
+        limits = schema_limits(self.cfg)
+        if pinned is not None and (why := check_schema(limits, pinned)) is not None:
+            log.warning(
+                "source %s: the decoded lane's schema is already beyond schema_limits (%s): "
+                "records that add no field still decode, none may widen it further",
+                self.cfg.name,
+                why,
+            )
         if self.cfg.format == "avro":
             assert self._registry is not None
-            return AvroArrowDecoder(self._columns, self._registry, schema=pinned)
+            return AvroArrowDecoder(self._columns, self._registry, schema=pinned, limits=limits)
         if self.cfg.format == "protobuf":
             from thalweg.codecs.protobuf import ProtobufArrowDecoder  # the protobuf extra
 
-            return ProtobufArrowDecoder(self._columns, self._registry, schema=pinned)
+            return ProtobufArrowDecoder(self._columns, self._registry, schema=pinned, limits=limits)
         if self.cfg.json_schema is not None:
             path = self.cfg.json_schema
             try:
                 declared = json_schema_record(json.loads(path.read_text("utf-8")))
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"source {self.cfg.name!r}: json_schema {path}: {exc}") from exc
-            return JsonArrowDecoder(self._columns, declared, declared=True)
-        return JsonArrowDecoder(self._columns, pinned)
+            return JsonArrowDecoder(self._columns, declared, declared=True, limits=limits)
+        return JsonArrowDecoder(self._columns, pinned, limits=limits)
 
     async def resolve(self, raw: pa.RecordBatch, stop: asyncio.Event) -> None:
         """Fetch writer schemas this batch needs before decoding it.

@@ -9,7 +9,9 @@ A put's columns are either
 
 plus, optionally, ``key`` (binary/string), ``headers``
 (``list<struct<key, value>>``), ``partition`` (integer) and ``timestamp`` (timestamp or
-epoch milliseconds). Anything else about the schema is refused before a row is produced.
+epoch milliseconds). Anything else about the schema is refused before a row is produced,
+and so are payload columns beyond the source's ``schema_limits`` (too many fields, too
+deep, a name too long): the decoded lane would refuse every record of such a put.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.config.models import SourceConfig
 from thalweg.errors import TicketError
 from thalweg.sinks.rows import ProduceRows
@@ -97,6 +100,15 @@ def plan_put(
     if not payload:
         raise TicketError("a put needs a 'value' column or payload columns to encode")
     payload_schema = pa.schema([schema.field(n) for n in payload])
+    limits = SchemaLimits(**source.schema_limits.model_dump())
+    why = check_schema(limits, payload_schema)
+    if why is not None:
+        # The topic's decoded lane would refuse every record of it (schema_limit): a put
+        # of 100,000 columns is refused here, before a row is encoded or produced.
+        raise TicketError(
+            f"the put's payload columns are beyond the topic's schema_limits: {why} "
+            f"(sources.schema_limits of source {source.name!r})"
+        )
     if source.format == "json":
         from thalweg.codecs.encode import JsonEncoder
 
