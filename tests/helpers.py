@@ -111,6 +111,7 @@ class ConfluentRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
+    leader_epoch: int | None = None
 
 
 def consume_confluent(
@@ -145,6 +146,7 @@ def consume_confluent(
                     m.key(),
                     m.value(),
                     list(m.headers() or []),
+                    m.leader_epoch(),
                 )
             )
     finally:
