@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow.flight as fl
 
 from thalweg.config.models import FlightAuthConfig
+from thalweg.flight.errors import refusals
 
 MIDDLEWARE_KEY = "thalweg-auth"
 _MAX_SESSIONS = 10_000
@@ -80,6 +81,7 @@ class TokenAuthFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
         self._sessions: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
 
+    @refusals
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> _CallPrincipal:
         values = headers.get("authorization") or headers.get("Authorization") or []
         for value in values:

@@ -105,7 +105,11 @@ def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, 
 
 
 def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
-    """Fix positions and schema at call time (``now`` means now, not when read)."""
+    """Fix positions and schema at call time (``now`` means now, not when read).
+
+    A bounded read never waits: an ``end`` offset beyond what the partition holds when
+    the call starts (its durable end and live tail) is answered up to there.
+    """
     if ticket.topic not in catalog.topics():
         raise TicketError(f"unknown topic {ticket.topic!r}")
     known = catalog.partitions(ticket.topic)
@@ -129,6 +133,8 @@ def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
         durable = catalog.durable_end(ticket.topic, p)
         start = _start(catalog, ticket.topic, p, ticket.start, durable)
         end = _end(catalog, ticket.topic, p, ticket.end, durable)
+        if end is not None:
+            start = min(start, end)  # an empty range, and an endpoint ticket that parses
         ranges.append(PartitionRange(p, start, end))
     return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
 
@@ -160,7 +166,8 @@ def _end(catalog: LaneCatalog, topic: str, p: int, end: End, durable: int) -> in
     if end == "follow":
         return None
     if isinstance(end, OffsetPosition):
-        return end.offset
+        # Answered up to what the gateway holds when the call starts, never waited for.
+        return min(end.offset, catalog.high_water(topic, p))
     assert isinstance(end, TimestampPosition)
     found = catalog.reader.offset_for_timestamp(topic, p, end.timestamp_ms, durable)
     return durable if found is None else found

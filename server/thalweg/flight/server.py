@@ -34,12 +34,13 @@ from thalweg.flight.auth import (
     principal_of,
 )
 from thalweg.flight.endpoints import plan_endpoints
+from thalweg.flight.errors import InvalidArgumentError, install, refusals, refusing
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.plan import plan_read
 from thalweg.flight.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
 from thalweg.flight.put import PutPlan, plan_put, refuse_unsafe_types
 from thalweg.flight.stream import FollowLagError, read_stream
-from thalweg.flight.tickets import OffsetPosition, ReadTicket, parse_ticket
+from thalweg.flight.tickets import MAX_TICKET_BYTES, OffsetPosition, ReadTicket, parse_ticket
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory, call_span_context
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
@@ -53,11 +54,6 @@ from thalweg.sources.kafka_security import security_kwargs
 log = logging.getLogger(__name__)
 
 
-def _invalid(exc: TicketError) -> pa.ArrowInvalid:
-    # pyarrow.flight maps ArrowInvalid to gRPC INVALID_ARGUMENT.
-    return pa.ArrowInvalid(str(exc))
-
-
 class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     """Serves the lanes of one gateway over Arrow Flight.
 
@@ -65,6 +61,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         location: where to listen, e.g. ``grpc://127.0.0.1:8815`` (port 0 picks one).
         catalog: the read-side view of the lanes.
         advertise: the location put into endpoints (defaults to the bound location).
+
+    Every handler's errors go through :func:`thalweg.flight.errors.refusals`: the client
+    reads a message and a status code, never a traceback (``docs/flight-api.md``).
     """
 
     def __init__(
@@ -85,6 +84,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         put_timeout_ms: int = 30_000,
         **kwargs: Any,
     ) -> None:
+        install()
         middleware: dict[str, Any] = {}
         if tracing is not None and tracing.enabled:
             middleware[TRACE_KEY] = TracingMiddlewareFactory(tracing)
@@ -118,6 +118,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     # -- discovery -----------------------------------------------------------------
 
+    @refusals
     def list_flights(
         self, context: fl.ServerCallContext, criteria: bytes
     ) -> Iterator[fl.FlightInfo]:
@@ -135,34 +136,27 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                         ReadTicket(topic=topic, lane="raw"),
                     )
 
+    @refusals
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         self._metrics.flight_calls.labels("get_flight_info").inc()
-        try:
-            return self._info(descriptor, self._readable(context, self._ticket_of(descriptor)))
-        except TicketError as exc:
-            raise _invalid(exc) from exc
+        return self._info(descriptor, self._readable(context, self._ticket_of(descriptor)))
 
+    @refusals
     def get_schema(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
         self._metrics.flight_calls.labels("get_schema").inc()
-        try:
-            ticket = self._readable(context, self._ticket_of(descriptor))
-            schema = plan_read(self._catalog, ticket).schema
-        except TicketError as exc:
-            raise _invalid(exc) from exc
-        return fl.SchemaResult(schema)
+        ticket = self._readable(context, self._ticket_of(descriptor))
+        return fl.SchemaResult(plan_read(self._catalog, ticket).schema)
 
     # -- reads ---------------------------------------------------------------------
 
+    @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._metrics.flight_calls.labels("do_get").inc()
-        try:
-            plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
-        except TicketError as exc:
-            raise _invalid(exc) from exc
+        plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
         streams = self._metrics.flight_active_streams
         slot = self._streams.acquire(caller_key(context), on_release=streams.dec)
         streams.inc()
@@ -185,10 +179,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
         gen = batches()
         weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
-        return fl.GeneratorStream(plan.schema, gen)
+        return fl.GeneratorStream(plan.schema, refusing(gen, "do_get"))
 
     # -- writes ------------------------------------------------------------------
 
+    @refusals
     def do_put(
         self,
         context: fl.ServerCallContext,
@@ -199,10 +194,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         """Produce the rows of ``["topics", <topic>]`` and acknowledge each batch with
         ``{"rows": n, "partitions": {"<p>": [first, last]}}`` as PutResult metadata."""
         self._metrics.flight_calls.labels("do_put").inc()
-        try:
-            topic = self._put_topic(descriptor)
-        except TicketError as exc:
-            raise _invalid(exc) from exc
+        topic = self._put_topic(descriptor)
         if not principal_of(context).may("write", topic):
             raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
         try:
@@ -215,8 +207,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 self._avro_encoder(topic, source),
                 self._protobuf_encoder(topic, source),
             )
-        except (TicketError, ThalwegError) as exc:
-            raise _invalid(TicketError(str(exc))) from exc
+        except ThalwegError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         assert source is not None
         slot = self._streams.acquire(caller_key(context))
         span_ctx = call_span_context(context)
@@ -259,8 +251,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 except StopIteration:
                     break
                 except (pa.ArrowException, OSError) as exc:  # ArrowIOError is an OSError
-                    raise _invalid(
-                        TicketError(f"unreadable Arrow stream ({exc}); {total} rows were produced")
+                    raise InvalidArgumentError(
+                        f"unreadable Arrow stream ({exc}); {total} rows were produced"
                     ) from exc
                 batch = chunk.data
                 if batch is None:  # metadata-only message
@@ -283,10 +275,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                     if traceparent is not None:
                         rows = rows.with_header(b"traceparent", traceparent)
                 except (pa.ArrowException, TicketError) as exc:
-                    raise _invalid(
-                        TicketError(
-                            f"invalid batch after row {total} ({exc}); {total} rows were produced"
-                        )
+                    raise InvalidArgumentError(
+                        f"invalid batch after row {total} ({exc}); {total} rows were produced"
                     ) from exc
                 try:
                     ack = await out.send(plan.topic, rows)
@@ -327,8 +317,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:
         if descriptor.descriptor_type != fl.DescriptorType.PATH:
             raise TicketError("do_put takes a path descriptor ['topics', <topic>]")
-        path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
-        if len(path) != 2 or path[0] != "topics":
+        path = [_text(p) for p in descriptor.path]
+        if len(path) != 2 or path[0] != "topics" or not path[1]:
             raise TicketError(f"unknown descriptor path {path!r}; use ['topics', <topic>]")
         return str(path[1])
 
@@ -377,22 +367,28 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             ("health", "The gateway's health tree (as /health)."),
         ]
 
+    @refusals
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         self._metrics.flight_calls.labels("do_action").inc()
         if action.type == "health":
             yield json.dumps(self._health()).encode()
             return
         if action.type == "describe-topic":
+            raw = action.body.to_pybytes()
             try:
-                body = json.loads(action.body.to_pybytes() or b"{}")
+                if len(raw) > MAX_TICKET_BYTES:
+                    raise ValueError("too large")
+                body = json.loads(raw or b"{}")
                 topic = body["topic"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise pa.ArrowInvalid('describe-topic takes {"topic": "<name>"}') from exc
+                if not isinstance(topic, str):
+                    raise TypeError("topic is not a string")
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise TicketError('describe-topic takes {"topic": "<name>"}') from exc
             if topic not in self._catalog.topics() or not principal_of(context).may("read", topic):
-                raise pa.ArrowInvalid(f"unknown topic {topic!r}")
+                raise TicketError(f"unknown topic {topic!r}")
             yield json.dumps(self._catalog.describe(topic)).encode()
             return
-        raise pa.ArrowInvalid(f"unknown action {action.type!r}; see list_actions")
+        raise TicketError(f"unknown action {action.type!r}; see list_actions")
 
     def shutdown(self) -> None:
         """End follow streams, then stop (gRPC waits for open calls to finish)."""
@@ -409,8 +405,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
 
     def _ticket_of(self, descriptor: fl.FlightDescriptor) -> ReadTicket:
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
-            path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
-            if len(path) != 2 or path[0] != "topics":
+            path = [_text(p) for p in descriptor.path]
+            if len(path) != 2 or path[0] != "topics" or not path[1]:
                 raise TicketError(f"unknown descriptor path {path!r}; use ['topics', <topic>]")
             return ReadTicket(topic=path[1])
         return parse_ticket(descriptor.command)
@@ -439,6 +435,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
+
+
+def _text(part: bytes | str) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else part
 
 
 def _offset(position: object) -> int | None:

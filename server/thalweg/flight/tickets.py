@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from thalweg.errors import TicketError
 from thalweg.lane.layout import Lane
@@ -20,6 +20,11 @@ from thalweg.records.columns import MetadataPolicy
 from thalweg_client.wire import WireError, decode_ticket, is_json_ticket
 
 TICKET_VERSION = 1
+
+# Caps on what one ticket may ask for, so a ticket costs the gateway little to refuse.
+MAX_TICKET_BYTES = 1 << 20
+MAX_FILTER_CONDITIONS = 64
+MAX_IN_VALUES = 10_000
 
 
 class _Model(BaseModel):
@@ -44,6 +49,12 @@ class Condition(_Model):
     column: str = Field(min_length=1)
     op: Literal["==", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_valid"]
     value: Any = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Condition:
+        if isinstance(self.value, list) and len(self.value) > MAX_IN_VALUES:
+            raise ValueError(f"an 'in' list holds at most {MAX_IN_VALUES} values")
+        return self
 
 
 Start = Literal["earliest", "latest"] | OffsetPosition | TimestampPosition
@@ -74,8 +85,27 @@ class ReadTicket(_Model):
         None, min_length=1, description="Output columns to keep, in this order (all: omit)."
     )
     filter: list[Condition] | None = Field(
-        None, min_length=1, description="Rows where all conditions hold."
+        None,
+        min_length=1,
+        max_length=MAX_FILTER_CONDITIONS,
+        description="Rows where all conditions hold.",
     )
+
+    @model_validator(mode="after")
+    def _start_not_after_end(self) -> ReadTicket:
+        s, e = self.start, self.end
+        if isinstance(s, OffsetPosition) and isinstance(e, OffsetPosition) and s.offset > e.offset:
+            raise ValueError(f"start {{offset: {s.offset}}} is after end {{offset: {e.offset}}}")
+        if (
+            isinstance(s, TimestampPosition)
+            and isinstance(e, TimestampPosition)
+            and s.timestamp_ms > e.timestamp_ms
+        ):
+            raise ValueError(
+                f"start {{timestamp_ms: {s.timestamp_ms}}} is after end "
+                f"{{timestamp_ms: {e.timestamp_ms}}}"
+            )
+        return self
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_defaults=False).encode()
@@ -83,7 +113,12 @@ class ReadTicket(_Model):
 
 def parse_ticket(data: bytes) -> ReadTicket:
     """Parse a JSON or binary ticket; raises :class:`TicketError` saying exactly what is
-    wrong, naming the field."""
+    wrong, naming the field. Tickets over :data:`MAX_TICKET_BYTES` and JSON nested too
+    deep to parse are refused too."""
+    if len(data) > MAX_TICKET_BYTES:
+        raise TicketError(
+            f"ticket is {len(data)} bytes; tickets are limited to {MAX_TICKET_BYTES} bytes"
+        )
     if not is_json_ticket(data):
         try:
             obj: Any = decode_ticket(data)
@@ -94,13 +129,18 @@ def parse_ticket(data: bytes) -> ReadTicket:
             obj = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TicketError(f"ticket is not a JSON object: {exc}") from exc
+        except RecursionError as exc:
+            raise TicketError("ticket JSON is nested too deeply") from exc
         if not isinstance(obj, dict):
             raise TicketError("ticket is not a JSON object")
     try:
         return ReadTicket.model_validate(obj)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = str(first["loc"][0]) if first["loc"] else "ticket"
+        if not first["loc"]:  # a rule across fields: the message names them
+            why = first["msg"].removeprefix("Value error, ")
+            raise TicketError(f"invalid ticket: {why}") from exc
+        loc = str(first["loc"][0])
         hint = {
             "start": "earliest | latest | {offset: N} | {timestamp_ms: N}",
             "end": "now | follow | {offset: N} | {timestamp_ms: N}",
