@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from tests.helpers import committed_offsets, seeded_rng, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
 
@@ -143,7 +143,7 @@ def test_sigkill_loses_and_duplicates_nothing(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
 
-    rng = random.Random(int(os.environ.get("THALWEG_CRASH_SEED", "0")) or None)
+    rng = seeded_rng("THALWEG_CRASH_SEED")  # printed: a failing run can be replayed
     proc = start_gateway(config, log)
     try:
         for _ in range(KILLS):
@@ -153,16 +153,21 @@ def test_sigkill_loses_and_duplicates_nothing(
             proc = start_gateway(config, log)
         assert produced.wait(120), "producer did not finish"
         # Let the last gateway catch up, then stop it gracefully.
-        deadline = time.monotonic() + 90
         expected = {p: len(range(p, TOTAL, PARTITIONS)) for p in range(PARTITIONS)}
-        while time.monotonic() < deadline:
-            ends = {p: scan_coverage(layout, topic, p).end or 0 for p in range(PARTITIONS)}
-            if ends == expected:
-                break
+
+        def ends() -> dict[int, int]:
+            return {p: scan_coverage(layout, topic, p).end or 0 for p in range(PARTITIONS)}
+
+        def alive() -> None:
             assert proc.poll() is None, f"gateway exited: {log.read_text()[-2000:]}"
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"lane did not catch up: {ends} != {expected}")
+
+        wait_until(
+            lambda: ends() == expected,
+            90,
+            lambda: f"the lane to catch up: {ends()} != {expected}",
+            interval=0.2,
+            check=alive,
+        )
         wait_started(proc)  # a graceful stop is asserted, not a stop during start-up
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -188,9 +193,4 @@ def test_sigkill_loses_and_duplicates_nothing(
     values = sorted(json.loads(v)["n"] for v in lane["_twg_source_value"].to_pylist())
     assert values == list(range(TOTAL))
     # The final committed offsets equal the lane's end (graceful stop commits all).
-    final = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "log_level": 2})
-    try:
-        committed = {tp.partition: tp.offset for tp in final.committed(tps, timeout=10)}
-    finally:
-        final.close()
-    assert committed == expected
+    assert committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == expected

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import time
 import urllib.request
@@ -23,6 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.e2e.test_crash_exactness import start_gateway, wait_started
+from tests.helpers import seeded_rng
 from tests.pulsar_lite import ExternalPulsar, PulsarLite, drain_subscription
 from thalweg.embedded import free_port
 
@@ -147,7 +147,7 @@ def test_sigkill_loop_writes_every_message_exactly_once(
     # Rate-limited, so that ingest lasts through the kills.
     write_config(config, url, topic, data, port, roll_age_s=0.25, max_records_per_s=4000)
     produce(url, topic, 0, total)
-    rng = random.Random(int(os.environ.get("THALWEG_CRASH_SEED", "0")) or None)
+    rng = seeded_rng("THALWEG_CRASH_SEED")  # printed: a failing run can be replayed
     proc = start_gateway(config, log)
     try:
         for _ in range(4):
