@@ -49,7 +49,7 @@ def parsed(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         seen.append(buf)
         return real(pa.BufferReader(buf), *args, **kwargs)
 
-    monkeypatch.setattr(json_codec.pj, "read_json", spy)
+    monkeypatch.setattr(pj, "read_json", spy)  # the module the decoder parses with
     return seen
 
 
