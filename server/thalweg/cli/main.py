@@ -19,6 +19,7 @@ import click
 from thalweg import __version__
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, EXIT_SHUTDOWN_TIMEOUT, emit, fail
 from thalweg.config import ThalwegConfig, load_config
+from thalweg.config.checks import data_dir_problem
 from thalweg.errors import ConfigError, ShutdownTimeoutError, ThalwegError
 
 
@@ -111,10 +112,13 @@ def stream(ctx: click.Context, config_path: Path) -> None:
     try:
         cfg = load_config(config_path)
         gateway = Gateway(cfg)
-    except ConfigError as exc:
+    except ConfigError as exc:  # also a data_dir or port this host cannot give it
         fail(ctx, str(exc), EXIT_CONFIG)
     except ThalwegError as exc:
         fail(ctx, str(exc), EXIT_FAILURE)
+    except Exception as exc:  # one line for the operator; the traceback at debug level
+        logging.getLogger(__name__).debug("start-up failed", exc_info=exc)
+        fail(ctx, f"the gateway did not start: {type(exc).__name__}: {exc}", EXIT_FAILURE)
     emit(
         ctx,
         f"thalweg {__version__}: flight {gateway.flight_url}, admin {gateway.admin_url}",
@@ -145,10 +149,16 @@ def _load_or_fail(ctx: click.Context, path: Path) -> ThalwegConfig:
 @click.pass_context
 def config_validate(ctx: click.Context, path: Path) -> None:
     """Validate PATH (and the data contracts it names); print one line naming the first
-    bad key, exit 2 if invalid. Contract rules that are not enforced are listed."""
+    bad key, exit 2 if invalid. Contract rules that are not enforced are listed.
+
+    Nothing is created, bound or connected: an existing gateway.data_dir must be a
+    writable directory, but whether the ports are free is only known at start."""
     from thalweg.contracts import compile_object, load_contract
 
     cfg = _load_or_fail(ctx, path)
+    problem = data_dir_problem(cfg.gateway.data_dir)
+    if problem is not None:
+        fail(ctx, problem, EXIT_CONFIG)
     topics = [t for s in cfg.sources for t in s.topics]
     unenforced: list[str] = []
     for source in cfg.sources:

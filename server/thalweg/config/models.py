@@ -230,6 +230,7 @@ class GatewayConfig(_Model):
         scheme, sep, rest = v.partition("://")
         if scheme not in ("grpc", "grpc+tcp", "grpc+tls") or not sep or ":" not in rest:
             raise ValueError("must look like grpc://host:port (or grpc+tls://host:port)")
+        _port_in_range(rest.rpartition(":")[2])
         return v
 
     @field_validator("http_listen")
@@ -238,6 +239,7 @@ class GatewayConfig(_Model):
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError("must look like host:port")
+        _port_in_range(port)
         return v
 
     @field_validator("metadata_prefix")
@@ -245,6 +247,11 @@ class GatewayConfig(_Model):
     def _prefix(cls, v: str) -> str:
         MetadataColumns(v)  # raises ValueError with the rule
         return v
+
+
+def _port_in_range(port: str) -> None:
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"port {port!r} is not a port number (0-65535; 0 picks a free one)")
 
 
 class RawLaneConfig(_Model):

@@ -8,9 +8,11 @@ import logging
 
 import pyarrow as pa
 
+from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.runner import RAW_LANE, LaneContext, SourceRunner
-from thalweg.errors import ShutdownTimeoutError
+from thalweg.errors import ConfigError, ShutdownTimeoutError
+from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
@@ -39,14 +41,25 @@ def tune_gc() -> None:
 
 
 class Gateway:
-    """Everything ``twg stream`` runs, startable in-process (tests, quickstart)."""
+    """Everything ``twg stream`` runs, startable in-process (tests, quickstart).
+
+    Raises:
+        ConfigError: the host cannot run this configuration — ``data_dir`` not writable,
+            a listen address in use or not this host's — in one line naming the setting.
+    """
 
     def __init__(self, cfg: ThalwegConfig) -> None:
         self.cfg = cfg
         g = cfg.gateway
         self.columns = MetadataColumns(g.metadata_prefix)
+        problem = data_dir_problem(g.data_dir)
+        if problem is not None:
+            raise ConfigError(problem)
         self.layout = LaneLayout(g.data_dir)
-        self.layout.claim(g.metadata_prefix)
+        try:
+            self.layout.claim(g.metadata_prefix)
+        except OSError as exc:
+            raise ConfigError(data_dir_error(g.data_dir, exc)) from exc
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
@@ -83,31 +96,55 @@ class Gateway:
             configured_topics=self._configured_topics,
         )
         self._probe_lane()
-        self.flight = GatewayFlightServer(
-            g.flight_listen,
-            self.catalog,
-            self.metrics,
-            advertise=g.flight_advertise,
-            sources={t: s for s in cfg.sources for t in s.topics},
-            pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],
-            health=self.health.tree,
-            auth=g.auth,
-            tls=g.tls,
-            serving=g.flight,
-            idempotent_producer=g.idempotent_producer,
-            tracing=self.tracing,
-            put_timeout_ms=g.put_timeout_ms,
-        )
+        self.flight = self._start_flight(cfg)
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")
-        self.admin = AdminServer(
-            host,
-            int(port),
-            self.health,
-            self.metrics,
-            self.stats,
-            metrics_enabled=g.metrics_enabled,
-        )
+        try:
+            self.admin = AdminServer(
+                host,
+                int(port),
+                self.health,
+                self.metrics,
+                self.stats,
+                metrics_enabled=g.metrics_enabled,
+            )
+        except OSError as exc:
+            self.flight.shutdown()
+            problem = listen_problem("gateway.http_listen", g.http_listen)
+            raise ConfigError(
+                problem or f"gateway.http_listen: cannot listen on {g.http_listen}: {exc}"
+            ) from exc
+
+    def _start_flight(self, cfg: ThalwegConfig) -> GatewayFlightServer:
+        """The Flight server, listening; a port in use is found before gRPC tries it
+        (gRPC itself only says "Server did not start properly", on stderr too)."""
+        g = cfg.gateway
+        problem = listen_problem("gateway.flight_listen", g.flight_listen)
+        if problem is not None:
+            raise ConfigError(problem)
+        try:
+            return GatewayFlightServer(
+                g.flight_listen,
+                self.catalog,
+                self.metrics,
+                advertise=g.flight_advertise,
+                sources={t: s for s in cfg.sources for t in s.topics},
+                pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],
+                health=self.health.tree,
+                auth=g.auth,
+                tls=g.tls,
+                serving=g.flight,
+                idempotent_producer=g.idempotent_producer,
+                tracing=self.tracing,
+                put_timeout_ms=g.put_timeout_ms,
+            )
+        except (pa.ArrowException, OSError) as exc:
+            why = clean(str(exc)).split(". Detail:", 1)[0]
+            setting = "gateway.tls" if g.tls is not None else "gateway.flight_listen"
+            problem = listen_problem("gateway.flight_listen", g.flight_listen)
+            raise ConfigError(
+                problem or f"{setting}: the Flight server did not start on {g.flight_listen}: {why}"
+            ) from exc
 
     @property
     def flight_url(self) -> str:
@@ -131,14 +168,15 @@ class Gateway:
         return [t for s in self.cfg.sources for t in s.topics]
 
     def _probe_lane(self) -> None:
-        """The raw lane is ready once its root is writable; writes keep it honest after."""
+        """The raw lane is ready once its root is writable (a lane written before and
+        now read-only is found here, at start); writes keep it honest after."""
         probe = self.layout.root / "raw" / ".probe"
         try:
             probe.write_bytes(b"")
             probe.unlink()
-            self.health.set(RAW_LANE, State.UP, "writable")
         except OSError as exc:
-            self.health.set(RAW_LANE, State.DOWN, f"not writable: {exc}")
+            raise ConfigError(data_dir_error(self.cfg.gateway.data_dir, exc)) from exc
+        self.health.set(RAW_LANE, State.UP, "writable")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and ingest until ``stop`` is set; then drain, commit and close."""

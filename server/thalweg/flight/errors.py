@@ -130,7 +130,8 @@ def refusal(exc: Exception, verb: str) -> RefusalError:
     which may name files on the gateway.
     """
     if isinstance(exc, RefusalError):
-        return exc
+        message = clean(str(exc))
+        return exc if message == str(exc) else type(exc)(message)
     if isinstance(exc, TicketError):
         return InvalidArgumentError(clean(str(exc)))
     for flight_cls, cls in _FLIGHT:
