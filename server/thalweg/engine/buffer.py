@@ -70,7 +70,7 @@ class PartitionBuffer:
         )
 
     def take(self) -> Pending:
-        nbytes = self.sink.nbytes
+        nbytes = self.buffered_bytes
         out, span = self.sink.finish()
         raw, decoded = out if self.arrow is not None else (out, None)
         self.in_flight_bytes += nbytes
@@ -78,8 +78,17 @@ class PartitionBuffer:
         return Pending(raw, decoded, span, nbytes)
 
     @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the records not yet taken: the raw batches and, with a decoded lane,
+        their decoded copies (as large as the raw ones, or larger: both are held until
+        the segment is written, and ``max_buffered_bytes`` bounds them together)."""
+        decoded = self.arrow.decoded_bytes if self.arrow is not None else 0
+        return self.sink.nbytes + decoded
+
+    @property
     def held_bytes(self) -> int:
-        return self.sink.nbytes + self.in_flight_bytes
+        """Bytes received and not yet durable: buffered plus being written."""
+        return self.buffered_bytes + self.in_flight_bytes
 
     @property
     def held_rows(self) -> int:

@@ -4,8 +4,9 @@ Offsets are only names: after a topic is recreated, a broker loses its data or i
 restored from a backup, the same offsets name other records. Three checks catch it
 (Kafka, where positions are offsets):
 
-* on assignment, the broker's log bounds against the lane's end — a log that ends
-  before the lane, or starts after it, does not continue it;
+* the broker's log bounds against the lane's end — a log that starts after the lane's
+  end (asked on assignment), or ends before it (the high watermark of every fetch
+  response, checked every few seconds), does not continue it;
 * on assignment, the record at the lane's last offset is fetched once more and compared
   with the lane's copy (key, value, timestamp): a recreated topic that has grown past
   the lane's end passes the bounds check but not this one;
@@ -62,42 +63,24 @@ def last_record(
     )
 
 
-def check_bounds(
-    topic: str,
-    partition: int,
-    epoch: int,
-    lane_end: int | None,
-    log_start: int,
-    log_end: int,
+def check_start(
+    topic: str, partition: int, epoch: int, lane_end: int | None, log_start: int
 ) -> Divergence | None:
-    """A divergence when the broker's log ``[log_start, log_end)`` cannot continue a lane
-    ending (exclusive) at ``lane_end``."""
-    if lane_end is None:
+    """A divergence when the broker's log starts after a lane ending (exclusive) at
+    ``lane_end``: the offsets between were never in the lane and are gone."""
+    if lane_end is None or log_start <= lane_end:
         return None
-    if log_end < lane_end:
-        return _divergence(
-            topic,
-            partition,
-            epoch,
-            "log_end_below_lane",
-            lane_end,
-            log_start,
-            log_end,
-            f"the broker's log ends at {log_end}, the lane at {lane_end}",
-        )
-    if log_start > lane_end:
-        return _divergence(
-            topic,
-            partition,
-            epoch,
-            "log_start_above_lane",
-            lane_end,
-            log_start,
-            log_end,
-            f"the broker's log starts at {log_start}; offsets {lane_end}..{log_start - 1} "
-            "are gone from it and were never in the lane",
-        )
-    return None
+    return _divergence(
+        topic,
+        partition,
+        epoch,
+        "log_start_above_lane",
+        lane_end,
+        log_start,
+        None,
+        f"the broker's log starts at {log_start}; offsets {lane_end}..{log_start - 1} "
+        "are gone from it and were never in the lane",
+    )
 
 
 def check_record(expected: LastRecord, raw: pa.RecordBatch, columns: MetadataColumns) -> bool:
@@ -123,7 +106,7 @@ def check_record(expected: LastRecord, raw: pa.RecordBatch, columns: MetadataCol
 
 
 def record_mismatch(
-    topic: str, partition: int, epoch: int, expected: LastRecord, log: tuple[int, int] | None
+    topic: str, partition: int, epoch: int, expected: LastRecord, log_end: int | None
 ) -> Divergence:
     return _divergence(
         topic,
@@ -131,8 +114,8 @@ def record_mismatch(
         epoch,
         "record_mismatch",
         expected.resume,
-        log[0] if log else None,
-        log[1] if log else None,
+        None,
+        log_end,
         f"the broker's record at offset {expected.offset} is not the lane's record there",
     )
 

@@ -26,8 +26,8 @@ from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.continuity import (
     LastRecord,
-    check_bounds,
     check_record,
+    check_start,
     last_record,
     log_shrank,
     offset_went_back,
@@ -303,23 +303,23 @@ class SourceRunner:
             await asyncio.to_thread(self._redecode, topic, partition, missing)
         cov = await asyncio.to_thread(scan_coverage, layout, topic, partition)
         committed = await self.source.committed(key)
-        bounds = await self._log_bounds(key)
+        log_start = await self._log_start(key)
         seek_to = resume = resume_position(cov, committed)
         if epoch > 0 and cov.end is None:
             # A new epoch starts with the broker's log; what the group committed belongs
             # to the closed one.
-            seek_to = resume = bounds[0] if bounds is not None else 0
+            seek_to = resume = log_start if log_start is not None else 0
             committed = None
         elif self.source.positions_are_offsets and cov.end is not None:
-            if bounds is not None:
-                div = check_bounds(topic, partition, epoch, cov.end, *bounds)
+            if log_start is not None:
+                div = check_start(topic, partition, epoch, cov.end, log_start)
                 if div is not None:
                     await self._hold(key, div)
                     return False
             last = await asyncio.to_thread(
                 last_record, layout, self.ctx.columns, topic, partition, cov.end
             )
-            if last is not None and (bounds is None or last.offset >= bounds[0]):
+            if last is not None and (log_start is None or last.offset >= log_start):
                 # Fetch the lane's last record once more and compare it (_verified).
                 self._verify[key] = last
                 seek_to = last.offset
@@ -342,14 +342,14 @@ class SourceRunner:
             # The lane already holds these records durably: catch the group up.
             await self._commit(buf)
         log.info(
-            "assigned %s[%d]: epoch=%d committed=%s lane_end=%s resume=%s broker_log=%s",
+            "assigned %s[%d]: epoch=%d committed=%s lane_end=%s resume=%s log_start=%s",
             topic,
             partition,
             epoch,
             committed,
             cov.end,
             resume,
-            bounds,
+            log_start,
         )
         return True
 
@@ -368,14 +368,14 @@ class SourceRunner:
     def _new_epoch_on_divergence(self) -> bool:
         return isinstance(self.cfg, KafkaSourceConfig) and self.cfg.on_divergence == "new_epoch"
 
-    async def _log_bounds(self, key: PartitionKey) -> tuple[int, int] | None:
+    async def _log_start(self, key: PartitionKey) -> int | None:
         if not self.source.positions_are_offsets:
             return None
         try:
-            return await self.source.log_bounds(key)
+            return await self.source.log_start(key)
         except SourceError as exc:
             # The record check and the fetch check still run; they need no bounds.
-            log.warning("%s[%d]: log bounds unknown (%s); checked on fetch instead", *key, exc)
+            log.warning("%s[%d]: log start unknown (%s); checked on fetch instead", *key, exc)
             return None
 
     # -- log continuity ------------------------------------------------------------
@@ -404,7 +404,7 @@ class SourceRunner:
     async def _reopen(self, key: PartitionKey) -> None:
         """Start a held partition again (its epoch was closed, or is about to be)."""
         self._release(key)
-        self._parts.pop(key, None)
+        self._forget(key)
         if await self._assign_one(key):
             self._report_assignment()
             if not self._paused:
@@ -426,7 +426,7 @@ class SourceRunner:
         self._held[key] = div
         self.source.pause([key])
         await self._flush_now(key)
-        self._parts.pop(key, None)
+        self._forget(key)
         await self._hold(key, div)
 
     async def _verified(
@@ -443,8 +443,8 @@ class SourceRunner:
             await self._diverge(key, offset_went_back(*key, epoch, first, expected.offset, None))
             return None
         if not check_record(expected, raw, c):
-            bounds = await self._log_bounds(key)
-            await self._diverge(key, record_mismatch(*key, epoch, expected, bounds))
+            hw = self.source.highwater(key)
+            await self._diverge(key, record_mismatch(*key, epoch, expected, hw))
             return None
         buf = self._parts.get(key)
         if buf is not None and buf.durable is not None and buf.durable != buf.committed:
@@ -832,20 +832,18 @@ class SourceRunner:
 
     async def _check_log_ends(self) -> None:
         """Hold partitions whose broker log now ends below what was already ingested
-        (the broker lost data under a running gateway; some brokers then simply wait
-        at the old position instead of reporting it out of range)."""
-        keys = [k for k in self._parts if k not in self._held and k in self._next]
-        if not keys or not self.source.positions_are_offsets or self._broker_down:
+        (the broker lost data, or a recreated topic is shorter than the lane). On
+        brokers that report the old position out of range the fetch check sees it
+        first; others (tansu) simply wait at the old position, so the log end from the
+        last fetch response is compared here."""
+        if not self.source.positions_are_offsets or self._broker_down:
             return
-        try:
-            ends = await self.source.log_ends(keys)
-        except SourceError as exc:
-            log.debug("log end check skipped: %s", exc)
-            return
-        for key, end in ends.items():
+        for key in list(self._parts):
             want = self._next.get(key)
-            if want is not None and end < want and key in self._parts and key not in self._held:
-                await self._diverge(key, log_shrank(*key, self._epochs.get(key, 0), want, end))
+            end = self.source.highwater(key)
+            if want is None or end is None or end >= want or key in self._held:
+                continue
+            await self._diverge(key, log_shrank(*key, self._epochs.get(key, 0), want, end))
 
     async def _check_topics(self) -> None:
         """Say in /health which configured topics the broker does not have; past

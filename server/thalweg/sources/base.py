@@ -37,17 +37,15 @@ class Source(Protocol):
         """Whether the group still knows this member, and when (``time.monotonic``) a
         heartbeat last succeeded (None: not observable)."""
 
-    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
-        """The broker's log start and end positions of ``key``, asked now."""
-
-    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
-        """The broker's log end positions of ``keys`` (empty where it cannot tell)."""
+    async def log_start(self, key: PartitionKey) -> int:
+        """The broker's log start position of ``key``, asked now."""
 
     async def missing_topics(self) -> list[str]:
         """Configured topics the broker does not have (empty where it cannot tell)."""
 
     def highwater(self, key: PartitionKey) -> int | None:
-        """The broker's end of a partition as a position, when known cheaply."""
+        """The broker's end of a partition as a position, when known cheaply (Kafka:
+        from the last fetch response, empty ones included)."""
 
     async def commit(self, positions: dict[PartitionKey, int]) -> None:
         """Tell the broker everything below ``positions`` is safely stored."""

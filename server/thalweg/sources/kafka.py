@@ -124,15 +124,19 @@ class KafkaSource:
         valid = not self._joined or (coordinator is not None and generation != -1)
         return valid, self._last_heartbeat_ok
 
-    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
-        """The broker's log start and end offsets of a partition, asked now."""
+    async def log_start(self, key: PartitionKey) -> int:
+        """The broker's log start offset of a partition, asked now.
+
+        Only the start: the log's end comes from fetch responses (:meth:`highwater`),
+        which every broker tried reports right, while some (tansu) answer a
+        ListOffsets(latest) with the last batch's base offset + 1.
+        """
         tp = TopicPartition(*key)
         try:
             start = await self.consumer.beginning_offsets([tp])
-            end = await self.consumer.end_offsets([tp])
         except KafkaError as exc:
-            raise SourceError(f"source {self.cfg.name!r}: log bounds of {key}: {exc}") from exc
-        return int(start[tp]), int(end[tp])
+            raise SourceError(f"source {self.cfg.name!r}: log start of {key}: {exc}") from exc
+        return int(start[tp])
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """Records fetched since the last call as one raw-lane batch per partition, in
@@ -168,15 +172,6 @@ class KafkaSource:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             return False
         return task.exception() is None
-
-    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
-        """The broker's log end offsets of ``keys``, asked now in one request."""
-        tps = [TopicPartition(*k) for k in keys]
-        try:
-            ends = await self.consumer.end_offsets(tps)
-        except KafkaError as exc:
-            raise SourceError(f"source {self.cfg.name!r}: log ends: {exc}") from exc
-        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
 
     async def missing_topics(self) -> list[str]:
         """The configured topics the broker's metadata does not list."""

@@ -321,15 +321,12 @@ class PulsarSource:
         """Always a member: a Pulsar subscription has no group session to expire."""
         return True, None
 
-    async def log_ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
-        return {}
-
     async def missing_topics(self) -> list[str]:
         """Pulsar creates topics on first use: none is ever missing."""
         return []
 
-    async def log_bounds(self, key: PartitionKey) -> tuple[int, int]:
-        raise SourceError(f"source {self.cfg.name!r}: Pulsar log bounds are not read")
+    async def log_start(self, key: PartitionKey) -> int:
+        raise SourceError(f"source {self.cfg.name!r}: a Pulsar log start is not read")
 
     def highwater(self, key: PartitionKey) -> int | None:
         """Not known cheaply (it would take a ``get_last_message_id`` round trip)."""

@@ -1,0 +1,311 @@
+"""Broker offsets that go backwards: a broker that lost its data, a topic recreated and
+grown past the lane, data lost under a running gateway, on tansu and on noida-db.
+
+Each time the gateway must hold the partition (never guess), say so in /health, /ready
+and a metric, commit nothing, write nothing under an offset the lane already holds, and
+— once the operator closes the epoch — ingest the new log in full in a new epoch while
+the old one stays readable, with record ids that never collide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import thalweg_client
+from tests.conftest import NoidaBroker, RunningGateway
+from tests.helpers import committed_offsets, produce_json, wait_until
+from thalweg.cli.main import cli
+from thalweg.embedded import TansuBroker, free_port
+from thalweg.lane.epochs import CLOSED, epoch_layout
+from thalweg.lane.layout import Lane, LaneLayout
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            body = r.read()
+            status = int(r.status)
+    except urllib.error.HTTPError as e:
+        body, status = e.read(), int(e.code)
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode()
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    """Create ``topic`` with one partition (a running consumer may have auto-created it
+    on a broker that came back empty: that is the same topic)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
+def lane_rows(layout: LaneLayout, topic: str, lane: Lane = Lane.RAW) -> pa.Table:
+    segs = layout.segments(lane, topic, 0)
+    if not segs:
+        return pa.table({})
+    return pa.concat_tables(pq.read_table(s.path) for s in segs)
+
+
+def held(gw: RunningGateway, topic: str) -> dict[str, Any] | None:
+    """The /health entry of the held partition, once there is one."""
+    _, tree = get(gw.admin_url + "/health")
+    for name, comp in tree["components"].items():
+        if name.endswith(f":{topic}[0]") and comp["state"] == "down":
+            return dict(comp)
+    return None
+
+
+def assert_no_overlap(layout: LaneLayout, topic: str) -> None:
+    segs = layout.segments(Lane.RAW, topic, 0)
+    for a, b in itertools.pairwise(segs):
+        assert a.last < b.first, f"overlapping segments {a.path.name} {b.path.name}"
+
+
+@pytest.fixture
+def restartable() -> Iterator[Callable[[], TansuBroker]]:
+    """A tansu broker on a fixed port that a test can restart empty ("lost its data")."""
+    port = free_port()
+    brokers: list[TansuBroker] = []
+
+    def fresh() -> TansuBroker:
+        for b in brokers:
+            b.stop()
+        b = TansuBroker(port=port).start()
+        brokers.append(b)
+        return b
+
+    yield fresh
+    for b in brokers:
+        b.stop()
+
+
+def write_config(path: Path, data_dir: Path, bootstrap: str, topic: str) -> Path:
+    path.write_text(
+        f'[gateway]\ndata_dir = "{data_dir}"\n\n[[sources]]\nname = "test"\nkind = "kafka"\n'
+        f'bootstrap_servers = "{bootstrap}"\ntopics = ["{topic}"]\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_broker_lost_its_data_holds_the_partition_until_a_new_epoch(
+    gateway_factory: Callable[..., RunningGateway],
+    restartable: Callable[[], TansuBroker],
+    tmp_path: Path,
+) -> None:
+    broker = restartable()
+    topic = f"lost-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
+    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: 300})
+    assert gw.committed(topic, 0, 300) == 300
+    gw.stop()
+
+    broker = restartable()  # the broker comes back empty
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(100)))
+    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
+    comp = wait_until(lambda: held(gw, topic), 30, "the partition held in /health")
+    info = comp["info"]
+    assert (info["topic"], info["partition"], info["epoch"]) == (topic, 0, 0)
+    assert (info["lane_end"], info["broker_log_end"]) == (300, 100)
+    assert info["reason"] == "log_end_below_lane"
+    assert "lane_end=300" in comp["detail"] and "broker_log_end=100" in comp["detail"]
+    assert get(gw.admin_url + "/ready")[0] == 503
+    assert get(gw.admin_url + "/live")[0] == 200
+    _, metrics = get(gw.admin_url + "/metrics")
+    assert f'twg_partition_diverged{{partition="0",source="test",topic="{topic}"}} 1.0' in metrics
+    layout = LaneLayout(data)
+    raw = lane_rows(layout, topic)
+    assert raw.num_rows == 300  # nothing written for the new log
+    assert committed_offsets(broker.bootstrap, group, topic, [0])[0] == -1  # nothing committed
+
+    # The operator closes the epoch with the CLI while the gateway runs.
+    cfg = write_config(tmp_path / "twg.toml", data, broker.bootstrap, topic)
+    out = CliRunner().invoke(cli, ["lane", "status", "-c", str(cfg)])
+    assert out.exit_code == 0 and "DIVERGED" in out.output, out.output
+    out = CliRunner().invoke(
+        cli, ["lane", "new-epoch", "-c", str(cfg), "--topic", topic, "--partition", "0"]
+    )
+    assert out.exit_code == 0, out.output
+    gw.wait_durable(topic, {0: 100}, timeout=30)
+    assert gw.committed(topic, 0, 100) == 100
+    wait_until(lambda: get(gw.admin_url + "/ready")[0] == 200, 30, "/ready back to 200")
+
+    old = lane_rows(epoch_layout(layout, 0), topic)
+    new = lane_rows(layout, topic)
+    position = "_twg_source_offset"
+    assert sorted(old.column(position).to_pylist()) == list(range(300))
+    assert sorted(new.column(position).to_pylist()) == list(range(100))
+    old_ids = set(old.column("_twg_record_id").to_pylist())
+    new_ids = set(new.column("_twg_record_id").to_pylist())
+    assert len(old_ids) == 300 and len(new_ids) == 100 and not old_ids & new_ids
+    assert (epoch_layout(layout, 0).partition_dir(Lane.RAW, topic, 0) / CLOSED).exists()
+    assert_no_overlap(layout, topic)
+    with thalweg_client.connect(gw.flight_url) as client:
+        table = client.read(topic)
+    assert sorted(table.column("i").to_pylist()) == list(range(100))
+    assert set(table.column("gen").to_pylist()) == {2}
+    out = CliRunner().invoke(cli, ["lane", "status", "-c", str(cfg)])
+    assert "epoch 1 (closed: [0])" in out.output, out.output
+
+
+def test_recreated_topic_grown_past_the_lane_fails_the_record_check(
+    gateway_factory: Callable[..., RunningGateway],
+    restartable: Callable[[], TansuBroker],
+    tmp_path: Path,
+) -> None:
+    """The broker's log is longer than the lane, so its bounds look fine: only the
+    record at the lane's last offset tells the logs apart. With ``on_divergence =
+    "new_epoch"`` the gateway closes the epoch itself and loses nothing of the new log."""
+    broker = restartable()
+    topic = f"grown-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(200)))
+    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: 200})
+    gw.stop()
+
+    broker = restartable()
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(500)))
+    gw = gateway_factory(
+        [topic],
+        bootstrap_servers=broker.bootstrap,
+        data_dir=data,
+        group_id=group,
+        on_divergence="new_epoch",
+    )
+    gw.wait_durable(topic, {0: 500}, timeout=30)
+    assert gw.committed(topic, 0, 500) == 500
+    layout = LaneLayout(data)
+    closed = json.loads(
+        (epoch_layout(layout, 0).partition_dir(Lane.RAW, topic, 0) / CLOSED).read_text()
+    )
+    assert closed["reason"] == "record_mismatch"
+    old = lane_rows(epoch_layout(layout, 0), topic, Lane.DECODED)
+    new = lane_rows(layout, topic, Lane.DECODED)
+    assert sorted(old.column("i").to_pylist()) == list(range(200))
+    assert set(old.column("gen").to_pylist()) == {1}
+    assert sorted(new.column("i").to_pylist()) == list(range(500))
+    assert set(new.column("gen").to_pylist()) == {2}
+    assert_no_overlap(layout, topic)
+
+
+def test_the_same_log_after_a_restart_is_not_a_divergence(
+    gateway_factory: Callable[..., RunningGateway], broker: TansuBroker, tmp_path: Path
+) -> None:
+    """The record check passes on a log that does continue the lane: no hold, no
+    duplicate of the re-fetched last record, and the stream goes on."""
+    topic = f"same-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"i": i} for i in range(150)))
+    gw = gateway_factory([topic], data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: 150})
+    gw.stop()
+    produce_json(broker.bootstrap, topic, ({"i": i} for i in range(150, 250)))
+    gw = gateway_factory([topic], data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: 250})
+    assert held(gw, topic) is None
+    layout = LaneLayout(data)
+    raw = lane_rows(layout, topic)
+    assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(250))
+    assert_no_overlap(layout, topic)
+    assert gw.committed(topic, 0, 250) == 250
+
+
+def test_broker_loses_data_under_a_running_gateway(
+    gateway_factory: Callable[..., RunningGateway],
+    restartable: Callable[[], TansuBroker],
+    tmp_path: Path,
+) -> None:
+    """tansu does not report the old position out of range after it comes back empty;
+    the periodic log-end check (or the assignment's bounds check after the group is
+    rebuilt) catches it."""
+    broker = restartable()
+    topic = f"running-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
+    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: 300})
+    broker = restartable()
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(50)))
+    comp = wait_until(lambda: held(gw, topic), 60, "the partition held in /health")
+    assert comp["info"]["reason"] == "log_end_below_lane", comp
+    assert comp["info"]["broker_log_end"] == 50
+    layout = LaneLayout(data)
+    raw = lane_rows(layout, topic)
+    assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(300))
+    assert committed_offsets(broker.bootstrap, group, topic, [0])[0] == -1
+    assert get(gw.admin_url + "/ready")[0] == 503
+
+
+def test_noida_broker_restored_empty_under_a_running_gateway(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    """Kafka semantics: the fetch position is out of range on the empty log, the client
+    resets to the log start and a fetch returns offsets the lane already holds. Held;
+    never two records under one offset; never a commit backwards."""
+    port = free_port()
+    noida = NoidaBroker(tmp_path / "noida-1", tmp_path / "noida-1.log", port=port)
+    bootstrap = noida.bootstrap
+    topic = f"noida-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    try:
+        create_topic(bootstrap, topic)
+        produce_json(bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
+        gw = gateway_factory(
+            [topic],
+            bootstrap_servers=bootstrap,
+            data_dir=data,
+            group_id=group,
+            session_timeout_ms=6000,  # Kafka's minimum
+            heartbeat_interval_ms=1000,
+        )
+        gw.wait_durable(topic, {0: 300})
+        assert gw.committed(topic, 0, 300) == 300
+        noida.stop()
+        noida = NoidaBroker(tmp_path / "noida-2", tmp_path / "noida-2.log", port=port)
+        create_topic(bootstrap, topic)
+        produce_json(bootstrap, topic, ({"gen": 2, "i": i} for i in range(120)))
+        comp = wait_until(lambda: held(gw, topic), 60, "the partition held in /health")
+        assert comp["info"]["reason"] in ("log_end_below_lane", "offset_went_back"), comp
+        layout = LaneLayout(data)
+        raw = lane_rows(layout, topic)
+        assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(300))
+        assert_no_overlap(layout, topic)
+        assert committed_offsets(bootstrap, group, topic, [0])[0] in (-1, 300)
+    finally:
+        noida.stop()
