@@ -142,11 +142,13 @@ class ArrowSink(BatchSink[pa.Table]):
         self._tables: list[pa.Table] = []
         self.last: pa.Table | None = None
         self.last_result: DecodeResult | None = None
+        self.decoded_bytes = 0  # what the decoded tables hold (nbytes counts the raw input)
         super().__init__(columns, position)
 
     def _add(self, raw: pa.RecordBatch) -> None:
         self.last, self.last_result = decode_batch(self._decoder, raw, self.columns)
         self._tables.append(self.last)
+        self.decoded_bytes += self.last.nbytes
 
     def _emit(self) -> pa.Table:
         # Later batches may know more fields (the schema only grows): unify by name.
@@ -154,6 +156,7 @@ class ArrowSink(BatchSink[pa.Table]):
 
     def _clear(self) -> None:
         self._tables = []
+        self.decoded_bytes = 0
 
 
 class ValueSink(BatchSink[list[dict[str, Any]]]):

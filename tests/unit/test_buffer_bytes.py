@@ -1,0 +1,47 @@
+"""The buffer bound counts what a partition really holds: the raw batches and their
+decoded copies, until the segment that holds them is written."""
+
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+
+import pyarrow as pa
+
+from thalweg.codecs.json import JsonArrowDecoder
+from thalweg.engine.buffer import PartitionBuffer
+from thalweg.records import MetadataColumns, build_raw_batch
+
+COLS = MetadataColumns()
+R = namedtuple("R", "topic partition offset timestamp timestamp_type key value headers")
+
+
+def _raw(first: int, n: int) -> pa.RecordBatch:
+    recs = [
+        R("t", 0, o, 0, 0, None, json.dumps({"id": o, "name": "x" * 40}).encode(), ())
+        for o in range(first, first + n)
+    ]
+    return build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)
+
+
+def test_held_bytes_count_the_decoded_copies() -> None:
+    decoded_buf = PartitionBuffer.create(
+        "t", 0, durable=None, committed=None, columns=COLS, decoder=JsonArrowDecoder(COLS)
+    )
+    raw_buf = PartitionBuffer.create(
+        "t", 0, durable=None, committed=None, columns=COLS, decoder=None
+    )
+    for first in (0, 1000):
+        batch = _raw(first, 1000)
+        decoded_buf.sink.push(batch)
+        raw_buf.sink.push(batch)
+    assert decoded_buf.arrow is not None
+    decoded = decoded_buf.arrow.decoded_bytes
+    assert decoded > 0
+    assert decoded_buf.held_bytes == raw_buf.held_bytes + decoded
+    # Taken to be written: still held (in flight) until the write returns.
+    pending = decoded_buf.take()
+    assert pending.nbytes == raw_buf.held_bytes + decoded
+    assert decoded_buf.held_bytes == pending.nbytes
+    assert decoded_buf.arrow.decoded_bytes == 0
+    assert pending.decoded is not None and pending.decoded.num_rows == 2000
