@@ -36,6 +36,7 @@ UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 INTERNAL = grpc.StatusCode.INTERNAL
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
 UNKNOWN = grpc.StatusCode.UNKNOWN
 
 
@@ -111,7 +112,7 @@ def call(
                 channel.unary_unary(SERVICE + method, ident, ident)(
                     request, metadata=metadata, timeout=20
                 )
-            elif method == "DoPut":
+            elif method in ("DoPut", "DoExchange", "Handshake"):
                 assert isinstance(request, list)
                 messages = request
                 stream = channel.stream_stream(SERVICE + method, ident, ident)(
@@ -326,6 +327,13 @@ def test_every_refusal_is_a_message_and_a_status(
     ):
         out = call(target, "DoPut", messages, token)
         expect(f"DoPut {name}", out, code, needle or " ")
+
+    # Verbs the gateway does not serve.
+    exchange = [flight_data(header, path=["topics", public])]
+    out = call(target, "DoExchange", exchange)
+    expect("DoExchange", out, UNIMPLEMENTED, "do_exchange is not served")
+    out = call(target, "Handshake", [_bytes_field(2, b"hello")])
+    expect("Handshake without sign-in users", out, UNIMPLEMENTED, "")
 
     # A fault inside the gateway: logged there, told as INTERNAL with an incident id and
     # nothing of the exception (whose text names a file on the gateway).

@@ -26,6 +26,7 @@ raised                          gRPC status        when
 :class:`InvalidArgumentError`   INVALID_ARGUMENT   a bad ticket, descriptor, action body
                                                    or put batch; an unknown (or
                                                    unreadable) topic
+:class:`UnimplementedError`     UNIMPLEMENTED      a verb the gateway does not serve
 :class:`UnauthenticatedError`   UNAUTHENTICATED    no or a bad token / password
 :class:`PermissionDeniedError`  PERMISSION_DENIED  a write the token may not make
 :class:`UnavailableError`       UNAVAILABLE        a per-caller stream limit; a follow
@@ -68,6 +69,10 @@ class RefusalError(Exception):
 
 class InvalidArgumentError(RefusalError, pa.ArrowInvalid):  # type: ignore[misc]
     status = "INVALID_ARGUMENT"
+
+
+class UnimplementedError(RefusalError, pa.ArrowNotImplementedError):  # type: ignore[misc]
+    status = "UNIMPLEMENTED"
 
 
 class UnauthenticatedError(RefusalError, fl.FlightUnauthenticatedError):  # type: ignore[misc]

@@ -34,7 +34,13 @@ from thalweg.flight.auth import (
     principal_of,
 )
 from thalweg.flight.endpoints import plan_endpoints
-from thalweg.flight.errors import InvalidArgumentError, install, refusals, refusing
+from thalweg.flight.errors import (
+    InvalidArgumentError,
+    UnimplementedError,
+    install,
+    refusals,
+    refusing,
+)
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.plan import plan_read
 from thalweg.flight.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
@@ -354,6 +360,16 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             return protobuf_encoder_for_topic(topic, registry=registry)
 
         return make
+
+    @refusals
+    def do_exchange(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.MetadataRecordBatchWriter,
+    ) -> None:
+        raise UnimplementedError("do_exchange is not served; read with do_get, write with do_put")
 
     # -- actions -------------------------------------------------------------------
 
