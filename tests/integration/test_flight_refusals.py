@@ -8,6 +8,7 @@ builds its message from are checked too.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,7 +105,8 @@ def call(
     token: str | None = READER,
 ) -> Outcome:
     """One raw call; a streaming answer is read to its end."""
-    metadata = [("authorization", f"Bearer {token}")] if token else []
+    scheme = "" if token is None or token.startswith("Basic ") else "Bearer "
+    metadata = [("authorization", f"{scheme}{token}")] if token else []
     ident: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
     with grpc.insecure_channel(target) as channel:
         try:
@@ -166,7 +168,8 @@ def gateway(
                 "tokens": [
                     {"name": "analyst", "token": READER, "read": ["pub-*"]},
                     {"name": "ingest", "token": WRITER, "read": ["*"], "write": ["*"]},
-                ]
+                ],
+                "users": [{"name": "ana", "password": "a-password", "read": ["pub-*"]}],
             },
             "flight": {"max_batch_bytes": 4096, "max_streams_per_caller": 1},
         },
@@ -332,8 +335,14 @@ def test_every_refusal_is_a_message_and_a_status(
     exchange = [flight_data(header, path=["topics", public])]
     out = call(target, "DoExchange", exchange)
     expect("DoExchange", out, UNIMPLEMENTED, "do_exchange is not served")
-    out = call(target, "Handshake", [_bytes_field(2, b"hello")])
-    expect("Handshake without sign-in users", out, UNIMPLEMENTED, "")
+    # Basic sign-in (Flight's handshake) with wrong or malformed credentials.
+    for credential, needle in (
+        (base64.b64encode(b"ana:wrong").decode(), "wrong user name or password"),
+        (base64.b64encode(b"nobody:a-password").decode(), "wrong user name or password"),
+        ("%%%not-base64", "malformed basic credentials"),
+    ):
+        out = call(target, "Handshake", [b""], f"Basic {credential}")
+        expect(f"Handshake {credential}", out, UNAUTHENTICATED, needle)
 
     # A fault inside the gateway: logged there, told as INTERNAL with an incident id and
     # nothing of the exception (whose text names a file on the gateway).
