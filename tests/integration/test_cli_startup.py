@@ -140,3 +140,27 @@ def test_a_port_out_of_range(tmp_path: Path, flight: int, http: int, setting: st
     assert f"gateway.{setting}" in run.stderr and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "lanes").exists()  # refused before anything was created
+
+
+def test_quickstart_names_its_option(tmp_path: Path, held_port: int) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thalweg.cli.main",
+            "quickstart",
+            "--flight-port",
+            str(held_port),
+            "--http-port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "qs"),
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert_one_line(run.stderr, "--flight-port", f"127.0.0.1:{held_port} is already in use")

@@ -255,8 +255,20 @@ def quickstart(
 
     try:
         run_quickstart(ctx, data_dir, flight_port, http_port, rate, duration)
+    except ConfigError as exc:  # a port in use, a data dir it cannot write: its option
+        message = str(exc)
+        for setting, option in _QUICKSTART_OPTIONS.items():
+            message = message.replace(setting, option)
+        fail(ctx, message, EXIT_CONFIG)
     except ThalwegError as exc:
         fail(ctx, str(exc), EXIT_FAILURE)
+
+
+_QUICKSTART_OPTIONS = {
+    "gateway.flight_listen": "--flight-port",
+    "gateway.http_listen": "--http-port",
+    "gateway.data_dir": "--data-dir",
+}
 
 
 from thalweg.cli.lane import lane  # noqa: E402  (a command group of its own module)
