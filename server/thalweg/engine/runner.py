@@ -310,14 +310,16 @@ class SourceRunner:
             # to the closed one.
             seek_to = resume = log_start if log_start is not None else 0
             committed = None
-        elif self.source.positions_are_offsets and cov.end is not None:
+        elif self.source.positions_are_offsets and cov.end is not None and resume == cov.end:
+            # (Resuming past the lane's end — the group committed what another member's
+            # lane holds — leaves nothing of this lane to compare at the resume point.)
             if log_start is not None:
                 div = check_start(topic, partition, epoch, cov.end, log_start)
                 if div is not None:
                     await self._hold(key, div)
                     return False
             last = await asyncio.to_thread(
-                last_record, layout, self.ctx.columns, topic, partition, cov.end
+                last_record, layout, self.ctx.columns, topic, partition, resume
             )
             if last is not None and (log_start is None or last.offset >= log_start):
                 # Fetch the lane's last record once more and compare it (_verified).
