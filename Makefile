@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench proto clean
+.PHONY: quickstart test lint bench proto mutate clean
 
 $(BIN)/twg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,27 @@ lint: $(BIN)/twg
 bench: $(BIN)/twg
 	$(BIN)/python load-tests/ingest_bench.py
 
+# Mutation testing (ADR 0017): run before resolving an issue, not in CI. Mutates a snapshot
+# of server/thalweg in build/mutation (never the working tree) for the modules listed in
+# pyproject's [tool.mutmut], runs the tests that cover each mutant, and prints killed /
+# survived counts with the survivors per module. Inspect one: cd build/mutation &&
+# ../../.venv/bin/mutmut show <name>.
+MUTATION := build/mutation
+$(BIN)/mutmut: $(BIN)/twg
+	$(BIN)/pip install --quiet -e '.[dev,mutation]'
+
+mutate: $(BIN)/mutmut
+	rm -rf $(MUTATION) && mkdir -p $(MUTATION)/src
+	cp -r server/thalweg $(MUTATION)/src/thalweg
+	cp -r tests pyproject.toml $(MUTATION)/
+	cd $(MUTATION) && $(CURDIR)/$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} >run.log 2>&1 \
+		|| { tail -c 3000 run.log; exit 1; }
+	cd $(MUTATION) && $(CURDIR)/$(BIN)/mutmut export-cicd-stats >/dev/null \
+		&& cat mutants/mutmut-cicd-stats.json
+	cd $(MUTATION) && $(CURDIR)/$(BIN)/mutmut results >survivors.txt; \
+		echo "survived or untested, per module:"; \
+		awk -F'.x' '{print $$1}' survivors.txt | sed 's/^ *//' | sort | uniq -c
+
 # Recompile the ticket contract after editing proto/ (a test checks it is current).
 proto: $(BIN)/twg
 	$(BIN)/python -m grpc_tools.protoc -Iproto \
@@ -32,4 +53,4 @@ proto: $(BIN)/twg
 		proto/thalweg/flight/v1/ticket.proto
 
 clean:
-	rm -rf $(VENV) twg-quickstart .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) twg-quickstart .pytest_cache .mypy_cache .ruff_cache $(MUTATION)
