@@ -440,6 +440,12 @@ class KafkaSourceConfig(_SourceBase):
         "'new_epoch' closes the lane's epoch and starts a new one at the broker's log start "
         "(docs/lanes.md).",
     )
+    request_timeout_ms: int = Field(
+        40_000,
+        gt=0,
+        description="How long a broker request may take; also how long start-up waits for "
+        "a configured topic to appear before the source reports it missing.",
+    )
     missing_topic_grace_s: float = Field(
         30.0,
         gt=0,

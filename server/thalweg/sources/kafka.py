@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import SourceError
@@ -63,6 +63,7 @@ class KafkaSource:
             "isolation_level": c.isolation_level,
             "session_timeout_ms": c.session_timeout_ms,
             "heartbeat_interval_ms": c.heartbeat_interval_ms,
+            "request_timeout_ms": c.request_timeout_ms,
             "fetch_max_bytes": c.fetch_max_bytes,
             "max_partition_fetch_bytes": c.max_partition_fetch_bytes,
             **security_kwargs(c),
@@ -83,6 +84,17 @@ class KafkaSource:
         self._consumer = consumer
         try:
             await consumer.start()
+        except UnknownTopicOrPartitionError as exc:
+            # aiokafka waits request_timeout_ms for every subscribed topic at start.
+            known = await self._known_topics(consumer)
+            self._consumer = None
+            await consumer.stop()
+            missing = [t for t in self.cfg.topics if known is None or t not in known]
+            raise SourceError(
+                f"source {self.cfg.name!r}: configured topic(s) not on the broker at "
+                f"{self.cfg.bootstrap_servers}: {', '.join(missing)} (create them, or "
+                "enable the broker's topic auto-creation); retrying"
+            ) from exc
         except KafkaError as exc:
             self._consumer = None
             await consumer.stop()
@@ -90,6 +102,13 @@ class KafkaSource:
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
         self._watch_heartbeats(consumer)
+
+    @staticmethod
+    async def _known_topics(consumer: AIOKafkaConsumer) -> set[str] | None:
+        try:
+            return set(await consumer.topics())
+        except KafkaError:
+            return None
 
     def _watch_heartbeats(self, consumer: AIOKafkaConsumer) -> None:
         """Note the time of every successful group heartbeat.
