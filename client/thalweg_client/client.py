@@ -24,6 +24,7 @@ def ticket(
     metadata: str = "locator",
     columns: list[str] | None = None,
     filter: list[dict[str, Any]] | None = None,
+    epoch: int | None = None,
 ) -> dict[str, Any]:
     """The JSON ticket for a read (the same object any language can send).
 
@@ -38,6 +39,9 @@ def ticket(
         filter: conditions that must all hold, e.g.
             ``[{"column": "id", "op": ">=", "value": 10}]`` (ops ``== != < <= > >= in
             is_null is_valid``); pushed into the gateway's Parquet scans where possible.
+        epoch: a closed epoch of the topic's lane (``describe()`` lists them); the
+            current one when None. A partition's epoch closes when its broker log stopped
+            continuing the lane (docs/lanes.md).
     """
     out: dict[str, Any] = {
         "topic": topic,
@@ -52,6 +56,8 @@ def ticket(
         out["columns"] = list(columns)
     if filter is not None:
         out["filter"] = [dict(c) for c in filter]
+    if epoch is not None:
+        out["epoch"] = epoch
     return out
 
 

@@ -168,8 +168,17 @@ def test_broker_lost_its_data_holds_the_partition_until_a_new_epoch(
     assert_no_overlap(layout, topic)
     with thalweg_client.connect(gw.flight_url) as client:
         table = client.read(topic)
+        closed = client.read(topic, epoch=0)
+        described = client.describe(topic)
     assert sorted(table.column("i").to_pylist()) == list(range(100))
     assert set(table.column("gen").to_pylist()) == {2}
+    assert sorted(closed.column("i").to_pylist()) == list(range(300))  # still readable
+    assert set(closed.column("gen").to_pylist()) == {1}
+    assert not set(closed.column("_twg_record_id").to_pylist()) & set(
+        table.column("_twg_record_id").to_pylist()
+    )
+    part = described["partitions"][0]
+    assert (part["epoch"], part["closed_epochs"]) == (1, [0])
     out = CliRunner().invoke(cli, ["lane", "status", "-c", str(cfg)])
     assert "epoch 1 (closed: [0])" in out.output, out.output
 

@@ -26,6 +26,7 @@ DEFAULTS = {
     "metadata": "locator",
     "columns": None,
     "filter": None,
+    "epoch": None,
 }
 
 

@@ -53,3 +53,11 @@ def test_defaults_and_positions() -> None:
 def test_invalid_tickets(body: bytes, needle: str) -> None:
     with pytest.raises(TicketError, match=needle.replace("|", r"\|")):
         parse_ticket(body)
+
+
+def test_a_closed_epoch_is_read_to_its_end_never_followed() -> None:
+    ticket = parse_ticket(b'{"topic": "o", "epoch": 2}')
+    assert ticket.epoch == 2 and parse_ticket(ticket.to_bytes()) == ticket
+    assert parse_ticket(b'{"topic": "o"}').epoch is None
+    with pytest.raises(TicketError, match="closed epoch does not grow"):
+        parse_ticket(b'{"topic": "o", "epoch": 0, "end": "follow"}')

@@ -91,6 +91,8 @@ def decode_ticket(data: bytes) -> dict[str, Any]:
         out["columns"] = list(msg.columns)
     if msg.filter:
         out["filter"] = [_condition(c) for c in msg.filter]
+    if msg.HasField("epoch"):
+        out["epoch"] = msg.epoch
     return out
 
 
@@ -151,7 +153,7 @@ def encode_ticket(obj: dict[str, Any]) -> bytes:
     Raises :class:`WireError` for fields the binary form has no place for; value checks
     (ranges, which anchors a start may use) are left to the gateway, as for JSON.
     """
-    allowed = {"v", "topic", "lane", "partitions", "start", "end", "metadata", "columns"}
+    allowed = {"v", "topic", "lane", "partitions", "start", "end", "metadata", "columns", "epoch"}
     unknown = sorted(set(obj) - allowed - {"filter"})
     if unknown:
         raise WireError(unknown[0], "not a ticket field")
@@ -167,6 +169,8 @@ def encode_ticket(obj: dict[str, Any]) -> bytes:
         msg.metadata = _number(_POLICIES, obj["metadata"], "metadata")
     if obj.get("columns"):
         msg.columns.extend(str(c) for c in obj["columns"])
+    if obj.get("epoch") is not None:
+        msg.epoch = int(obj["epoch"])
     for cond in obj.get("filter") or []:
         c = msg.filter.add(column=str(cond.get("column", "")), op=str(cond.get("op", "")))
         if cond.get("value") is not None:

@@ -155,14 +155,16 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> fl.SchemaResult:
         self._metrics.flight_calls.labels("get_schema").inc()
         ticket = self._readable(context, self._ticket_of(descriptor))
-        return fl.SchemaResult(plan_read(self._catalog, ticket).schema)
+        return fl.SchemaResult(plan_read(self._catalog_for(ticket), ticket).schema)
 
     # -- reads ---------------------------------------------------------------------
 
     @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._metrics.flight_calls.labels("do_get").inc()
-        plan = plan_read(self._catalog, self._readable(context, parse_ticket(ticket.ticket)))
+        read = self._readable(context, parse_ticket(ticket.ticket))
+        catalog = self._catalog_for(read)
+        plan = plan_read(catalog, read)
         streams = self._metrics.flight_active_streams
         slot = self._streams.acquire(caller_key(context), on_release=streams.dec)
         streams.inc()
@@ -173,7 +175,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 for batch in read_stream(
-                    self._catalog, plan, stopped, max_lag=self._limits.follow_max_lag_records
+                    catalog, plan, stopped, max_lag=self._limits.follow_max_lag_records
                 ):
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
@@ -419,6 +421,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             raise TicketError(f"unknown topic {ticket.topic!r}")
         return ticket
 
+    def _catalog_for(self, ticket: ReadTicket) -> LaneCatalog:
+        """The current lane, or the closed epoch the ticket names."""
+        return self._catalog if ticket.epoch is None else self._catalog.for_epoch(ticket.epoch)
+
     def _ticket_of(self, descriptor: fl.FlightDescriptor) -> ReadTicket:
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
             path = [_text(p) for p in descriptor.path]
@@ -430,8 +436,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
         """Endpoints of the read; each carries ``{"partition", "start", "end", "rows",
         "bytes"}`` as app metadata, and the totals are set when every part is known."""
-        plan = plan_read(self._catalog, ticket)
-        parts = plan_endpoints(self._catalog, plan, self._limits.slice_rows)
+        catalog = self._catalog_for(ticket)
+        plan = plan_read(catalog, ticket)
+        parts = plan_endpoints(catalog, plan, self._limits.slice_rows)
         endpoints = []
         for part in parts:
             meta = {

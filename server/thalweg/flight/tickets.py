@@ -90,9 +90,16 @@ class ReadTicket(_Model):
         max_length=MAX_FILTER_CONDITIONS,
         description="Rows where all conditions hold.",
     )
+    epoch: int | None = Field(
+        None,
+        ge=0,
+        description="A closed epoch of the lane (docs/lanes.md); the current one: omit.",
+    )
 
     @model_validator(mode="after")
     def _start_not_after_end(self) -> ReadTicket:
+        if self.epoch is not None and self.end == "follow":
+            raise ValueError("a closed epoch does not grow: end 'follow' cannot read one")
         s, e = self.start, self.end
         if isinstance(s, OffsetPosition) and isinstance(e, OffsetPosition) and s.offset > e.offset:
             raise ValueError(f"start {{offset: {s.offset}}} is after end {{offset: {e.offset}}}")

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.coverage import scan_coverage
+from thalweg.lane.epochs import closed_epochs, current_epoch, epoch_layout
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.live import LiveTail
 from thalweg.lane.reader import LaneReader
@@ -50,6 +51,20 @@ class LaneCatalog:
         self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
         self._stats_cache: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
+        self._epochs: dict[int, LaneCatalog] = {}
+        self._cache = cache
+
+    def for_epoch(self, epoch: int) -> LaneCatalog:
+        """A read-only view of closed epoch ``epoch`` (docs/lanes.md): its own lane root,
+        nothing live, schemas from its files."""
+        with self._lock:
+            found = self._epochs.get(epoch)
+            if found is None:
+                found = LaneCatalog(
+                    epoch_layout(self.layout, epoch), self.columns, LiveTail(), cache=self._cache
+                )
+                self._epochs[epoch] = found
+            return found
 
     def topics(self) -> list[str]:
         return sorted(set(self.layout.topics()) | set(self.live.topics()) | set(self._configured()))
@@ -100,6 +115,8 @@ class LaneCatalog:
             parts.append(
                 {
                     "partition": p,
+                    "epoch": current_epoch(self.layout, topic, p),
+                    "closed_epochs": closed_epochs(self.layout, topic, p),
                     "earliest": cov.ranges[0][0] if cov.ranges else None,
                     "durable": self.durable_end(topic, p),
                     "committed": state.committed if state is not None else None,
