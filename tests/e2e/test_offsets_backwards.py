@@ -318,3 +318,56 @@ def test_noida_broker_restored_empty_under_a_running_gateway(
         assert committed_offsets(bootstrap, group, topic, [0])[0] in (-1, 300)
     finally:
         noida.stop()
+
+
+def test_noida_topic_deleted_and_recreated_while_the_gateway_was_stopped(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    """Kafka semantics: the recreated topic starts again at offset 0 and grows past the
+    lane's end, while the group may still hold its old commit. Held by the record check;
+    once the operator closes the epoch, all of the new log is ingested and committed."""
+    noida = NoidaBroker(tmp_path / "noida", tmp_path / "noida.log")
+    bootstrap = noida.bootstrap
+    topic = f"recreated-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    opts: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "data_dir": data,
+        "group_id": group,
+        "session_timeout_ms": 6000,  # Kafka's minimum
+        "heartbeat_interval_ms": 1000,
+    }
+    try:
+        create_topic(bootstrap, topic)
+        produce_json(bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
+        gw = gateway_factory([topic], **opts)
+        gw.wait_durable(topic, {0: 300})
+        assert gw.committed(topic, 0, 300) == 300
+        gw.stop()
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+        admin.delete_topics([topic])[topic].result(15)
+        wait_until(lambda: topic not in admin.list_topics(timeout=5).topics, 15, "deleted")
+        create_topic(bootstrap, topic)
+        produce_json(bootstrap, topic, ({"gen": 2, "i": i} for i in range(500)))
+
+        gw = gateway_factory([topic], **opts)
+        comp = wait_until(lambda: held(gw, topic), 60, "the partition held in /health")
+        assert comp["info"]["reason"] in ("record_mismatch", "offset_went_back"), comp
+        layout = LaneLayout(data)
+        assert lane_rows(layout, topic).num_rows == 300
+        cfg = write_config(tmp_path / "twg.toml", data, bootstrap, topic)
+        out = CliRunner().invoke(
+            cli, ["lane", "new-epoch", "-c", str(cfg), "--topic", topic, "--partition", "0"]
+        )
+        assert out.exit_code == 0, out.output
+        gw.wait_durable(topic, {0: 500}, timeout=60)
+        assert gw.committed(topic, 0, 500) == 500
+        new = lane_rows(layout, topic, Lane.DECODED)
+        assert sorted(new.column("i").to_pylist()) == list(range(500))
+        assert set(new.column("gen").to_pylist()) == {2}
+        old = lane_rows(epoch_layout(layout, 0), topic, Lane.DECODED)
+        assert sorted(old.column("i").to_pylist()) == list(range(300))
+        assert_no_overlap(layout, topic)
+    finally:
+        noida.stop()
