@@ -127,6 +127,61 @@ def test_a_very_deep_record_never_reaches_the_parser(parsed: list[bytes]) -> Non
     assert dec.schema.names == ["id", "name", "meta"]
 
 
+# -- bombs spread over many records ---------------------------------------------------
+
+
+@pytest.fixture
+def widest(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The column count of every table pyarrow's parser builds for the decoder."""
+    seen: list[int] = []
+    real = pj.read_json
+
+    def spy(source: Any, *args: Any, **kwargs: Any) -> pa.Table:
+        table = real(source, *args, **kwargs)
+        seen.append(table.num_columns)
+        return table
+
+    monkeypatch.setattr(pj, "read_json", spy)
+    return seen
+
+
+def test_medium_bombs_in_many_records_never_build_a_wide_table(widest: list[int]) -> None:
+    # 50 records of 900 keys each (each under max_columns): parsed together they were a
+    # 45,000-column table (45 s and 6.5 GB for one 10k batch). Chunks bound every parse.
+    dec = JsonArrowDecoder(COLS)
+    _decode(dec, [_good(0)])
+    payloads = [_good(i) for i in range(10_000)]
+    for b in range(50):
+        payloads[b * 200 + 7] = json.dumps({f"b{b}_{k}": k for k in range(900)}).encode()
+    result = _decode(dec, payloads)
+    assert sorted(_refused(result)) == [b * 200 + 7 for b in range(50)]
+    assert len(result.failures) == 50
+    assert dec.schema.names == ["id", "name", "meta"]
+    assert max(widest) <= 4 * 1000 + 3
+    assert result.table.column("id").null_count == 50
+
+
+def test_a_flood_of_dynamic_keys_widens_the_lane_by_the_allowance_only(
+    widest: list[int],
+) -> None:
+    # {"<id>": 1} per record: every record a new column.
+    dec = JsonArrowDecoder(COLS, limits=SchemaLimits(max_new_fields_per_batch=100))
+    _decode(dec, [_good(0)])
+    payloads = [json.dumps({"id": i, f"user_{i}": 1}).encode() for i in range(10_000)]
+    result = _decode(dec, payloads)
+    refused = _refused(result)
+    assert len(refused) == 10_000 - 100
+    assert min(refused) == 100  # the first 100 new fields fit, in row order
+    assert "101 new fields in one batch" in refused[100]
+    assert len(dec.schema) == 3 + 100
+    assert result.table.column("id").to_pylist()[:101] == [*range(100), None]
+    assert max(widest) <= 3 + 4 * 1000  # no parse held all 10,000 new columns
+    # The next batch has a new allowance; records that add nothing always decode.
+    later = _decode(dec, [_good(1), *payloads[100:300]])
+    assert len(_refused(later)) == 100
+    assert later.table.column("id").to_pylist()[:2] == [1, 100]
+
+
 # -- max_name_length -----------------------------------------------------------------
 
 

@@ -29,10 +29,21 @@ from thalweg.codecs.base import (
     LaneDecoder,
     assemble,
 )
-from thalweg.codecs.limits import SchemaLimits, check, prescreen_json
+from thalweg.codecs.limits import (
+    SchemaLimits,
+    Shape,
+    check,
+    depth_of,
+    new_path_rows,
+    prescreen_json,
+    scan_json,
+)
 from thalweg.records.columns import MetadataColumns
 
 _MIN_BLOCK = 1 << 20
+# A chunk parsed with inference (new fields possible) builds at most this many new
+# cells (new columns times rows): ~40 MB at worst, whatever the rows hold.
+_CHUNK_CELLS = 1 << 22
 _SCAN_CHUNK = 256
 _ROW_HINT = re.compile(r" in row (\d+)$")
 
@@ -63,6 +74,7 @@ class JsonArrowDecoder(LaneDecoder):
     ) -> None:
         super().__init__(columns, schema, limits)
         self._declared = declared and schema is not None
+        self._start = self.shape  # the lane when the batch being decoded began
 
     # -- internals -------------------------------------------------------------------
 
@@ -86,7 +98,80 @@ class JsonArrowDecoder(LaneDecoder):
         flat = pc.replace_substring(values, b"\r", b" ")
         flat = pc.replace_substring(flat, b"\n", b" ")
 
-        merged, pieces, more = self._parse_rows(flat, candidates)
+        out: list[tuple[np.ndarray, pa.Table]] = []
+        self._start = self.shape
+        if self._declared:  # the schema never grows: fields it does not name are ignored
+            merged, pieces, more = self._parse_rows(flat, candidates)
+            failures.extend(more)
+            if pieces:
+                out.append((_rows_of(pieces), merged))
+        else:
+            failures.extend(self._parse_bounded(values, flat, candidates, out))
+        return assemble(n, self._schema, out, failures)
+
+    def _parse_bounded(
+        self,
+        values: pa.Array,
+        flat: pa.Array,
+        rows: np.ndarray,
+        out: list[tuple[np.ndarray, pa.Table]],
+    ) -> list[DecodeFailure]:
+        """Parse ``rows`` into ``out`` without ever building more columns than the limits
+        allow; the failed rows.
+
+        A settled topic's batch parses once against the lane schema with new fields an
+        error — the whole cost when nothing is new. Otherwise (a new field, or a row
+        that does not parse) the rows are parsed in chunks small enough that one chunk
+        cannot build a huge table (members times rows bounded, the members counted as colons),
+        each widening the lane only as far as the limits allow, and as soon as the lane
+        has widened the rest is tried against it again in one parse.
+        """
+        failures: list[DecodeFailure] = []
+        colons: np.ndarray | None = None
+        retry = True
+        while len(rows):
+            if retry:
+                table = self._closed(flat, rows)
+                if table is not None:
+                    out.append((rows, table))
+                    break
+            if colons is None:
+                colons = np.asarray(pc.count_substring(values, ":").fill_null(0), np.int64)
+            k = self._chunk_len(colons[rows])
+            chunk, rows = rows[:k], rows[k:]
+            before = self._schema
+            failures.extend(self._parse_chunk(flat, chunk, out))
+            retry = not self._schema.equals(before)
+        return failures
+
+    def _closed(self, flat: pa.Array, rows: np.ndarray) -> pa.Table | None:
+        """``rows`` parsed against the lane schema, or None when one of them adds a field
+        (or does not parse, or does not fit): nothing new is ever built here."""
+        if not len(self._schema) or not len(rows):
+            return None
+        try:
+            table = self._parse(_take(flat, rows), closed=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return None
+        return table if table.num_rows == len(rows) else None
+
+    def _chunk_len(self, colons: np.ndarray) -> int:
+        """How many of the next rows (their colon counts: at least their members) make
+        one chunk whose parse stays small: at most 4 times max_columns members, at most
+        _CHUNK_CELLS new cells (members times rows)."""
+        members = np.cumsum(colons)
+        rows = np.arange(1, len(colons) + 1)
+        over = (members > 4 * self._limits.max_columns) | (members * rows > _CHUNK_CELLS)
+        first = np.flatnonzero(over)
+        return max(1, int(first[0])) if len(first) else len(colons)
+
+    def _parse_chunk(
+        self, flat: pa.Array, rows: np.ndarray, out: list[tuple[np.ndarray, pa.Table]]
+    ) -> list[DecodeFailure]:
+        """Parse one bounded chunk with inference, keep the rows that fit the limits and
+        widen the lane by them; the failed rows."""
+        failures: list[DecodeFailure] = []
+        merged, pieces, more = self._parse_rows(flat, rows)
         failures.extend(more)
         for attempt in range(3):
             why = self._over_limits(merged.schema)
@@ -100,12 +185,12 @@ class JsonArrowDecoder(LaneDecoder):
             )
             failures.extend(refused)
             failed = np.fromiter((f.row for f in failures), np.int64, len(failures))
-            merged, pieces, more = self._parse_rows(flat, candidates[~np.isin(candidates, failed)])
+            merged, pieces, more = self._parse_rows(flat, rows[~np.isin(rows, failed)])
             failures.extend(more)
         self._pin(merged.schema)
-
-        rows = np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
-        return assemble(n, self._schema, [(rows, merged)] if pieces else [], failures)
+        if pieces:
+            out.append((_rows_of(pieces), merged))
+        return failures
 
     def _parse_rows(
         self, flat: pa.Array, rows: np.ndarray
@@ -127,45 +212,48 @@ class JsonArrowDecoder(LaneDecoder):
         widened = _try_unify(self._schema, seen)
         if widened is None or widened.equals(self._schema):
             return None
-        return check(self._limits, self.shape, widened)
+        return check(self._limits, self._start, widened)
 
     def _admit(
         self, flat: pa.Array, pieces: list[_Piece], merged: pa.Table, done: set[int]
     ) -> list[DecodeFailure]:
-        """The rows that take the lane past a limit, found in row order: a row is kept
-        when the lane widened by every row kept before it still fits (the rows that add
-        no field always fit, and are not looked at). Chunks that fit whole are kept with
-        one parse; a chunk that does not is halved, down to the rows to refuse."""
-        rows = self._widening_rows(pieces, merged, done)
-        refused: list[DecodeFailure] = []
-        acc = self._schema
-        stack = [rows] if len(rows) else []
-        while stack:
-            chunk = stack.pop()
-            table, error, reason = self._try(flat, chunk)
-            why = error
-            if table is not None:
-                keep = [f for f in table.schema if not self._columns.is_reserved(f.name)]
-                widened = _try_unify(acc, pa.schema(keep))
-                if widened is None:
-                    why, reason = (
-                        "its types conflict with rows before it",
-                        DecodeReason.TYPE_CONFLICT,
+        """The rows that take the lane past a limit, in row order: a row is kept when
+        the lane widened by every row kept before it still fits. Which row holds which
+        new field is read off the parsed columns (vectorised per field); only the rows
+        that hold a new field are looked at one by one, and only here, when the batch
+        is over a limit. Rows nested too deep are found by the exact scan."""
+        rows = _rows_of(pieces)  # aligned with merged's rows
+        start, limits = self._start, self._limits
+        refused: dict[int, str] = {}
+        allowed = max(limits.max_depth, start.depth)
+        deep_cols = [f.name for f in merged.schema if 1 + depth_of(f.type) > allowed]
+        if deep_cols:
+            hit = np.zeros(len(rows), dtype=bool)
+            for name in deep_cols:
+                hit |= np.asarray(merged.column(name).is_valid())
+            at = np.flatnonzero(hit)
+            depth, _ = scan_json(flat.take(pa.array(rows[at])))
+            for i, d in zip(at, depth, strict=True):
+                if d > allowed:
+                    refused[int(rows[i])] = (
+                        f"nesting depth {int(d)} exceeds max_depth ({limits.max_depth})"
                     )
+        masks = new_path_rows(merged, self.shape.paths)
+        if masks:
+            paths = list(masks)
+            carries = np.stack([masks[p] for p in paths])  # path x row
+            acc = set(self.shape.paths)
+            for i in sorted(np.flatnonzero(carries.any(axis=0)), key=lambda i: rows[i]):
+                row = int(rows[i])
+                if row in done or row in refused:
+                    continue
+                new = [paths[j] for j in np.flatnonzero(carries[:, i]) if paths[j] not in acc]
+                why = _growth(limits, start, acc, new)
+                if why is None:
+                    acc.update(new)
                 else:
-                    why, reason = (
-                        check(self._limits, self.shape, widened),
-                        DecodeReason.SCHEMA_LIMIT,
-                    )
-                    if why is None:
-                        acc = widened
-                        continue
-            if len(chunk) == 1:
-                refused.append(DecodeFailure(int(chunk[0]), reason, why or ""))
-            else:
-                mid = len(chunk) // 2
-                stack.extend((chunk[mid:], chunk[:mid]))
-        return refused
+                    refused[row] = why
+        return [DecodeFailure(r, DecodeReason.SCHEMA_LIMIT, why) for r, why in refused.items()]
 
     def _widening_rows(self, pieces: list[_Piece], merged: pa.Table, done: set[int]) -> np.ndarray:
         """The rows (ascending) that hold a value in a column the batch widened."""
@@ -208,7 +296,9 @@ class JsonArrowDecoder(LaneDecoder):
             return self._schema
         return pa.schema([f for f in self._schema if not _has_null(f.type)])
 
-    def _parse(self, values: pa.Array, *, single_block: bool = False) -> pa.Table:
+    def _parse(
+        self, values: pa.Array, *, single_block: bool = False, closed: bool = False
+    ) -> pa.Table:
         joined = pc.binary_join(pa.ListArray.from_arrays([0, len(values)], values), b"\n")
         buf = joined[0].as_buffer()
         longest = int(pc.max(pc.binary_length(values)).as_py() or 0)
@@ -220,8 +310,10 @@ class JsonArrowDecoder(LaneDecoder):
                 block_size=block, use_threads=not single_block and len(buf) > _MIN_BLOCK
             ),
             parse_options=pj.ParseOptions(
-                explicit_schema=self._explicit_schema(),
-                unexpected_field_behavior="ignore" if self._declared else "infer",
+                explicit_schema=self._schema if closed else self._explicit_schema(),
+                unexpected_field_behavior="error"
+                if closed
+                else ("ignore" if self._declared else "infer"),
             ),
         )
 
@@ -230,7 +322,7 @@ class JsonArrowDecoder(LaneDecoder):
     ) -> tuple[pa.Table | None, str | None, DecodeReason]:
         """Parse ``rows``; return the table when it holds exactly one row per payload."""
         try:
-            table = self._parse(values.take(pa.array(rows)), single_block=single_block)
+            table = self._parse(_take(values, rows), single_block=single_block)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             return None, str(exc), _classify(str(exc))
         if table.num_rows != len(rows):
@@ -364,6 +456,46 @@ class JsonArrowDecoder(LaneDecoder):
     def _pin(self, seen: pa.Schema) -> None:
         if not self._declared:
             self._schema = _unify(self._schema, seen)
+
+
+def _growth(
+    limits: SchemaLimits,
+    start: Shape,
+    lane: set[tuple[str, ...]],
+    new: list[tuple[str, ...]],
+) -> str | None:
+    """Why a row may not add the fields ``new`` to ``lane`` (the paths kept so far), as
+    :func:`~thalweg.codecs.limits.check` says it for a whole schema."""
+    if not new:
+        return None
+    if len(lane) + len(new) > limits.max_columns:
+        return (
+            f"the lane schema would have {len(lane) + len(new)} fields, over max_columns "
+            f"({limits.max_columns}); new fields include {'.'.join(min(new))!r}"
+        )
+    long = [p[-1] for p in new if len(p[-1]) > limits.max_name_length]
+    if long:
+        name = min(long)
+        return (
+            f"a field name of {len(name)} characters ({name[:32]!r}...) exceeds "
+            f"max_name_length ({limits.max_name_length})"
+        )
+    added = len((lane | set(new)) - start.paths)
+    if added > limits.max_new_fields_per_batch:
+        return (
+            f"{added} new fields in one batch, over max_new_fields_per_batch "
+            f"({limits.max_new_fields_per_batch})"
+        )
+    return None
+
+
+def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
+    """``values`` at ``rows`` (ascending, distinct): no copy when that is all of them."""
+    return values if len(rows) == len(values) else values.take(pa.array(rows))
+
+
+def _rows_of(pieces: list[_Piece]) -> np.ndarray:
+    return np.concatenate([p.rows for p in pieces]) if pieces else np.empty(0, np.int64)
 
 
 def _classify(message: str) -> DecodeReason:

@@ -35,6 +35,7 @@ PARSER_SAFE_DEPTH = 256
 # The shortest JSON member is 4 bytes (`"":0`), so a row of L bytes has at most L/4 keys.
 _MIN_MEMBER_BYTES = 4
 _SCAN_BYTES = 8 << 20  # the exact scan works on at most this many bytes at a time
+_BLOCK = 1024  # bytes per block of the pre-screen's cheap upper bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,60 @@ def check(
     return None
 
 
+def new_path_rows(
+    table: pa.Table, known: frozenset[tuple[str, ...]]
+) -> dict[tuple[str, ...], npt.NDArray[np.bool_]]:
+    """For every field path of ``table`` that is not in ``known``: which rows hold a
+    value for it (at any depth: a struct's child where the struct and the child are
+    set, a list's struct element's child mapped back to the row of its list).
+    Vectorised per field, never per row."""
+    out: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
+    rows = np.arange(table.num_rows)
+    for name in table.column_names:
+        col = table.column(name)
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        valid = np.asarray(arr.is_valid())
+        _visit(arr, (name,), rows, valid, known, out, table.num_rows)
+    return out
+
+
+def _visit(
+    arr: pa.Array,
+    path: tuple[str, ...],
+    rows: npt.NDArray[np.int64],
+    valid: npt.NDArray[np.bool_],
+    known: frozenset[tuple[str, ...]],
+    out: dict[tuple[str, ...], npt.NDArray[np.bool_]],
+    n: int,
+) -> None:
+    """``arr`` (its elements belong to ``rows``, set where ``valid``) is the value of
+    field ``path``: mark it when new, else look inside."""
+    if path[-1] not in _MARKERS and path not in known:  # new, and so is all inside it
+        mask = out.setdefault(path, np.zeros(n, dtype=bool))
+        mask[rows[valid]] = True
+    t = arr.type
+    if pa.types.is_struct(t):
+        for i in range(t.num_fields):
+            child = arr.field(i)
+            both = valid & np.asarray(child.is_valid())
+            _visit(child, (*path, t.field(i).name), rows, both, known, out, n)
+    elif pa.types.is_map(t):
+        parents = np.asarray(pc.list_parent_indices(arr))
+        for step, child in (("{key}", arr.keys), ("{value}", arr.items)):
+            inner = valid[parents] & np.asarray(child.is_valid())
+            _visit(child, (*path, step), rows[parents], inner, known, out, n)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        parents = np.asarray(pc.list_parent_indices(arr))
+        child = arr.flatten()
+        inner = valid[parents] & np.asarray(child.is_valid())
+        _visit(child, (*path, "[]"), rows[parents], inner, known, out, n)
+
+
+def depth_of(t: pa.DataType) -> int:
+    """Levels of objects and arrays inside a value of type ``t`` (0 for a scalar)."""
+    return _walk(t, (), set())
+
+
 def _name(path: tuple[str, ...]) -> str:
     return ".".join(path)
 
@@ -159,15 +214,14 @@ def prescreen_json(
     if not len(deep_rows) and not len(wide_rows):
         return {}
     flagged: set[int] = set()
-    if len(deep_rows):
-        some = values.take(pa.array(deep_rows))
-        brackets = np.asarray(pc.count_substring(some, "{").fill_null(0)) + np.asarray(
-            pc.count_substring(some, "[").fill_null(0)
-        )
-        flagged.update(int(r) for r in deep_rows[brackets > depth_gate])
-    if len(wide_rows):
-        colons = np.asarray(pc.count_substring(values.take(pa.array(wide_rows)), ":").fill_null(0))
-        flagged.update(int(r) for r in wide_rows[colons > width_gate])
+    for long, chars, gate in ((deep_rows, b"{[", depth_gate), (wide_rows, b":", width_gate)):
+        if not len(long):
+            continue
+        rows = long[_bound_counts(values, chars, long) > gate]  # cheap, an upper bound
+        if len(rows):  # the few rows it cannot clear: counted exactly
+            some = values.take(pa.array(rows))
+            exact = sum(np.asarray(pc.count_substring(some, chr(c)).fill_null(0)) for c in chars)
+            flagged.update(int(r) for r in rows[exact > gate])
     if not flagged:
         return {}
     rows = np.array(sorted(flagged), dtype=np.int64)
@@ -180,6 +234,38 @@ def prescreen_json(
             why = _distinct_fields(values[int(row)].as_py(), limits)
             if why is not None:
                 out[int(row)] = why
+    return out
+
+
+def _bound_counts(
+    values: pa.Array, chars: bytes, rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """For each of ``rows``, an upper bound of how many of its bytes are in ``chars``:
+    the count over the 1 KiB blocks of the data buffer that the row touches. Three
+    vectorised passes over the bytes (compare, per-block count, prefix sum over blocks)
+    and none per row; a row is counted exactly only when its blocks hold more."""
+    offsets_buf, data_buf = values.buffers()[1:3]
+    width = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, width)[values.offset : values.offset + len(values) + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if data_buf is None or hi <= lo:
+        return np.zeros(len(rows), np.int64)
+    data = np.frombuffer(data_buf, np.uint8)[lo:hi]
+    if chars == b"{[":
+        hits = (data | 0x20) == 0x7B  # '[' is 0x5B, '{' 0x7B: one compare finds both
+    else:
+        hits = data == chars[0]
+        for c in chars[1:]:
+            hits |= data == c
+    whole = len(hits) - len(hits) % _BLOCK
+    words = np.packbits(hits[:whole]).view(np.uint64)  # popcounts of 64-byte words
+    blocks = np.bitwise_count(words).reshape(-1, _BLOCK // 64).sum(axis=1, dtype=np.int64)
+    if whole < len(hits):
+        blocks = np.append(blocks, np.count_nonzero(hits[whole:]))
+    prefix = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)])
+    starts = offsets[rows].astype(np.int64) - lo
+    ends = offsets[rows + 1].astype(np.int64) - lo
+    out: npt.NDArray[np.int64] = prefix[(ends - 1) // _BLOCK + 1] - prefix[starts // _BLOCK]
     return out
 
 
