@@ -10,6 +10,13 @@ The lane schema is *pinned*: once a field has a type, later payloads are read wi
 type (``explicit_schema``) and new fields are inferred and appended. A payload whose field
 contradicts the pinned type fails alone with ``type_conflict``; it never changes the type
 of rows already written. Numbers promote int → double (Arrow's permissive unification).
+
+The schema grows only within :class:`~thalweg.codecs.limits.SchemaLimits`: a record that
+would take it past one fails alone with ``schema_limit``. A batch that brings no new field
+is parsed once, against the lane schema, with new fields an error (the common case costs
+nothing more); a batch that does is parsed in chunks whose new columns times rows are
+bounded, so no record — nor many records each under the limits — can make the reader
+build a huge table, and rows too deep or too wide for the reader never reach it.
 """
 
 from __future__ import annotations
