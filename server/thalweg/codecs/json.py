@@ -51,6 +51,7 @@ _MIN_BLOCK = 1 << 20
 # A chunk parsed with inference (new fields possible) builds at most this many new
 # cells (new columns times rows): ~40 MB at worst, whatever the rows hold.
 _CHUNK_CELLS = 1 << 22
+_CHUNK_ROWS = 4096  # and at most this many rows
 _SCAN_CHUNK = 256
 _ROW_HINT = re.compile(r" in row (\d+)$")
 
@@ -134,7 +135,6 @@ class JsonArrowDecoder(LaneDecoder):
         has widened the rest is tried against it again in one parse.
         """
         failures: list[DecodeFailure] = []
-        colons: np.ndarray | None = None
         retry = True
         while len(rows):
             if retry:
@@ -142,9 +142,9 @@ class JsonArrowDecoder(LaneDecoder):
                 if table is not None:
                     out.append((rows, table))
                     break
-            if colons is None:
-                colons = np.asarray(pc.count_substring(values, ":").fill_null(0), np.int64)
-            k = self._chunk_len(colons[rows])
+            window = rows[:_CHUNK_ROWS]  # counted here only: a chunk is never longer
+            colons = np.asarray(pc.count_substring(_take(values, window), ":").fill_null(0))
+            k = self._chunk_len(colons.astype(np.int64))
             chunk, rows = rows[:k], rows[k:]
             before = self._schema
             failures.extend(self._parse_chunk(flat, chunk, out))
@@ -165,7 +165,7 @@ class JsonArrowDecoder(LaneDecoder):
     def _chunk_len(self, colons: np.ndarray) -> int:
         """How many of the next rows (their colon counts: at least their members) make
         one chunk whose parse stays small: at most 4 times max_columns members, at most
-        _CHUNK_CELLS new cells (members times rows)."""
+        _CHUNK_CELLS new cells (members times rows), at most _CHUNK_ROWS rows."""
         members = np.cumsum(colons)
         rows = np.arange(1, len(colons) + 1)
         over = (members > 4 * self._limits.max_columns) | (members * rows > _CHUNK_CELLS)
@@ -497,8 +497,11 @@ def _growth(
 
 
 def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
-    """``values`` at ``rows`` (ascending, distinct): no copy when that is all of them."""
-    return values if len(rows) == len(values) else values.take(pa.array(rows))
+    """``values`` at ``rows`` (ascending, distinct): a zero-copy slice when they are
+    consecutive (a batch without blank or refused rows, or the rest of one)."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
+        return values.slice(int(rows[0]), len(rows))
+    return values.take(pa.array(rows))
 
 
 def _rows_of(pieces: list[_Piece]) -> np.ndarray:
