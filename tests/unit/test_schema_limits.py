@@ -310,3 +310,47 @@ def test_a_100k_column_put_is_refused_before_producing() -> None:
         plan_put("t", schema, source)
     narrow = pa.schema([("id", pa.int64()), ("key", pa.binary())])
     assert plan_put("t", narrow, source).payload_columns == ("id",)
+
+
+def test_the_limits_are_configured_per_source() -> None:
+    from thalweg.config import parse_config
+    from thalweg.engine.decoders import schema_limits
+    from thalweg.errors import ConfigError
+
+    cfg = parse_config(
+        {
+            "sources": [
+                {
+                    "name": "wide",
+                    "kind": "kafka",
+                    "bootstrap_servers": "127.0.0.1:1",
+                    "topics": ["a"],
+                    "schema_limits": {"max_columns": 5000, "max_new_fields_per_batch": 5000},
+                },
+                {
+                    "name": "plain",
+                    "kind": "kafka",
+                    "bootstrap_servers": "127.0.0.1:1",
+                    "topics": ["b"],
+                },
+            ]
+        }
+    )
+    assert schema_limits(cfg.sources[0]) == SchemaLimits(
+        max_columns=5000, max_depth=32, max_name_length=256, max_new_fields_per_batch=5000
+    )
+    assert schema_limits(cfg.sources[1]) == SchemaLimits()
+    with pytest.raises(ConfigError, match="schema_limits.max_depth"):
+        parse_config(
+            {
+                "sources": [
+                    {
+                        "name": "s",
+                        "kind": "kafka",
+                        "bootstrap_servers": "127.0.0.1:1",
+                        "topics": ["a"],
+                        "schema_limits": {"max_depth": 0},
+                    }
+                ]
+            }
+        )
