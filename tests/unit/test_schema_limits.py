@@ -340,7 +340,7 @@ def test_the_limits_are_configured_per_source() -> None:
         max_columns=5000, max_depth=32, max_name_length=256, max_new_fields_per_batch=5000
     )
     assert schema_limits(cfg.sources[1]) == SchemaLimits()
-    with pytest.raises(ConfigError, match="schema_limits.max_depth"):
+    with pytest.raises(ConfigError, match=r"schema_limits\.max_depth"):
         parse_config(
             {
                 "sources": [
