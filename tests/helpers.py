@@ -7,6 +7,7 @@ uses from here rather than copying a loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -100,6 +101,38 @@ def produce_json(
     return n
 
 
+def produce_aio(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int | None]],
+    partition: int = 0,
+) -> None:
+    """Produce ``(key, value, headers, timestamp_ms)`` records in order with aiokafka.
+
+    aiokafka sends explicit timestamps as given (librdkafka turns 0 into "now"); it cannot
+    send a record whose key and value are both null, which confluent-kafka can.
+    """
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await p.start()
+        try:
+            for key, value, headers, ts in records:
+                await p.send_and_wait(
+                    topic,
+                    value,
+                    key=key,
+                    partition=partition,
+                    headers=headers or None,
+                    timestamp_ms=ts,
+                )
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+
+
 class ConfluentRecord(NamedTuple):
     """One record as a plain confluent-kafka consumer sees it."""
 
@@ -115,16 +148,23 @@ class ConfluentRecord(NamedTuple):
 
 
 def consume_confluent(
-    bootstrap: str, topic: str, n: int, partition: int = 0, timeout: float = 30
+    bootstrap: str,
+    topic: str,
+    n: int,
+    partition: int = 0,
+    timeout: float = 30,
+    **config: Any,
 ) -> list[ConfluentRecord]:
     """The first ``n`` records of one partition as a plain confluent-kafka consumer sees
-    them (an assignment, no group commits)."""
+    them (an assignment, no group commits); fewer when ``timeout`` passes first.
+    ``config`` adds consumer settings (``fetch.max.bytes`` for large records, say)."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"diff-{topic}",
             "enable.auto.commit": False,
             "log_level": 2,
+            **{k.replace("_", "."): v for k, v in config.items()},
         }
     )
     c.assign([TopicPartition(topic, partition, 0)])

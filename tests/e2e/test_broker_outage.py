@@ -3,7 +3,6 @@ recovers, and every record ends up in the raw lane exactly once."""
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -11,11 +10,11 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import produce_json, wait_until
 from tests.tcp_proxy import TcpProxy
 from thalweg.embedded import TansuBroker, free_port
 
@@ -32,13 +31,6 @@ def status(url: str) -> int:
         return int(e.code)
 
 
-def produce(bootstrap: str, topic: str, values: range) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "log_level": 2})
-    for i in values:
-        p.produce(topic, json.dumps({"i": i}).encode(), partition=0)
-    assert p.flush(30) == 0
-
-
 def test_broker_outage(gateway_factory: Callable[..., RunningGateway]) -> None:
     proxy_port = free_port()
     broker = TansuBroker(advertised_port=proxy_port).start()
@@ -48,14 +40,11 @@ def test_broker_outage(gateway_factory: Callable[..., RunningGateway]) -> None:
     try:
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
-        produce(bootstrap, topic, range(100))
+        produce_json(bootstrap, topic, ({"i": i} for i in range(100)))
         gw = gateway_factory([topic], bootstrap_servers=bootstrap)
         gw.wait_durable(topic, {0: 100}, timeout=60)
         ready, live = gw.admin_url + "/ready", gw.admin_url + "/live"
-        deadline = time.monotonic() + 20
-        while status(ready) != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until(lambda: status(ready) == 200, 20, "/ready", interval=0.2)
 
         proxy.cut()
         t = time.monotonic()
@@ -70,12 +59,9 @@ def test_broker_outage(gateway_factory: Callable[..., RunningGateway]) -> None:
         assert gw.gateway.catalog.durable_end(topic, 0) == 100
 
         proxy.restore()
-        produce(bootstrap, topic, range(100, 200))
+        produce_json(bootstrap, topic, ({"i": i} for i in range(100, 200)))
         gw.wait_durable(topic, {0: 200}, timeout=120)
-        deadline = time.monotonic() + 30
-        while status(ready) != 200:
-            assert time.monotonic() < deadline, "/ready did not recover"
-            time.sleep(0.2)
+        wait_until(lambda: status(ready) == 200, 30, "/ready to recover", interval=0.2)
         with thalweg_client.connect(gw.flight_url) as client:
             table = client.read(topic)
         assert sorted(table.column("i").to_pylist()) == list(range(200))

@@ -13,18 +13,17 @@ import pytest
 from tests.conftest import RunningGateway, pulsar_source_cfg
 from tests.e2e.test_broker_outage import status
 from tests.e2e.test_pulsar_crash import lane_values, produce
+from tests.helpers import wait_until
 from tests.pulsar_lite import PulsarLite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30) -> float:
+    """Seconds until ``cond`` held (the shared wait, timed)."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(cond, timeout, what, interval=0.1)
+    return time.monotonic() - start
 
 
 def test_pulsar_broker_outage(

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
+from tests.helpers import consume_confluent, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +109,6 @@ def test_unwritable_raw_lane_flips_ready_and_recovers_without_loss(
     """The partition's lane directory is replaced by a plain file (root ignores
     permissions, not that): /ready goes 503, /live stays 200, nothing is committed past
     what is durable; once the directory is back, writes resume and nothing is lost."""
-    import time
 
     topic = topic_factory(1)
     gw = gateway_factory([topic], format="none")
@@ -126,27 +126,21 @@ def test_unwritable_raw_lane_flips_ready_and_recovers_without_loss(
         for i in range(50, 100):
             producer.produce(topic, b"a%d" % i, partition=0)
         producer.flush(10)
-        deadline = time.monotonic() + 20  # two probe periods of the default 10 s
-        while get(gw.admin_url + "/ready")[0] != 503:
-            assert time.monotonic() < deadline, "/ready did not turn 503"
-            time.sleep(0.2)
+        # Within two probe periods of the default 10 s.
+        wait_until(lambda: get(gw.admin_url + "/ready")[0] == 503, 20, "/ready to turn 503")
         assert get(gw.admin_url + "/live")[0] == 200
         health = json.loads(get(gw.admin_url + "/health")[1])
         assert health["components"]["raw_lane"]["state"] == "down"
-        time.sleep(1.0)  # a few failed write attempts
+        retries = gw.gateway.metrics.retries.labels("write")
+        wait_until(lambda: retries._value.get() >= 2, 20, "a few failed write attempts")
         state = gw.gateway.live.state(topic, 0)
         assert state is not None
         assert state.committed == 50  # not one offset past what is durable
-        retries = gw.gateway.metrics.retries.labels("write")._value.get()
-        assert retries >= 1
     finally:
         part.unlink()
         aside.rename(part)
     gw.wait_durable(topic, {0: 100})
-    deadline = time.monotonic() + 20
-    while get(gw.admin_url + "/ready")[0] != 200:
-        assert time.monotonic() < deadline, "/ready did not recover"
-        time.sleep(0.2)
+    wait_until(lambda: get(gw.admin_url + "/ready")[0] == 200, 20, "/ready to recover")
     import thalweg_client
 
     with thalweg_client.connect(gw.flight_url) as client:
@@ -159,7 +153,6 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
     producer: Producer,
     gateway_factory: Callable[..., RunningGateway],
 ) -> None:
-    import time
 
     topic = topic_factory(1)
     gw = gateway_factory([topic], gateway={"stall_after_s": 1.0})
@@ -167,7 +160,11 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
         producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)
     producer.flush(10)
     gw.wait_durable(topic, {0: 500})
-    time.sleep(0.5)  # the commit follows the write
+    wait_until(  # the commit follows the write
+        lambda: getattr(gw.gateway.live.state(topic, 0), "committed", None) == 500,
+        15,
+        "offset 500 committed",
+    )
     status, body = get(gw.admin_url + "/stats")
     stats = json.loads(body)
     assert status == 200
@@ -183,13 +180,12 @@ def test_stats_attributes_work_to_stages_and_names_a_stalled_one(
         for i in range(500, 600):
             producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)
         producer.flush(10)
-        deadline = time.monotonic() + 20
-        while True:
-            stats = json.loads(get(gw.admin_url + "/stats")[1])
-            if stats["stalled"]:
-                break
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.2)
+        stats = wait_until(
+            lambda: (s := json.loads(get(gw.admin_url + "/stats")[1]))["stalled"] and s,
+            20,
+            "/stats to name a stalled stage",
+            interval=0.2,
+        )
         assert stats["stalled"] == ["write"]
         assert stats["stages"]["write"]["queue_depth"] == 100
     finally:
@@ -205,8 +201,6 @@ def test_dead_letters_also_go_to_a_kafka_topic(
     """``dlq_topic``: every poison record is produced there, original key/value/headers
     intact, with __twg.errors.* headers naming reason, stage and locator — before the
     offset is committed."""
-    from confluent_kafka import Consumer, TopicPartition
-
     topic, dlq_topic = topic_factory(1), topic_factory(1, prefix="dlq")
     poison = {3, 7}
     for i in range(10):
@@ -218,31 +212,15 @@ def test_dead_letters_also_go_to_a_kafka_topic(
     state = gw.gateway.live.state(topic, 0)
     assert state is not None
 
-    c = Consumer(
-        {
-            "bootstrap.servers": gw.gateway.cfg.sources[0].bootstrap_servers,
-            "group.id": f"read-{dlq_topic}",
-            "auto.offset.reset": "earliest",
-            "log_level": 2,
-        }
-    )
-    c.assign([TopicPartition(dlq_topic, 0, 0)])  # no group join: read from the start
-    got = []
-    import time
-
-    deadline = time.monotonic() + 30
-    while len(got) < len(poison) and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is not None and m.error() is None:
-            got.append(m)
-    c.close()
+    bootstrap = gw.gateway.cfg.sources[0].bootstrap_servers
+    got = consume_confluent(bootstrap, dlq_topic, len(poison))  # read from the start
     assert len(got) == len(poison)
     for m in got:
-        headers = dict(m.headers())
+        headers = dict(m.headers)
         offset = int(headers["__twg.errors.offset"])
         assert offset in poison
-        assert m.key() == b"k%d" % offset
-        assert m.value() == b"{broken"
+        assert m.key == b"k%d" % offset
+        assert m.value == b"{broken"
         assert headers["h"] == b"v"
         assert headers["__twg.errors.reason"] == b"syntax"
         assert headers["__twg.errors.stage"] == b"decode"
@@ -283,9 +261,6 @@ def test_a_large_dead_letter_reaches_the_lane_and_the_dlq_topic(
 ) -> None:
     """A 2 MiB poison record (twice the producer's batch size) is dead-lettered whole to
     the dlq/ lane and to the DLQ topic, next to a small one, and the offsets commit."""
-    import time
-
-    from confluent_kafka import Consumer, TopicPartition
 
     import thalweg_client
 
@@ -304,23 +279,8 @@ def test_a_large_dead_letter_reaches_the_lane_and_the_dlq_topic(
     with thalweg_client.connect(gw.flight_url) as client:
         dlq = client.read(topic, lane="dlq")
     assert sorted(dlq["_twg_source_value"].to_pylist(), key=len) == [b"{small", big]
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"r-{dlq_topic}",
-            "fetch.max.bytes": 16 << 20,
-            "log_level": 2,
-        }
-    )
-    c.assign([TopicPartition(dlq_topic, 0, 0)])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and len(got) < 2:
-        m = c.poll(0.5)
-        if m is not None and m.error() is None:
-            got.append(m.value())
-    c.close()
-    assert sorted(got, key=len) == [b"{small", big]
+    got = consume_confluent(bootstrap, dlq_topic, 2, timeout=15, fetch_max_bytes=16 << 20)
+    assert sorted((m.value for m in got), key=len) == [b"{small", big]
 
 
 def test_a_dlq_topic_that_stays_unreachable_is_given_up_after_its_bound(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import wait_until
 from tests.registry_server import FakeRegistry
 
 pytestmark = pytest.mark.integration
@@ -75,12 +75,11 @@ def test_avro_topic_with_evolution_poison_and_registry_outage(
             topic, framed(id3, V3, {"id": i, "customer": "x", "note": None, "qty": i}), partition=0
         )
     producer.flush(10)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(
-        f"/schemas/ids/{id3}" in r for r in registry.requests
-    ):
-        time.sleep(0.05)
-    time.sleep(1.0)  # several retries while down
+    wait_until(  # several lookups of the new schema while the registry is down
+        lambda: sum(f"/schemas/ids/{id3}" in r for r in registry.requests) >= 2,
+        15,
+        "the gateway to retry the new schema's lookup",
+    )
     assert gw.gateway.catalog.durable_end(topic, 0) == 22, (
         "records passed while the registry was down"
     )

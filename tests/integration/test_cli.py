@@ -11,10 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 import thalweg_client
+from tests.helpers import wait_until
 from thalweg.cli.main import cli
 
 GOOD = """
@@ -175,14 +177,17 @@ def test_quickstart_serves_a_read_and_stops_cleanly(tmp_path: Path) -> None:
             if match:
                 url = match.group(1)
         assert url, "quickstart did not print its Flight URL"
-        rows = 0
-        while rows == 0 and time.monotonic() < deadline:
-            time.sleep(1)
+
+        def orders() -> pa.Table | None:
             with thalweg_client.connect(url) as client:
-                if "orders" in client.topics():
-                    table = client.read("orders")
-                    rows = table.num_rows
-        assert rows > 0, "no orders served within a minute"
+                if "orders" not in client.topics():
+                    return None
+                got = client.read("orders")
+                return got if got.num_rows else None
+
+        table = wait_until(
+            orders, max(1.0, deadline - time.monotonic()), "orders served", interval=1.0
+        )
         assert {"order_id", "customer", "amount", "_twg_source_offset"} <= set(table.column_names)
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(30) == 0

@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import Producer
 
 import thalweg_client
-from tests.conftest import RunningGateway, produce_aio
+from tests.conftest import RunningGateway
 from tests.corpus.edge_records import EDGES
-from tests.helpers import consume_confluent
+from tests.helpers import consume_confluent, produce_aio
 from thalweg.embedded import TansuBroker
 from thalweg.records import MetadataColumns
 from thalweg.records.convert import records_from_batch

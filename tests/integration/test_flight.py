@@ -205,7 +205,7 @@ def test_bad_tickets_get_clear_errors(loaded: tuple[str, RunningGateway]) -> Non
         b"not json": "neither a JSON object nor a protobuf",
         b"[1,2]": "neither a JSON object nor a protobuf",
         b"{oops": "not a JSON object",
-        encode_ticket({"topic": topic}) + b"\x50\x01": "unknown field number(s) [10]",
+        encode_ticket({"topic": topic}) + b"\x98\x06\x01": "unknown field number(s) [99]",
         encode_ticket({"topic": "nope"}): "unknown topic 'nope'",
         json.dumps({"topic": "nope"}).encode(): "unknown topic 'nope'",
         json.dumps({"topic": topic, "lane": "cooked"}).encode(): "lane",

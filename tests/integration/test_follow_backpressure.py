@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +67,8 @@ def test_slow_follower_is_bounded_and_fast_follower_keeps_up(
     # when auth is off); a fourth is refused until one ends.
     third = thalweg_client.connect(gw.flight_url)
     third.stream(topic, end="follow")
-    deadline = time.monotonic() + 10
-    while gw.gateway.metrics.flight_active_streams._value.get() < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    active = gw.gateway.metrics.flight_active_streams
+    wait_until(lambda: active._value.get() >= 3, 10, "three open streams")
     # (pyarrow raises a do_get refusal at the call or at read time, as OSError)
     with pytest.raises((OSError, fl.FlightError), match="too many open streams"):
         thalweg_client.connect(gw.flight_url).stream(topic, end="follow").read_next_batch()
@@ -90,10 +88,11 @@ def test_slow_follower_is_bounded_and_fast_follower_keeps_up(
 
     # Nothing is kept in memory for the stalled reader: once durable, the live tail is
     # empty although the slow stream has read almost nothing.
-    deadline = time.monotonic() + 10
-    while gw.gateway.live.nbytes() > 0:
-        assert time.monotonic() < deadline, gw.gateway.live.nbytes()
-        time.sleep(0.05)
+    wait_until(
+        lambda: gw.gateway.live.nbytes() == 0,
+        10,
+        lambda: f"an empty live tail ({gw.gateway.live.nbytes()} bytes held)",
+    )
     # The stalled stream's generator ran only as far as gRPC flow control let it: what
     # it produced is bounded by transport buffers, not by the backlog.
     rows, nbytes = _yielded(gw)
@@ -115,7 +114,4 @@ def test_slow_follower_is_bounded_and_fast_follower_keeps_up(
     assert "resume from positions {0: " in str(info.value)
     assert got[0] < TOTAL
     client.close()
-    deadline = time.monotonic() + 10
-    while gw.gateway.metrics.flight_active_streams._value.get() > 0:
-        assert time.monotonic() < deadline, "streams were not released"
-        time.sleep(0.05)
+    wait_until(lambda: active._value.get() == 0, 10, "the streams to be released")

@@ -25,6 +25,7 @@ from tests.conftest import (
     needs_full_pulsar,
     pulsar_source_cfg,
 )
+from tests.helpers import wait_until
 from tests.pulsar_lite import ExternalPulsar, PulsarLite, drain_subscription
 from thalweg.records.position import unpack_position
 from thalweg_client import connect
@@ -128,21 +129,21 @@ def test_raw_lane_keeps_every_pulsar_field(
 
 
 def _wait_rows(rg: RunningGateway, topic: str, n: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if rg.errors:
-            raise rg.errors[0]
+    def enough() -> bool:
         with contextlib.suppress(OSError):  # a segment renamed or repaired meanwhile
-            if raw_lane(rg, topic).num_rows >= n:
-                return
-        time.sleep(0.1)
-    m = rg.gateway.metrics
-    raise AssertionError(
-        f"{topic}: fewer than {n} rows durable in {timeout}s "
-        f"(consumed {m.records.labels(*_labels(rg, topic))._value.get():.0f}, "
-        f"buffered {m.buffered_bytes._value.get():.0f} bytes, "
-        f"paused {m.paused.labels(rg.gateway.runners[0].cfg.name)._value.get():.0f})"
-    )
+            return bool(raw_lane(rg, topic).num_rows >= n)
+        return False
+
+    def why() -> str:
+        m = rg.gateway.metrics
+        return (
+            f"{n} rows of {topic} durable "
+            f"(consumed {m.records.labels(*_labels(rg, topic))._value.get():.0f}, "
+            f"buffered {m.buffered_bytes._value.get():.0f} bytes, "
+            f"paused {m.paused.labels(rg.gateway.runners[0].cfg.name)._value.get():.0f})"
+        )
+
+    wait_until(enough, timeout, why, interval=0.1, check=rg.raise_errors)
 
 
 def _labels(rg: RunningGateway, topic: str) -> tuple[str, str, str]:
@@ -383,7 +384,8 @@ def test_follow_over_all_partitions_picks_up_a_partition_that_starts_later(
                 return
 
     threading.Thread(target=consume, daemon=True).start()
-    time.sleep(0.5)
+    # The stream has started once it delivered the known partition's history.
+    wait_until(lambda: len(got) >= 5, 30, "the follow stream's first records")
     later = produce(
         url,
         topic,

@@ -4,7 +4,6 @@ same client code."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import RunningGateway, pulsar_source_cfg, source_cfg
+from tests.helpers import wait_until
 from tests.pulsar_lite import ExternalPulsar, PulsarLite
 from thalweg.embedded import TansuBroker
 from thalweg_client import connect
@@ -43,15 +43,6 @@ def _metric_shapes(text: str, source: str) -> dict[str, set[frozenset[str]]]:
             if sample.labels.get("source") == source:
                 out.setdefault(sample.name, set()).add(frozenset(sample.labels))
     return out
-
-
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _rows(rg: RunningGateway, topic: str) -> int:
@@ -90,7 +81,7 @@ def test_one_gateway_serves_kafka_and_pulsar_alike(
             )
     for topic in (ktopic, ptopic):
         assert sum(a["rows"] for a in acks[topic]) == 20
-        _wait(lambda t=topic: _rows(rg, t) >= 20, f"{topic} in the lane")  # type: ignore[misc]
+        wait_until(lambda t=topic: _rows(rg, t) >= 20, 30, f"{topic} in the lane", interval=0.1)  # type: ignore[misc]
         with connect(rg.flight_url) as c:
             got = c.read(topic)
         got = got.filter(pc.is_null(got["_twg_decode_error"])).sort_by("id")
@@ -113,11 +104,13 @@ def test_one_gateway_serves_kafka_and_pulsar_alike(
         with urllib.request.urlopen(f"{rg.admin_url}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
-    _wait(
+    wait_until(
         lambda: all(
             n in _metric_shapes(scrape(), s) for s in ("kafka-src", "pulsar-src") for n in SHARED
         ),
+        30,
         "shared metrics from both sources",
+        interval=0.1,
     )
     text = scrape()
     kafka, pulsar_ = _metric_shapes(text, "kafka-src"), _metric_shapes(text, "pulsar-src")
