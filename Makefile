@@ -29,7 +29,8 @@ bench: $(BIN)/twg
 # of server/thalweg in build/mutation (never the working tree) for the modules listed in
 # pyproject's [tool.mutmut], runs the tests that cover each mutant, and prints killed /
 # survived counts with the survivors per module. Inspect one: cd build/mutation &&
-# ../../.venv/bin/mutmut show <name>.
+# ../../.venv/bin/mutmut show <name>. MUTATE_ONLY="src/thalweg/x.py ..." narrows or
+# widens the modules (paths as under build/mutation); MUTATE_JOBS sets the workers.
 MUTATION := build/mutation
 $(BIN)/mutmut: $(BIN)/twg
 	$(BIN)/pip install --quiet -e '.[dev,mutation]'
@@ -38,6 +39,10 @@ mutate: $(BIN)/mutmut
 	rm -rf $(MUTATION) && mkdir -p $(MUTATION)/src
 	cp -r server/thalweg $(MUTATION)/src/thalweg
 	cp -r tests pyproject.toml $(MUTATION)/
+	if [ -n "$(MUTATE_ONLY)" ]; then $(BIN)/python -c 'import re, sys; p = sys.argv[1]; \
+		s = open(p).read(); only = ", ".join(repr(m) for m in sys.argv[2:]); \
+		open(p, "w").write(re.sub(r"only_mutate = \[[^]]*\]", "only_mutate = [" + only + "]", s))' \
+		$(MUTATION)/pyproject.toml $(MUTATE_ONLY); fi
 	cd $(MUTATION) && $(CURDIR)/$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} >run.log 2>&1 \
 		|| { tail -c 3000 run.log; exit 1; }
 	cd $(MUTATION) && $(CURDIR)/$(BIN)/mutmut export-cicd-stats >/dev/null \
