@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from tests.corpus.edge_records import EDGES
 from thalweg.codecs import JsonArrowDecoder
+from thalweg.engine.accumulate import ArrowSink, RawSink, TeeSink, ValueSink
 from thalweg.records import MetadataColumns, build_raw_batch
 from thalweg.records.columns import SOURCE_COLUMNS
 from thalweg.records.convert import SOURCE_FIELDS, batch_from_records, records_from_batch
 from thalweg.records.model import RawRecord
 from thalweg.records.record_id import record_ids
-from thalweg.sinks import ArrowSink, RawSink, TeeSink, ValueSink
 
 COLS = MetadataColumns()
 K = namedtuple("K", "topic partition offset timestamp timestamp_type key value headers")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from thalweg.engine.retry import Backoff
+from thalweg.ops.retry import Backoff
 
 
 def test_delays_grow_are_capped_and_jittered() -> None:

@@ -314,8 +314,8 @@ def test_a_100k_column_put_is_refused_before_producing() -> None:
 
 def test_the_limits_are_configured_per_source() -> None:
     from thalweg.config import parse_config
-    from thalweg.engine.decoders import schema_limits
     from thalweg.errors import ConfigError
+    from thalweg.pipeline.decoders import schema_limits
 
     cfg = parse_config(
         {

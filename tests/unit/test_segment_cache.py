@@ -12,11 +12,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.codecs.json import JsonArrowDecoder
-from thalweg.codecs.lane import decode_batch
 from thalweg.config.models import RawLaneConfig
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.reader import LaneReader
+from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 
 COLS = MetadataColumns()

@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.models import RawLaneConfig
+from thalweg.engine.accumulate import ArrowSink, BatchSink, OffsetSpan, RawSink, TeeSink
 from thalweg.records.columns import MetadataColumns
-from thalweg.sinks.batch import ArrowSink, BatchSink, OffsetSpan, RawSink, TeeSink
 
 
 @dataclass(frozen=True, slots=True)

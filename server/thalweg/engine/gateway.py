@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
-from thalweg.engine.runner import RAW_LANE, LaneContext, SourceRunner
+from thalweg.engine.context import RAW_LANE, LaneContext
+from thalweg.engine.runner import SourceRunner
 from thalweg.errors import ConfigError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer

@@ -30,12 +30,12 @@ from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
-from thalweg.engine.retry import Backoff
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.reader import LaneReader
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
 from thalweg.registry import RegistryUnavailableError
 from thalweg.registry.factory import open_proto_schemas, open_registry

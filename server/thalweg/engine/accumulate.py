@@ -1,4 +1,5 @@
-"""Batch sinks: accumulate raw-lane batches of one partition, emit one representation.
+"""Accumulators: collect raw-lane batches of one partition, emit one representation
+(raw, decoded Arrow, Python values, or a tee of two) with the span it covers.
 
 A template method: :class:`BatchSink` tracks the span (first/last offset, the positions
 covered including skipped offsets, rows, bytes, age) once; subclasses only say how a
@@ -15,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder, DecodeResult
-from thalweg.codecs.lane import decode_batch
+from thalweg.pipeline.decode import decode_batch
 from thalweg.records.columns import MetadataColumns, MetadataPolicy
 from thalweg.records.convert import values_from_tables
 
