@@ -3,6 +3,41 @@
 Library exceptions are wrapped where they cross into Thalweg (``raise SourceError(...)
 from exc``) so callers handle one tree, and the ``retriable`` flag says whether trying
 the same thing again can help (a broker restart: yes; a malformed ticket: no).
+
+The tree (``tests/unit/test_errors_tree.py`` checks it against the classes: each
+subclass of :class:`ThalwegError` in the package appears once, under its parent; a
+class defined outside this module names its module in parentheses)::
+
+    ThalwegError
+    ├── ConfigError
+    ├── LaneError
+    │   ├── PrefixMismatchError
+    │   ├── SegmentConflictError
+    │   └── OwnershipLostError
+    ├── SourceError
+    ├── DecodeError
+    ├── TicketError
+    ├── ShutdownTimeoutError
+    ├── PositionOverflowError (thalweg.records.position)
+    ├── UnsupportedSchemaError (thalweg.codecs.typemap)
+    ├── RuleError (thalweg.contracts.checks)
+    ├── RegistryError (thalweg.registry.errors)
+    │   └── RegistryUnavailableError (thalweg.registry.errors)
+    ├── SinkBackpressureError (thalweg.sinks.base)
+    └── FollowLagError (thalweg.flight.stream)
+
+Two families live beside the tree on purpose:
+
+* ``RefusalError`` and its subclasses (``thalweg.flight.errors``) are not Thalweg errors
+  but the wire's vocabulary: each is also the pyarrow exception whose gRPC status the
+  client receives. The Flight handlers turn whatever they raise into one at the very
+  edge (a :class:`TicketError` becomes ``INVALID_ARGUMENT``, a retriable error
+  ``UNAVAILABLE``, anything else ``INTERNAL``), and nothing inside the gateway catches
+  them. Keeping them out of the tree means an ``except ThalwegError`` never swallows an
+  answer already meant for the client.
+* ``thalweg_client.wire.WireError`` (a ``ValueError``) belongs to the client, its own
+  distribution, which does not depend on the server; the gateway wraps it at the
+  adapter (``raise TicketError(...) from exc`` in ``thalweg.flight.tickets``).
 """
 
 from __future__ import annotations

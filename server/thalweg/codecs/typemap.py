@@ -10,11 +10,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from thalweg.errors import ThalwegError
+
 AvroSchema = Any  # parsed JSON: str | dict | list
 
 
-class UnsupportedSchemaError(ValueError):
-    """The schema uses something the type map does not cover."""
+class UnsupportedSchemaError(ThalwegError, ValueError):
+    """The schema uses something the type map does not cover.
+
+    Also a ``ValueError``: the decoders' schema loading catches ``ValueError`` for a bad
+    schema file, and this is one.
+    """
 
 
 _PRIMITIVES: dict[str, pa.DataType] = {

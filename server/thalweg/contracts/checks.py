@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.contracts.model import Property, QualityRule, SchemaObject
+from thalweg.errors import ThalwegError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ _BOUNDS: dict[str, tuple[Callable[..., Any], str]] = {
 }
 
 
-class RuleError(Exception):
+class RuleError(ThalwegError):
     """A rule that cannot be judged on this batch (an expression that does not plan, a
     bound of another type than the column)."""
 
