@@ -1,7 +1,14 @@
-"""The layering gate: ``records`` and ``codecs`` are pure data code.
+"""The layering gate.
 
-They turn bytes into Arrow and never import a broker client, a socket, the event loop,
-or any part of the gateway above them.
+``records`` and ``codecs`` are pure data code: they turn bytes into Arrow and never
+import a broker client, a socket, the event loop, or any part of the gateway above them.
+
+The data layers (``records``, ``codecs``, ``contracts`` and ``pipeline``) import no
+transport (a broker client or Thalweg's own transport packages), no Flight and no
+engine: the same decoding serves a Flight read, a re-decode and a future sink. The
+transports (``kafka``, ``pulsar``, ``sources``) import no Flight: the Flight server
+uses them, never the other way round. A package of either list is covered as soon as
+its directory exists.
 """
 
 from __future__ import annotations
@@ -30,6 +37,20 @@ ALLOWED_INTERNAL = {
 }
 
 
+DATA_LAYERS = ("records", "codecs", "contracts", "pipeline")
+TRANSPORTS = ("kafka", "pulsar", "sources")
+TRANSPORT_MODULES = (
+    "aiokafka",
+    "pulsar",
+    "confluent_kafka",
+    "thalweg.sources",
+    "thalweg.kafka",
+    "thalweg.pulsar",
+)
+FLIGHT_MODULES = ("pyarrow.flight", "thalweg.flight")
+ENGINE_MODULES = ("thalweg.engine",)
+
+
 def imports_of(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names: set[str] = set()
@@ -39,6 +60,52 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     return names
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_in(source: str, module: str, *, is_package: bool = False) -> set[str]:
+    """Every module the text of ``module`` imports, also lazily, relatively or as
+    ``from a import b`` (then both ``a`` and ``a.b``, since ``b`` may be a submodule)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(name)
+            names.update(f"{name}.{alias.name}" for alias in node.names)
+    return names
+
+
+def all_imports_of(path: Path) -> set[str]:
+    return imports_in(
+        path.read_text(encoding="utf-8"), module_of(path), is_package=path.name == "__init__.py"
+    )
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def existing(packages: tuple[str, ...]) -> list[str]:
+    return [p for p in packages if (ROOT / p).is_dir()]
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, package
+    return [
+        f"{f.relative_to(ROOT)} imports {name}"
+        for f in files
+        for name in sorted(all_imports_of(f))
+        if within(name, forbidden)
+    ]
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED_INTERNAL))
@@ -62,3 +129,34 @@ def test_client_depends_on_pyarrow_only() -> None:
         for name in imports_of(f):
             top = name.split(".")[0]
             assert top not in {"thalweg", "aiokafka", "pydantic", "click"}, f"{f.name}: {name}"
+
+
+def test_the_data_layers_exist() -> None:
+    assert {"records", "codecs", "contracts"} <= set(existing(DATA_LAYERS))
+    assert existing(TRANSPORTS)
+
+
+@pytest.mark.parametrize("package", existing(DATA_LAYERS))
+def test_data_layers_import_no_transport_flight_or_engine(package: str) -> None:
+    found = violations(package, TRANSPORT_MODULES + FLIGHT_MODULES + ENGINE_MODULES)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("package", existing(TRANSPORTS))
+def test_transports_import_no_flight(package: str) -> None:
+    found = violations(package, ("thalweg.flight",))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import pyarrow.flight as fl", "pyarrow.flight"),
+        ("from pyarrow import flight", "pyarrow.flight"),
+        ("def f():\n    from thalweg.engine import Gateway", "thalweg.engine"),
+        ("from ..flight import server", "thalweg.flight.server"),
+        ("from . import kafka", "thalweg.codecs.kafka"),
+    ],
+)
+def test_the_gate_sees_every_form_of_import(source: str, expected: str) -> None:
+    assert expected in imports_in(source, "thalweg.codecs.probe")
