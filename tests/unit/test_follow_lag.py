@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_lane import COLS, raw, writer
-from thalweg.flight.stream import FollowLagError, _check_lag
+from thalweg.flight.read.stream import FollowLagError, _check_lag
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.live import LiveTail
 

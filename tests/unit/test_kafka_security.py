@@ -73,7 +73,7 @@ def test_the_consumer_and_both_producers_share_the_cluster_settings(tmp_path: Pa
     try:
 
         async def made() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            put = server._producer_for(cfg)._writer._producer
+            put = server.puts.producer_for(cfg)._writer._producer
             dlq = (
                 DeadLetterTopic(
                     cfg.bootstrap_servers, "dlq", MetadataColumns(), **security_kwargs(cfg)

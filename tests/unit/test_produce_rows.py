@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from thalweg.config.models import KafkaSourceConfig
-from thalweg.flight.put import plan_put
+from thalweg.flight.put.plan import plan_put
 from thalweg.records.model import Locator, RawRecord, Timestamp
 from thalweg.sinks.rows import ProduceRows
 

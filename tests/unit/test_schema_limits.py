@@ -20,7 +20,7 @@ from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.limits import SchemaLimits, Shape, check_schema, scan_json
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import TicketError
-from thalweg.flight.put import plan_put
+from thalweg.flight.put.plan import plan_put
 from thalweg.records import MetadataColumns
 
 COLS = MetadataColumns()

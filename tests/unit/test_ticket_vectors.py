@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from thalweg.errors import TicketError
-from thalweg.flight.tickets import ReadTicket, parse_ticket
+from thalweg.flight.read.tickets import ReadTicket, parse_ticket
 
 ROOT = Path(__file__).resolve().parents[2]
 TICKETS = ROOT / "flight-tickets"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from thalweg.errors import TicketError
-from thalweg.flight.tickets import OffsetPosition, TimestampPosition, parse_ticket
+from thalweg.flight.read.tickets import OffsetPosition, TimestampPosition, parse_ticket
 
 
 def test_full_ticket() -> None:

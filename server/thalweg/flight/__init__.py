@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from thalweg.flight.tickets import ReadTicket, parse_ticket
+from thalweg.flight.read.tickets import ReadTicket, parse_ticket
 
 __all__ = ["ReadTicket", "parse_ticket"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thalweg.flight.plan import PartitionRange, ReadPlan
-from thalweg.flight.tickets import OffsetPosition, ReadTicket
+from thalweg.flight.read.plan import PartitionRange, ReadPlan
+from thalweg.flight.read.tickets import OffsetPosition, ReadTicket
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane, Segment
 

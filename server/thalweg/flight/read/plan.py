@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.errors import TicketError
-from thalweg.flight.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
+from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.shape import decoded_schema

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.errors import ThalwegError
-from thalweg.flight.plan import ReadPlan, start_of_new_partition
-from thalweg.flight.prefetch import prefetched
+from thalweg.flight.read.plan import ReadPlan, start_of_new_partition
+from thalweg.flight.read.prefetch import prefetched
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.live import LiveEntry

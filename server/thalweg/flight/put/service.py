@@ -1,0 +1,202 @@
+"""The body of ``do_put``, apart from the server that dispatches to it.
+
+A put is checked whole before its first row is produced (schema, types, the topic's
+source and format), then produced batch by batch; each batch is acknowledged only once
+the broker has it, and every refusal says how many rows were already produced, so the
+caller knows exactly what landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from thalweg.config.models import FlightServingConfig, PulsarSourceConfig, SourceConfig
+from thalweg.errors import ThalwegError, TicketError
+from thalweg.flight.auth import caller_key, principal_of
+from thalweg.flight.descriptors import path_topic
+from thalweg.flight.errors import InvalidArgumentError
+from thalweg.flight.limits import StreamLimiter
+from thalweg.flight.put.encoders import avro_encoder, protobuf_encoder
+from thalweg.flight.put.plan import PutPlan, plan_put, refuse_unsafe_types
+from thalweg.flight.put.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
+from thalweg.flight.tracing import call_span_context
+from thalweg.ops.metrics import Metrics
+from thalweg.ops.tracing import traceparent_of
+from thalweg.sinks.kafka import KafkaWriter
+from thalweg.sources.kafka_security import security_kwargs
+
+
+class Puts:
+    """Produces puts into the topics of the configured sources.
+
+    Args:
+        metrics: where rows and bytes produced are counted.
+        limits: the batch and put size caps of the ``gateway.flight`` settings.
+        streams: the per-caller stream limiter (shared with reads).
+        sources: the source that lists each topic.
+        pattern_sources: Pulsar sources whose ``topics_pattern`` takes other topics.
+        idempotent_producer: produce to Kafka with the idempotent producer.
+        put_timeout_ms: how long one produce request may take.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        limits: FlightServingConfig,
+        streams: StreamLimiter,
+        *,
+        sources: dict[str, SourceConfig],
+        pattern_sources: Sequence[PulsarSourceConfig] = (),
+        idempotent_producer: bool = False,
+        put_timeout_ms: int = 30_000,
+    ) -> None:
+        self._metrics = metrics
+        self._limits = limits
+        self._streams = streams
+        self._sources = sources
+        self._patterns = [
+            (re.compile(s.topics_pattern), s) for s in pattern_sources if s.topics_pattern
+        ]
+        self._idempotent = idempotent_producer
+        self._put_timeout_ms = put_timeout_ms
+
+    def do_put(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+    ) -> None:
+        """Produce the rows of ``["topics", <topic>]`` and acknowledge each batch with
+        ``{"rows": n, "partitions": {"<p>": [first, last]}}`` as PutResult metadata."""
+        topic = self._put_topic(descriptor)
+        if not principal_of(context).may("write", topic):
+            raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
+        try:
+            refuse_unsafe_types(reader.schema)
+            source = self.source_for(topic)
+            plan = plan_put(
+                topic,
+                reader.schema,
+                source,
+                avro_encoder(topic, source),
+                protobuf_encoder(topic, source),
+            )
+        except ThalwegError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        assert source is not None
+        slot = self._streams.acquire(caller_key(context))
+        span_ctx = call_span_context(context)
+        traceparent = traceparent_of(span_ctx) if span_ctx is not None else None
+        try:
+            written = asyncio.run(self._produce(plan, source, reader, writer, traceparent))
+        finally:
+            slot.release()
+        self._metrics.flight_rows.labels("do_put").inc(written)
+
+    async def _produce(
+        self,
+        plan: PutPlan,
+        source: SourceConfig,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+        traceparent: bytes | None = None,
+    ) -> int:
+        """Validate, encode and produce batch by batch; every refusal says how many rows
+        were already produced (and acknowledged), so the caller knows exactly what landed."""
+        total = 0
+        received = 0
+        limits = self._limits
+        out = self.producer_for(source)
+        try:
+            await out.start()
+        except ThalwegError as exc:
+            hint = (
+                " (gateway.idempotent_producer is on: the broker must support idempotent producers)"
+                if self._idempotent
+                else ""
+            )
+            raise fl.FlightServerError(
+                f"cannot start a producer for {plan.topic!r}: {exc}{hint}; 0 rows were produced"
+            ) from exc
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError) as exc:  # ArrowIOError is an OSError
+                    raise InvalidArgumentError(
+                        f"unreadable Arrow stream ({exc}); {total} rows were produced"
+                    ) from exc
+                batch = chunk.data
+                if batch is None:  # metadata-only message
+                    continue
+                size = batch.get_total_buffer_size()
+                received += size
+                try:
+                    if size > limits.max_batch_bytes:
+                        raise TicketError(
+                            f"a batch of {size} bytes exceeds gateway.flight.max_batch_bytes "
+                            f"({limits.max_batch_bytes}); send smaller batches"
+                        )
+                    if received > limits.max_put_bytes:
+                        raise TicketError(
+                            f"this put exceeds gateway.flight.max_put_bytes "
+                            f"({limits.max_put_bytes}); split it into several puts"
+                        )
+                    batch.validate(full=True)
+                    rows = plan.rows(batch)
+                    if traceparent is not None:
+                        rows = rows.with_header(b"traceparent", traceparent)
+                except (pa.ArrowException, TicketError) as exc:
+                    raise InvalidArgumentError(
+                        f"invalid batch after row {total} ({exc}); {total} rows were produced"
+                    ) from exc
+                try:
+                    ack = await out.send(plan.topic, rows)
+                except ThalwegError as exc:
+                    raise fl.FlightServerError(
+                        f"producing to {plan.topic!r} failed after {total} rows: {exc}"
+                    ) from exc
+                total += int(ack["rows"])
+                self._metrics.flight_bytes.labels("do_put").inc(size)
+                writer.write(pa.py_buffer(json.dumps(ack).encode()))
+        finally:
+            await out.stop()
+        return total
+
+    def producer_for(self, source: SourceConfig) -> TopicProducer:
+        """A new (not started) producer into ``source``'s cluster."""
+        if isinstance(source, PulsarSourceConfig):
+            return PulsarTopicProducer(source, self._put_timeout_ms)
+        return KafkaTopicProducer(
+            KafkaWriter(
+                source.bootstrap_servers,
+                max_request_size=16 << 20,
+                idempotent=self._idempotent,
+                request_timeout_ms=self._put_timeout_ms,
+                **security_kwargs(source),
+            )
+        )
+
+    def source_for(self, topic: str) -> SourceConfig | None:
+        """The source a put to ``topic`` produces through: the one that lists it, else a
+        Pulsar source whose ``topics_pattern`` matches the whole topic name."""
+        found = self._sources.get(topic)
+        if found is None:
+            for pattern, source in self._patterns:
+                if pattern.fullmatch(topic):
+                    return source
+        return found
+
+    def _put_topic(self, descriptor: fl.FlightDescriptor) -> str:
+        if descriptor.descriptor_type != fl.DescriptorType.PATH:
+            raise TicketError("do_put takes a path descriptor ['topics', <topic>]")
+        return path_topic(descriptor)
