@@ -5,10 +5,15 @@ BIN := $(VENV)/bin
 
 .PHONY: quickstart test lint bench proto mutate clean
 
-$(BIN)/twg: pyproject.toml
+# The client is its own distribution (client/, ADR 0019). The server depends on it by
+# path, which installs a copy; the second step makes that copy an editable install so
+# the tests see client edits (pip refuses both in one command: it reads them as two
+# different thalweg-client requirements).
+$(BIN)/twg: pyproject.toml client/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps -e ./client
 	touch $(BIN)/twg
 
 quickstart: $(BIN)/twg
@@ -34,6 +39,7 @@ bench: $(BIN)/twg
 MUTATION := build/mutation
 $(BIN)/mutmut: $(BIN)/twg
 	$(BIN)/pip install --quiet -e '.[dev,mutation]'
+	$(BIN)/pip install --quiet --no-deps -e ./client
 
 mutate: $(BIN)/mutmut
 	rm -rf $(MUTATION) && mkdir -p $(MUTATION)/src
