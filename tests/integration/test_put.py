@@ -81,6 +81,30 @@ def test_put_payload_columns_encoded_as_avro(
     assert back.to_pylist() == rows.to_pylist()
 
 
+def test_an_avro_put_of_a_type_avro_cannot_hold_is_refused_as_invalid(
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    registry: FakeRegistry,
+) -> None:
+    """The type map's refusal is a ThalwegError, so the caller is told INVALID_ARGUMENT
+    and why, not INTERNAL with an incident id; nothing is registered or produced."""
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="avro", registry={"url": registry.url})
+    rows = pa.table({"id": pa.array([1], pa.int64()), "wait": pa.array([5], pa.duration("s"))})
+    client = fl.FlightClient(gw.flight_url)
+
+    def put() -> None:
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("topics", topic), rows.schema)
+        writer.write_table(rows)
+        writer.close()
+
+    with pytest.raises(pa.ArrowInvalid, match=r"no Avro type for Arrow duration\[s\]"):
+        put()
+    assert f"{topic}-value" not in registry.subjects
+    with thalweg_client.connect(gw.flight_url) as c:
+        assert all(p["latest"] == 0 for p in c.describe(topic)["partitions"])
+
+
 def test_bad_puts_are_refused_before_anything_is_produced(
     topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
 ) -> None:
