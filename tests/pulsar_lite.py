@@ -90,7 +90,7 @@ def drain_subscription(
     acknowledged."""
     import pulsar
 
-    from thalweg.sources.pulsar import CONSUMER_TYPES
+    from thalweg.pulsar.client import CONSUMER_TYPES
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     out: list[bytes] = []

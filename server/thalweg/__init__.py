@@ -8,8 +8,11 @@ enforces it):
     No sockets, no event loop, no server code.
 ``lane``
     The on-disk raw and decoded Parquet lanes: durable writes, coverage, history reads.
+``kafka``, ``pulsar``
+    The transports' clients: consumer settings, producers, the dead-letter topic. The
+    only places a broker client is built; they import no Flight code.
 ``sources``
-    Transports that yield raw-lane batches (``kafka``, ``pulsar``).
+    Transports that yield raw-lane batches (``kafka``, ``pulsar``), on those clients.
 ``engine``, ``flight``, ``ops``, ``config``, ``cli``
     The running gateway and its operator surface.
 

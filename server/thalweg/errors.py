@@ -24,7 +24,7 @@ class defined outside this module names its module in parentheses)::
     ├── RegistryError (thalweg.registry.errors)
     │   └── RegistryUnavailableError (thalweg.registry.errors)
     ├── SinkBackpressureError (thalweg.sinks.base)
-    └── FollowLagError (thalweg.flight.stream)
+    └── FollowLagError (thalweg.flight.read.stream)
 
 Two families live beside the tree on purpose:
 
@@ -37,7 +37,7 @@ Two families live beside the tree on purpose:
   answer already meant for the client.
 * ``thalweg_client.wire.WireError`` (a ``ValueError``) belongs to the client, its own
   distribution, which does not depend on the server; the gateway wraps it at the
-  adapter (``raise TicketError(...) from exc`` in ``thalweg.flight.tickets``).
+  adapter (``raise TicketError(...) from exc`` in ``thalweg.flight.read.tickets``).
 """
 
 from __future__ import annotations

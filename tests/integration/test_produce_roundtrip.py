@@ -20,10 +20,10 @@ from tests.corpus.edge_records import EDGES
 from tests.integration.test_fidelity import produce_edges
 from thalweg.embedded import TansuBroker
 from thalweg.errors import ThalwegError
+from thalweg.kafka.producer import KafkaWriter
 from thalweg.records import MetadataColumns
 from thalweg.records.columns import MetadataPolicy
 from thalweg.records.convert import records_from_batch, values_from_tables
-from thalweg.sinks import KafkaWriter
 
 pytestmark = pytest.mark.integration
 COLS = MetadataColumns()

@@ -15,8 +15,8 @@ import pytest
 
 from tests.pulsar_lite import PulsarLite
 from thalweg.errors import ThalwegError
+from thalweg.pulsar.producer import PulsarWriter
 from thalweg.records.model import Locator, RawRecord, Timestamp
-from thalweg.sinks.pulsar import PulsarWriter
 
 pytestmark = pytest.mark.integration
 

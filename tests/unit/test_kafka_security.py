@@ -9,14 +9,13 @@ from typing import Any
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.flight.server import GatewayFlightServer
+from thalweg.kafka.clients import consumer_kwargs, security_kwargs
+from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
 from thalweg.ops.metrics import Metrics
 from thalweg.records import MetadataColumns
-from thalweg.sinks.dlq_topic import DeadLetterTopic
-from thalweg.sources.kafka import KafkaSource
-from thalweg.sources.kafka_security import security_kwargs
 
 
 def secured(tmp_path: Path) -> KafkaSourceConfig:
@@ -59,7 +58,7 @@ def test_the_consumer_and_both_producers_share_the_cluster_settings(tmp_path: Pa
     cfg = secured(tmp_path)
     kw = security_kwargs(cfg)
     assert kw["security_protocol"] == "SASL_SSL" and kw["ssl_context"] is not None
-    consumer_kw = KafkaSource(cfg, MetadataColumns())._kwargs()
+    consumer_kw = consumer_kwargs(cfg)
     assert {k: consumer_kw[k] for k in kw if k != "ssl_context"} == {
         k: v for k, v in kw.items() if k != "ssl_context"
     }

@@ -7,7 +7,7 @@ import pyarrow as pa
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.flight.put.plan import plan_put
 from thalweg.records.model import Locator, RawRecord, Timestamp
-from thalweg.sinks.rows import ProduceRows
+from thalweg.records.rows import ProduceRows
 
 SOURCE = KafkaSourceConfig(name="s", bootstrap_servers="127.0.0.1:1", topics=["t"], format="none")
 HEADER = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))

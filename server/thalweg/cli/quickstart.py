@@ -12,7 +12,8 @@ from thalweg.cli.main import run_until_signal
 from thalweg.cli.output import emit
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
-from thalweg.embedded.demo import create_topic, produce_orders
+from thalweg.embedded.demo import produce_orders
+from thalweg.kafka.admin import create_topic
 
 TOPIC = "orders"
 PARTITIONS = 3

@@ -1,4 +1,4 @@
-"""Demo data for the quickstart: an ``orders`` topic fed with JSON orders."""
+"""Demo data for the quickstart: JSON orders fed into its ``orders`` topic."""
 
 from __future__ import annotations
 
@@ -8,22 +8,10 @@ import json
 import random
 import time
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from thalweg.kafka.clients import new_producer
 
 CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "frances", "ken", "radia")
 ITEMS = ("anchor", "buoy", "compass", "lantern", "oar", "rope", "sail")
-
-
-async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        with contextlib.suppress(TopicAlreadyExistsError):  # a rerun reuses the topic
-            await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 def order(n: int, rng: random.Random) -> dict[str, object]:
@@ -44,7 +32,7 @@ async def produce_orders(
 ) -> int:
     """Produce orders at about ``rate`` per second until ``stop``; returns the count."""
     rng = random.Random(seed)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    producer = new_producer(bootstrap, linger_ms=5)
     await producer.start()
     n = 0
     try:

@@ -21,9 +21,9 @@ import pyarrow as pa
 from thalweg.engine.buffer import PartitionBuffer, Pending
 from thalweg.engine.context import RAW_LANE, SourceState, new_backoff
 from thalweg.errors import LaneError, OwnershipLostError, SourceError, ThalwegError
+from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.writer import WrittenSegment
 from thalweg.ops.health import State
-from thalweg.sinks.dlq_topic import DeadLetterTopic
 from thalweg.sources.base import PartitionKey
 
 log = logging.getLogger(__name__)

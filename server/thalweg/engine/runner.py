@@ -29,15 +29,15 @@ from thalweg.engine.partitions import Partitions
 from thalweg.engine.throttle import Throttle
 from thalweg.engine.watch import BrokerWatch
 from thalweg.errors import SourceError
+from thalweg.kafka.clients import security_kwargs
+from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.live import LiveEntry
 from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
 from thalweg.ops.tracing import links_from_headers
 from thalweg.pipeline.decoders import TopicDecoders
-from thalweg.sinks.dlq_topic import DeadLetterTopic
 from thalweg.sources import load_source_class
 from thalweg.sources.base import PartitionKey, Source
-from thalweg.sources.kafka_security import security_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The connection settings a Kafka source's cluster asks of every client.
+"""The settings every aiokafka client of a Kafka source's cluster is built with.
 
 The consumer, the ``do_put`` producer and the dead-letter topic producer all talk to the
 same cluster, so they must all speak its security protocol: one function builds the
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from thalweg.config.models import KafkaSourceConfig
 
@@ -28,3 +30,33 @@ def security_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
             cfg.sasl_password.get_secret_value() if cfg.sasl_password else None
         )
     return kw
+
+
+def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
+    """The consumer-group member's arguments. Auto-commit is always off: the engine
+    commits a position only after the raw lane covering it is durable."""
+    return {
+        "bootstrap_servers": cfg.bootstrap_servers,
+        "group_id": cfg.group_id,
+        "client_id": f"thalweg-{cfg.name}",
+        "enable_auto_commit": False,
+        "auto_offset_reset": cfg.auto_offset_reset,
+        "isolation_level": cfg.isolation_level,
+        "session_timeout_ms": cfg.session_timeout_ms,
+        "heartbeat_interval_ms": cfg.heartbeat_interval_ms,
+        "request_timeout_ms": cfg.request_timeout_ms,
+        "fetch_max_bytes": cfg.fetch_max_bytes,
+        "max_partition_fetch_bytes": cfg.max_partition_fetch_bytes,
+        **security_kwargs(cfg),
+    }
+
+
+def new_consumer(cfg: KafkaSourceConfig) -> AIOKafkaConsumer:
+    """A (not started) consumer for ``cfg``; call on the event loop that will run it."""
+    return AIOKafkaConsumer(**consumer_kwargs(cfg))
+
+
+def new_producer(bootstrap_servers: str, **producer: Any) -> AIOKafkaProducer:
+    """A plain (not started) aiokafka producer with the library's defaults, for demo data;
+    the gateway's own produce path is :class:`thalweg.kafka.producer.KafkaWriter`."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, **producer)

@@ -20,10 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from thalweg.kafka.producer import KafkaWriter
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.convert import records_from_batch
 from thalweg.records.model import RawRecord
-from thalweg.sinks.kafka import KafkaWriter
 
 PREFIX = b"__twg.errors."
 
@@ -68,7 +68,7 @@ class DeadLetterTopic:
         self, bootstrap_servers: str, topic: str, columns: MetadataColumns, **client: Any
     ) -> None:
         """``client``: further aiokafka producer arguments — the source cluster's security
-        settings (``thalweg.sources.kafka_security``)."""
+        settings (``thalweg.kafka.clients``)."""
         self.topic = topic
         self._bootstrap = bootstrap_servers
         self._columns = columns

@@ -20,11 +20,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from thalweg.errors import SourceError, ThalwegError
+from thalweg.errors import ProduceError, ThalwegError
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.convert import records_from_batch
 from thalweg.records.model import Locator, RawRecord, Timestamp
-from thalweg.sinks.rows import ProduceRows
+from thalweg.records.rows import ProduceRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +72,12 @@ class KafkaWriter:
         self._partitioner = DefaultPartitioner()
 
     async def start(self) -> None:
-        """Connect; on failure the producer is closed again and SourceError raised."""
+        """Connect; on failure the producer is closed again and ProduceError raised."""
         try:
             await self._producer.start()
         except KafkaError as exc:
             await self._producer.stop()
-            raise SourceError(f"cannot connect a producer: {exc}") from exc
+            raise ProduceError(f"cannot connect a producer: {exc}") from exc
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -118,7 +118,7 @@ class KafkaWriter:
         try:
             partitions = sorted(await self._producer.partitions_for(topic))
         except KafkaError as exc:
-            raise SourceError(f"produce to {topic!r} failed: {exc}") from exc
+            raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
         keys, values, stamps = rows.keys, rows.values, rows.timestamps_ms
         groups: dict[int, list[int]] = {}
         keep = self.keep_partition
@@ -169,7 +169,7 @@ class KafkaWriter:
                 for j, i in enumerate(held):
                     out[i] = Written(p, meta.offset + j)
         except KafkaError as exc:
-            raise SourceError(f"produce to {topic!r} failed: {exc}") from exc
+            raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
         return [w for w in out if w is not None]
 
     async def send_batch(self, topic: str, batch: pa.RecordBatch | pa.Table) -> list[Written]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from thalweg.errors import SourceError, ThalwegError
+from thalweg.errors import ProduceError, ThalwegError
 from thalweg.records.model import RawRecord
 
 
@@ -74,15 +74,17 @@ class PulsarWriter:
     async def start(self) -> None:
         import pulsar
 
+        from thalweg.pulsar.client import new_client
+
         try:
             self._client = await asyncio.to_thread(
-                pulsar.Client,
+                new_client,
                 self._url,
-                operation_timeout_seconds=10,
-                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+                operation_timeout_s=10,
+                log_level=pulsar.LoggerLevel.Error,
             )
         except Exception as exc:  # pulsar raises its own hierarchy
-            raise SourceError(f"cannot connect to Pulsar at {self._url}: {exc}") from exc
+            raise ProduceError(f"cannot connect to Pulsar at {self._url}: {exc}") from exc
 
     async def stop(self) -> None:
         if self._client is not None:
@@ -129,14 +131,14 @@ class PulsarWriter:
 
     async def _producer(self, topic: str) -> Any:
         if self._client is None:
-            raise SourceError("PulsarWriter is not started")
+            raise ProduceError("PulsarWriter is not started")
         if topic not in self._producers:
             try:
                 self._producers[topic] = await asyncio.to_thread(
                     self._client.create_producer, topic, **self._producer_opts
                 )
             except Exception as exc:
-                raise SourceError(f"cannot create a Pulsar producer for {topic!r}: {exc}") from exc
+                raise ProduceError(f"cannot create a Pulsar producer for {topic!r}: {exc}") from exc
         return self._producers[topic]
 
 
@@ -148,4 +150,4 @@ def _settle(fut: asyncio.Future[Any], res: Any, msg_id: Any) -> None:
     if res == pulsar.Result.Ok:
         fut.set_result(msg_id)
     else:
-        fut.set_exception(SourceError(f"Pulsar send failed: {res}"))
+        fut.set_exception(ProduceError(f"Pulsar send failed: {res}"))

@@ -1,7 +1,7 @@
-"""Sinks: the destinations records go to besides the raw lane."""
+"""Sinks: the destinations records go to besides the raw lane.
+
+``base`` holds the Sink contract and ``loader`` maps a ``kind`` to its backend. Producing
+back into a broker is the transports' work (``thalweg.kafka``, ``thalweg.pulsar``).
+"""
 
 from __future__ import annotations
-
-from thalweg.sinks.kafka import KafkaWriter, Written
-
-__all__ = ["KafkaWriter", "Written"]

@@ -18,10 +18,10 @@ from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import SourceError
+from thalweg.kafka.clients import new_consumer
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback
-from thalweg.sources.kafka_security import security_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +52,6 @@ class KafkaSource:
         self._last_heartbeat_ok: float | None = None
         self._joined = False
 
-    def _kwargs(self) -> dict[str, Any]:
-        c = self.cfg
-        kw: dict[str, Any] = {
-            "bootstrap_servers": c.bootstrap_servers,
-            "group_id": c.group_id,
-            "client_id": f"thalweg-{c.name}",
-            "enable_auto_commit": False,
-            "auto_offset_reset": c.auto_offset_reset,
-            "isolation_level": c.isolation_level,
-            "session_timeout_ms": c.session_timeout_ms,
-            "heartbeat_interval_ms": c.heartbeat_interval_ms,
-            "request_timeout_ms": c.request_timeout_ms,
-            "fetch_max_bytes": c.fetch_max_bytes,
-            "max_partition_fetch_bytes": c.max_partition_fetch_bytes,
-            **security_kwargs(c),
-        }
-        return kw
-
     @property
     def consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
@@ -78,7 +60,7 @@ class KafkaSource:
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         """Connect and join the group; partitions arrive through ``on_assigned``."""
-        consumer = AIOKafkaConsumer(**self._kwargs())
+        consumer = new_consumer(self.cfg)
         consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
         # Set before start(): the first assignment can arrive while start() still runs.
         self._consumer = consumer

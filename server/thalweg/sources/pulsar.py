@@ -30,24 +30,18 @@ import time
 from typing import Any
 
 import numpy as np
-import pulsar
 import pyarrow as pa
 from pulsar.exceptions import PulsarException, Timeout
 
 from thalweg.config.models import PulsarSourceConfig
 from thalweg.errors import SourceError
+from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import build_pulsar_raw_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
 
-CONSUMER_TYPES = {
-    "exclusive": pulsar.ConsumerType.Exclusive,
-    "failover": pulsar.ConsumerType.Failover,
-    "shared": pulsar.ConsumerType.Shared,
-    "key_shared": pulsar.ConsumerType.KeyShared,
-}
 CUMULATIVE_TYPES = frozenset({"exclusive", "failover"})
 _PARTITION_RE = re.compile(r"^(.*)-partition-(\d+)$")
 
@@ -83,48 +77,11 @@ class PulsarSource:
         when a failover subscription moves a partition away (docs/pulsar.md)."""
         self._on_assigned = on_assigned
         try:
-            self._client, self._consumer = await asyncio.to_thread(self._subscribe)
+            self._client, self._consumer = await asyncio.to_thread(subscribe, self.cfg)
         except PulsarException as exc:
             raise SourceError(
                 f"source {self.cfg.name!r}: cannot subscribe at {self.cfg.service_url}: {exc}"
             ) from exc
-
-    def _subscribe(self) -> tuple[Any, Any]:
-        c = self.cfg
-        kw: dict[str, Any] = {
-            "operation_timeout_seconds": max(1, int(c.operation_timeout_s)),
-            # Not a Python logger: the client's I/O threads calling into Python while
-            # the interpreter exits abort the process ("terminate called without an
-            # active exception", seen on SIGTERM during start-up).
-            "logger": pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
-        }
-        if c.auth_token is not None:
-            kw["authentication"] = pulsar.AuthenticationToken(c.auth_token.get_secret_value())
-        if c.tls_trust_certs_file is not None:
-            kw["tls_trust_certs_file_path"] = str(c.tls_trust_certs_file)
-        client = pulsar.Client(c.service_url, **kw)
-        topics: Any = (
-            re.compile(re.escape(c.namespace_prefix) + c.topics_pattern)
-            if c.topics_pattern is not None
-            else [c.namespace_prefix + t for t in c.topics]
-        )
-        try:
-            consumer = client.subscribe(
-                topics,
-                c.subscription,
-                consumer_type=CONSUMER_TYPES[c.subscription_type],
-                receiver_queue_size=c.receiver_queue_size,
-                consumer_name=f"thalweg-{c.name}",
-                initial_position=(
-                    pulsar.InitialPosition.Earliest
-                    if c.initial_position == "earliest"
-                    else pulsar.InitialPosition.Latest
-                ),
-            )
-        except BaseException:
-            client.close()
-            raise
-        return client, consumer
 
     async def stop(self) -> None:
         """Close the consumer and the client (unacknowledged messages are redelivered

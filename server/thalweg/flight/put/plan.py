@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.config.models import SourceConfig
 from thalweg.errors import TicketError
-from thalweg.sinks.rows import ProduceRows
+from thalweg.records.rows import ProduceRows
 
 ENVELOPE = ("key", "headers", "partition", "timestamp")
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from thalweg.config.models import PulsarSourceConfig
+from thalweg.kafka.producer import KafkaWriter
+from thalweg.pulsar.producer import PulsarWriter
 from thalweg.records.position import pack_message_id
-from thalweg.sinks.kafka import KafkaWriter
-from thalweg.sinks.pulsar import PulsarWriter
-from thalweg.sinks.rows import ProduceRows
+from thalweg.records.rows import ProduceRows
 
 Ack = dict[str, Any]
 

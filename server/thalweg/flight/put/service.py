@@ -26,10 +26,10 @@ from thalweg.flight.put.encoders import avro_encoder, protobuf_encoder
 from thalweg.flight.put.plan import PutPlan, plan_put, refuse_unsafe_types
 from thalweg.flight.put.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
 from thalweg.flight.tracing import call_span_context
+from thalweg.kafka.clients import security_kwargs
+from thalweg.kafka.producer import KafkaWriter
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import traceparent_of
-from thalweg.sinks.kafka import KafkaWriter
-from thalweg.sources.kafka_security import security_kwargs
 
 
 class Puts:
