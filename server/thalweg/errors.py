@@ -15,6 +15,7 @@ class defined outside this module names its module in parentheses)::
     │   ├── SegmentConflictError
     │   └── OwnershipLostError
     ├── SourceError
+    ├── ProduceError
     ├── DecodeError
     ├── TicketError
     ├── ShutdownTimeoutError
@@ -94,6 +95,13 @@ class OwnershipLostError(LaneError):
 
 class SourceError(ThalwegError):
     """A broker client failed; usually transient."""
+
+    retriable = True
+
+
+class ProduceError(ThalwegError):
+    """A producer could not hand records to a broker (connect, metadata or send); the
+    records may be produced again (usually transient)."""
 
     retriable = True
 
