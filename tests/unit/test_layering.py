@@ -14,6 +14,9 @@ its directory exists.
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,41 @@ def test_transports_import_no_flight(package: str) -> None:
 )
 def test_the_gate_sees_every_form_of_import(source: str, expected: str) -> None:
     assert expected in imports_in(source, "thalweg.codecs.probe")
+
+
+CLIENT_REQUIRES = {"pyarrow", "google"}  # client/pyproject.toml: pyarrow, protobuf
+CLIENT_EXTRAS = {"pandas", "polars", "pyspark"}  # its extras, imported inside functions
+
+
+def test_client_imports_what_its_distribution_declares() -> None:
+    """Module-level imports of ``thalweg_client`` are the standard library, itself and its
+    required dependencies; an extra is imported only inside the function needing it."""
+    client = Path(__file__).resolve().parents[2] / "client" / "thalweg_client"
+    allowed = set(sys.stdlib_module_names) | {"thalweg_client"} | CLIENT_REQUIRES
+    for f in sorted(client.rglob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        top_level = {
+            alias.name if isinstance(node, ast.Import) else (node.module or "")
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        for name in top_level:
+            assert name.split(".")[0] in allowed, f"{f.name} imports {name} at module level"
+        for name in imports_of(f) - top_level:
+            top = name.split(".")[0]
+            assert top in allowed | CLIENT_EXTRAS, f"{f.name} imports {name}"
+
+
+def test_the_client_distribution_requires_pyarrow_and_protobuf_only() -> None:
+    project = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / "client" / "pyproject.toml").read_text("utf-8")
+    )["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[\s<>=!~\[;@]", r, maxsplit=1)[0] for r in requirements}
+
+    assert project["name"] == "thalweg-client"
+    assert names(project["dependencies"]) == {"pyarrow", "protobuf"}
+    extras = [r for reqs in project["optional-dependencies"].values() for r in reqs]
+    assert names(extras) == CLIENT_EXTRAS
