@@ -11,7 +11,7 @@ import pyarrow as pa
 DO_PUT = "/arrow.flight.protocol.FlightService/DoPut"
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -20,19 +20,20 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+def bytes_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def flight_data(header: bytes, body: bytes = b"", path: list[str] | None = None) -> bytes:
     """One ``FlightData`` message (descriptor only on the first message of a put)."""
     out = b""
     if path is not None:
-        descriptor = b"\x08\x01" + b"".join(_field(3, p.encode()) for p in path)  # PATH
-        out += _field(1, descriptor)
-    out += _field(2, header)
+        descriptor = b"\x08\x01" + b"".join(bytes_field(3, p.encode()) for p in path)  # PATH
+        out += bytes_field(1, descriptor)
+    out += bytes_field(2, header)
     if body:
-        out += _field(1000, body)
+        out += bytes_field(1000, body)
     return out
 
 

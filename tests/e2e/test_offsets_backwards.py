@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,25 +110,51 @@ def write_config(path: Path, data_dir: Path, bootstrap: str, topic: str) -> Path
     return path
 
 
+@dataclass
+class FirstLog:
+    """A topic's first log on a restartable broker, ingested durably by a gateway."""
+
+    topic: str
+    group: str
+    data: Path
+    gw: RunningGateway
+
+    def restart_empty(self, restartable: Callable[[], TansuBroker], records: int) -> TansuBroker:
+        """The broker comes back empty; the topic is recreated with ``records`` others."""
+        broker = restartable()
+        create_topic(broker.bootstrap, self.topic)
+        produce_json(broker.bootstrap, self.topic, ({"gen": 2, "i": i} for i in range(records)))
+        return broker
+
+
+def first_log(
+    gateway_factory: Callable[..., RunningGateway],
+    broker: TansuBroker,
+    tmp_path: Path,
+    prefix: str,
+    records: int,
+) -> FirstLog:
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "lane"
+    create_topic(broker.bootstrap, topic)
+    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(records)))
+    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
+    gw.wait_durable(topic, {0: records})
+    return FirstLog(topic, group, data, gw)
+
+
 def test_broker_lost_its_data_holds_the_partition_until_a_new_epoch(
     gateway_factory: Callable[..., RunningGateway],
     restartable: Callable[[], TansuBroker],
     tmp_path: Path,
 ) -> None:
-    broker = restartable()
-    topic = f"lost-{uuid.uuid4().hex[:8]}"
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    data = tmp_path / "lane"
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
-    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
-    gw.wait_durable(topic, {0: 300})
-    assert gw.committed(topic, 0, 300) == 300
-    gw.stop()
+    first = first_log(gateway_factory, restartable(), tmp_path, "lost", 300)
+    topic, group, data = first.topic, first.group, first.data
+    assert first.gw.committed(topic, 0, 300) == 300
+    first.gw.stop()
 
-    broker = restartable()  # the broker comes back empty
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(100)))
+    broker = first.restart_empty(restartable, 100)
     gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
     comp = wait_until(lambda: held(gw, topic), 30, "the partition held in /health")
     info = comp["info"]
@@ -191,19 +218,11 @@ def test_recreated_topic_grown_past_the_lane_fails_the_record_check(
     """The broker's log is longer than the lane, so its bounds look fine: only the
     record at the lane's last offset tells the logs apart. With ``on_divergence =
     "new_epoch"`` the gateway closes the epoch itself and loses nothing of the new log."""
-    broker = restartable()
-    topic = f"grown-{uuid.uuid4().hex[:8]}"
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    data = tmp_path / "lane"
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(200)))
-    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
-    gw.wait_durable(topic, {0: 200})
-    gw.stop()
+    first = first_log(gateway_factory, restartable(), tmp_path, "grown", 200)
+    topic, group, data = first.topic, first.group, first.data
+    first.gw.stop()
 
-    broker = restartable()
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(500)))
+    broker = first.restart_empty(restartable, 500)
     gw = gateway_factory(
         [topic],
         bootstrap_servers=broker.bootstrap,
@@ -259,17 +278,9 @@ def test_broker_loses_data_under_a_running_gateway(
     """tansu does not report the old position out of range after it comes back empty;
     the periodic log-end check (or the assignment's bounds check after the group is
     rebuilt) catches it."""
-    broker = restartable()
-    topic = f"running-{uuid.uuid4().hex[:8]}"
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    data = tmp_path / "lane"
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 1, "i": i} for i in range(300)))
-    gw = gateway_factory([topic], bootstrap_servers=broker.bootstrap, data_dir=data, group_id=group)
-    gw.wait_durable(topic, {0: 300})
-    broker = restartable()
-    create_topic(broker.bootstrap, topic)
-    produce_json(broker.bootstrap, topic, ({"gen": 2, "i": i} for i in range(50)))
+    first = first_log(gateway_factory, restartable(), tmp_path, "running", 300)
+    topic, group, data, gw = first.topic, first.group, first.data, first.gw
+    broker = first.restart_empty(restartable, 50)
     comp = wait_until(lambda: held(gw, topic), 60, "the partition held in /health")
     assert comp["info"]["reason"] == "log_end_below_lane", comp
     assert comp["info"]["broker_log_end"] == 50

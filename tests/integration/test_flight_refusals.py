@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 
 import thalweg
 from tests.conftest import RunningGateway
-from tests.flight_wire import flight_data, ipc_parts
+from tests.flight_wire import bytes_field, flight_data, ipc_parts
 
 pytestmark = pytest.mark.integration
 
@@ -44,37 +44,26 @@ UNKNOWN = grpc.StatusCode.UNKNOWN
 # -- protobuf requests, by hand --------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _bytes_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def path_descriptor(*parts: str) -> bytes:
-    return b"\x08\x01" + b"".join(_bytes_field(3, p.encode()) for p in parts)
+    return b"\x08\x01" + b"".join(bytes_field(3, p.encode()) for p in parts)
 
 
 def command_descriptor(command: bytes) -> bytes:
-    return b"\x08\x02" + _bytes_field(2, command)
+    return b"\x08\x02" + bytes_field(2, command)
 
 
 def ticket(body: bytes) -> bytes:
-    return _bytes_field(1, body)
+    return bytes_field(1, body)
 
 
 def action(kind: str, body: bytes = b"") -> bytes:
-    return _bytes_field(1, kind.encode()) + (_bytes_field(2, body) if body else b"")
+    return bytes_field(1, kind.encode()) + (bytes_field(2, body) if body else b"")
 
 
 def criteria(prefix: bytes) -> bytes:
-    return _bytes_field(1, prefix) if prefix else b""
+    return bytes_field(1, prefix) if prefix else b""
 
 
 def json_ticket(**fields: object) -> bytes:
