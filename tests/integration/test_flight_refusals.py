@@ -44,8 +44,6 @@ UNKNOWN = grpc.StatusCode.UNKNOWN
 # -- protobuf requests, by hand --------------------------------------------------------
 
 
-
-
 def path_descriptor(*parts: str) -> bytes:
     return b"\x08\x01" + b"".join(bytes_field(3, p.encode()) for p in parts)
 
