@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.checkpoint import Checkpoint
@@ -152,3 +154,29 @@ def test_a_conflicting_segment_stops_the_source_loudly(tmp_path: Path) -> None:
     assert commits.calls == []
     asyncio.run(cp.drain())  # after a lost batch nothing more is written or committed
     assert commits.calls == []
+
+
+def test_dead_letters_carry_the_decode_stage_reasons_across_batches(tmp_path: Path) -> None:
+    """Failures keep their typed reason from the decode stage to the dead-letter lane,
+    and their rows stay theirs when a segment holds several fetched batches."""
+    cp, state, commits, _ = setup(tmp_path)
+    buf = PartitionBuffer.create(
+        "t", 0, durable=None, committed=None, columns=COLS, decoder=JsonArrowDecoder(COLS)
+    )
+    state.parts[KEY] = buf
+
+    def batch(first: int, values: list[bytes]) -> pa.RecordBatch:
+        recs = [R("t", 0, first + i, 0, 0, None, v, ()) for i, v in enumerate(values)]
+        return build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)
+
+    buf.sink.push(batch(0, [b'{"a": 1}', b'{"a": 2}', b"{broken"]))
+    buf.sink.push(batch(3, [b'{"a": 4}', b"", b'{"a": 6}']))
+    asyncio.run(cp.flush_now(KEY))
+    dlq = state.ctx.layout.segments(Lane.DLQ, "t", 0)
+    assert len(dlq) == 1
+    dead = pq.read_table(dlq[0].path)
+    assert dead.column(COLS.position).to_pylist() == [2, 4]
+    assert dead.column("_twg_dlq_reason").to_pylist() == ["syntax", "empty"]
+    assert dead.column("_twg_dlq_stage").to_pylist() == ["decode", "decode"]
+    assert dead.column(COLS.value).to_pylist() == [b"{broken", b""]
+    assert commits.calls == [{KEY: 6}]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
-from thalweg.codecs.base import ArrowDecoder, DecodeResult
+from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeResult
 from thalweg.pipeline.decode import decode_batch
 from thalweg.records.columns import MetadataColumns, MetadataPolicy
 from thalweg.records.convert import values_from_tables
@@ -141,22 +141,33 @@ class ArrowSink(BatchSink[pa.Table]):
     ) -> None:
         self._decoder = decoder
         self._tables: list[pa.Table] = []
+        self._failures: list[DecodeFailure] = []
+        self._decoded_rows = 0
         self.last: pa.Table | None = None
         self.last_result: DecodeResult | None = None
         self.decoded_bytes = 0  # what the decoded tables hold (nbytes counts the raw input)
+        # The failed rows of the last emitted table (row = its index there), reasons typed:
+        # the dead-letter lane is written from these, not from the error column's text.
+        self.emitted_failures: tuple[DecodeFailure, ...] = ()
         super().__init__(columns, position)
 
     def _add(self, raw: pa.RecordBatch) -> None:
         self.last, self.last_result = decode_batch(self._decoder, raw, self.columns)
         self._tables.append(self.last)
         self.decoded_bytes += self.last.nbytes
+        base = self._decoded_rows
+        self._failures.extend(replace(f, row=f.row + base) for f in self.last_result.failures)
+        self._decoded_rows += raw.num_rows
 
     def _emit(self) -> pa.Table:
+        self.emitted_failures = tuple(self._failures)
         # Later batches may know more fields (the schema only grows): unify by name.
         return pa.concat_tables(self._tables, promote_options="permissive")
 
     def _clear(self) -> None:
         self._tables = []
+        self._failures = []
+        self._decoded_rows = 0
         self.decoded_bytes = 0
 
 

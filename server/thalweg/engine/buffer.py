@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from thalweg.codecs.base import ArrowDecoder
+from thalweg.codecs.base import ArrowDecoder, DecodeFailure
 from thalweg.config.models import RawLaneConfig
 from thalweg.engine.accumulate import ArrowSink, BatchSink, OffsetSpan, RawSink, TeeSink
 from thalweg.records.columns import MetadataColumns
@@ -22,6 +22,7 @@ class Pending:
     decoded: pa.Table | None
     span: OffsetSpan
     nbytes: int
+    failures: tuple[DecodeFailure, ...] = ()  # rows of ``decoded`` that did not decode
 
 
 @dataclass(slots=True)
@@ -73,9 +74,10 @@ class PartitionBuffer:
         nbytes = self.buffered_bytes
         out, span = self.sink.finish()
         raw, decoded = out if self.arrow is not None else (out, None)
+        failures = self.arrow.emitted_failures if self.arrow is not None else ()
         self.in_flight_bytes += nbytes
         self.in_flight_rows += raw.num_rows
-        return Pending(raw, decoded, span, nbytes)
+        return Pending(raw, decoded, span, nbytes, failures)
 
     @property
     def buffered_bytes(self) -> int:

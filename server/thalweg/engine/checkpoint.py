@@ -113,6 +113,7 @@ class Checkpoint:
                         span.covers_from,
                         span.covers_to,
                         fence,
+                        pending.failures if pending.decoded is not None else None,
                     )
                 ctx.health.set(RAW_LANE, State.UP, "writing")
                 return written, started

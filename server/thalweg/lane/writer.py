@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from thalweg.codecs.base import DecodeReason
+from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import LaneError, SegmentConflictError
 from thalweg.lane.cache import SegmentCache
@@ -72,12 +72,13 @@ class WrittenSegment:
     dead: pa.Table | None = None  # the dead-letter rows, for a Kafka DLQ topic
 
 
-def _stage(reason: str) -> str:
-    """The stage a dead-letter reason belongs to (``decode`` for any older text)."""
+def _reason(text: str) -> DecodeReason:
+    """The reason an error column's text names (``unsupported`` for text no reason
+    spells: a table from an older version)."""
     try:
-        return DecodeReason(reason).stage
+        return DecodeReason(text)
     except ValueError:
-        return "decode"
+        return DecodeReason.UNSUPPORTED
 
 
 class SegmentWriter:
@@ -107,11 +108,15 @@ class SegmentWriter:
         covers_from: int,
         covers_to: int,
         fence: Fence = _no_fence,
+        failures: Sequence[DecodeFailure] | None = None,
     ) -> WrittenSegment:
         """Make ``raw`` (and ``decoded``) durable as one segment.
 
         Args:
             fence: called before every rename; what it raises stops the write there.
+            failures: the rows of ``decoded`` that did not decode, reasons typed (the
+                decode stage's own record); None: read from ``decoded``'s error column
+                (a table built outside the decode stage).
             covers_from: first source position this segment accounts for (may be below the
                 first record's offset when the broker skipped offsets: compaction,
                 transaction markers).
@@ -133,7 +138,7 @@ class SegmentWriter:
         dlq_rows = 0
         dead = None
         if decoded is not None:
-            dead = self._dead_letters(raw, decoded)
+            dead = self._dead_letters(raw, decoded, failures)
             if dead is not None:
                 # Durable before the raw segment, so before the commit: a failed record is
                 # findable in the dead-letter lane by the time its offset is committed.
@@ -217,25 +222,26 @@ class SegmentWriter:
                     "writer of this lane; nothing was overwritten)"
                 )
 
-    def _dead_letters(self, raw: pa.Table, decoded: pa.Table) -> pa.Table | None:
+    def _dead_letters(
+        self, raw: pa.Table, decoded: pa.Table, failures: Sequence[DecodeFailure] | None
+    ) -> pa.Table | None:
         """The raw rows whose payload did not decode, with reason, error, stage and time."""
-        if self._columns.decode_error not in decoded.column_names:
+        if failures is None:
+            failures = self._failures_of(decoded)
+        if not failures:
             return None
-        errors = decoded.column(self._columns.decode_error)
-        if errors.null_count == len(errors):
-            return None
-        mask = pc.is_valid(errors)
-        dead = raw.filter(mask)
-        texts = errors.filter(mask).to_pylist()
-        reasons = [t.split(":", 1)[0] for t in texts]
-        messages = [t.split(":", 1)[1].strip() if ":" in t else t for t in texts]
+        ordered = sorted(failures, key=lambda f: f.row)
+        dead = raw.take(pa.array([f.row for f in ordered], pa.int64()))
+        reasons = [f.reason.value for f in ordered]
+        messages = [f.message for f in ordered]
+        stages = [f.reason.stage for f in ordered]
         c = self._columns
         n = dead.num_rows
         now = time.time_ns() // 1000
         extra = {
             c.stamped("dlq_reason"): pa.array(reasons, pa.string()),
             c.stamped("dlq_error"): pa.array(messages, pa.string()),
-            c.stamped("dlq_stage"): pa.array([_stage(r) for r in reasons], pa.string()),
+            c.stamped("dlq_stage"): pa.array(stages, pa.string()),
             c.stamped("dlq_ts"): pa.array([now] * n, pa.int64()).cast(
                 c.dlq_schema.field(c.stamped("dlq_ts")).type
             ),
@@ -243,6 +249,21 @@ class SegmentWriter:
         for name, arr in extra.items():
             dead = dead.append_column(name, arr)
         return dead.select(c.dlq_schema.names).cast(c.dlq_schema)
+
+    def _failures_of(self, decoded: pa.Table) -> list[DecodeFailure]:
+        """Failures read back from a decoded table's error column (``reason: message``),
+        for tables that did not come through the decode stage."""
+        if self._columns.decode_error not in decoded.column_names:
+            return []
+        errors = decoded.column(self._columns.decode_error)
+        if errors.null_count == len(errors):
+            return []
+        rows = pc.indices_nonzero(pc.is_valid(errors)).to_pylist()
+        out = []
+        for row, text in zip(rows, errors.take(rows).to_pylist(), strict=True):
+            reason, _, message = text.partition(":")
+            out.append(DecodeFailure(row, _reason(reason), message.strip() or text))
+        return out
 
     def _keep(self, path: Path, table: pa.Table) -> None:
         """Hand a durable segment's table to the read cache as a reader of the file would
