@@ -9,6 +9,9 @@ around it survive. Both paths are conformed to :func:`typemap.avro_record_schema
 
 Schemas come from a :class:`SchemaLookup` — a plain in-memory mapping here; fetching from
 a registry is I/O and lives outside this package (``thalweg.registry``).
+
+Why one module of ~440 lines: the fast path and its per-record fallback must conform to
+the same Arrow schema and fail the same records the same way; they are kept side by side.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ the reader works on a whole buffer, so a bad payload fails the buffer; we then b
 find exactly the bad rows: the reader's "in row N" hint finds most of them with one
 parse each, bisection the rest, and nothing extra is paid when all rows are good.
 
+Why one module of ~540 lines: reading, pinning, bisecting bad rows and keeping the
+schema within its limits are one algorithm over one parse — each step decides what the
+next may assume about the buffer — so they stay together.
+
 The lane schema is *pinned*: once a field has a type, later payloads are read with that
 type (``explicit_schema``) and new fields are inferred and appended. A payload whose field
 contradicts the pinned type fails alone with ``type_conflict``; it never changes the type

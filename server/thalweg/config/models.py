@@ -2,6 +2,11 @@
 
 Models are frozen and refuse unknown keys, so a typo is an error at start, not a
 silently ignored setting. ``docs/configuration.md`` mirrors this file.
+
+Why one module of ~560 lines: it is the schema of one TOML document, read top to bottom
+beside ``docs/configuration.md``; the models reference each other (a source's
+``schema_limits``, the gateway's ``flight`` and ``auth``) and their cross-field rules, and
+splitting by table would scatter the one place an operator looks up a key.
 """
 
 from __future__ import annotations
