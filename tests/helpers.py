@@ -200,3 +200,13 @@ def seeded_rng(name: str = "THALWEG_CRASH_SEED") -> random.Random:
     seed = int(os.environ.get(name, "0")) or random.SystemRandom().randrange(1, 2**31)
     print(f"{name}={seed}  (set it to replay this run)")
     return random.Random(seed)
+
+
+# Two bearer tokens for the security tests: one reads the pub-* topics only, one reads
+# and writes everything.
+READER = "reader-token-0123456789"
+WRITER = "writer-token-0123456789"
+TOKENS = [
+    {"name": "analyst", "token": READER, "read": ["pub-*"]},
+    {"name": "ingest", "token": WRITER, "read": ["*"], "write": ["*"]},
+]

@@ -23,12 +23,11 @@ from confluent_kafka import Producer
 import thalweg
 from tests.conftest import RunningGateway
 from tests.flight_wire import bytes_field, flight_data, ipc_parts
+from tests.helpers import READER, TOKENS, WRITER
 
 pytestmark = pytest.mark.integration
 
 SERVICE = "/arrow.flight.protocol.FlightService/"
-READER = "reader-token-0123456789"
-WRITER = "writer-token-0123456789"
 SERVER_ROOT = str(Path(thalweg.__file__).resolve().parent.parent)
 
 OK_ = grpc.StatusCode.OK
@@ -152,10 +151,7 @@ def gateway(
         [public, secret],
         gateway={
             "auth": {
-                "tokens": [
-                    {"name": "analyst", "token": READER, "read": ["pub-*"]},
-                    {"name": "ingest", "token": WRITER, "read": ["*"], "write": ["*"]},
-                ],
+                "tokens": TOKENS,
                 "users": [{"name": "ana", "password": "a-password", "read": ["pub-*"]}],
             },
             "flight": {"max_batch_bytes": 4096, "max_streams_per_caller": 1},

@@ -12,11 +12,9 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import READER, TOKENS, WRITER
 
 pytestmark = pytest.mark.integration
-
-READER = "reader-token-0123456789"
-WRITER = "writer-token-0123456789"
 
 
 def calls(
@@ -58,14 +56,7 @@ def test_security_matrix(
     producer.flush(10)
     gw = gateway_factory(
         [public, secret],
-        gateway={
-            "auth": {
-                "tokens": [
-                    {"name": "analyst", "token": READER, "read": ["pub-*"]},
-                    {"name": "ingest", "token": WRITER, "read": ["*"], "write": ["*"]},
-                ]
-            }
-        },
+        gateway={"auth": {"tokens": TOKENS}},
     )
     gw.wait_durable(public, {0: 1})
     gw.wait_durable(secret, {0: 1})
