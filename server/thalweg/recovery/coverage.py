@@ -1,0 +1,131 @@
+"""The coverage store: which positions each secondary sink holds durably (ADR-0053).
+
+Per sink, per (topic, partition, epoch): gap-aware covered ranges of positions — not a
+high-water mark, because a sink can land positions out of order (a retried batch, a
+replay from the raw lane) and a high-water mark would claim the gap below it. The store
+lives with the raw lane under ``data_dir/coverage/``, never inside the sink it
+describes, so a sink that lost its data cannot also have lost the record of it.
+
+It is written behind, on an interval: it may lag what a sink holds (a replay that
+deduplication absorbs), and it never over-claims — only positions a sink acknowledged
+as durable (:class:`~thalweg.sinks.base.Landed`) are ever added, and a write replaces
+the file atomically (temp → fsync → rename → directory fsync). What the raw lane covers
+minus what a sink covers is that sink's gap: the recovery's work list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+from thalweg.errors import LaneError
+from thalweg.lane.coverage import Coverage
+from thalweg.lane.layout import TMP_MARK, ensure_dir, fsync_dir
+
+FORMAT_VERSION = 1
+COVERAGE_DIR = "coverage"
+
+# (topic, partition, epoch): an epoch's positions are names in one broker log only.
+CoverageKey = tuple[str, int, int]
+
+
+class CoverageStore:
+    """The covered positions of one sink (thread-safe; ``flush`` makes them durable)."""
+
+    def __init__(self, data_dir: Path, sink: str) -> None:
+        self.sink = sink
+        self.path = Path(data_dir) / COVERAGE_DIR / f"{quote(sink, safe='')}.json"
+        self._lock = threading.Lock()
+        self._covered: dict[CoverageKey, Coverage] = {}
+        self._dirty = False
+        self._load()
+
+    def add(self, key: CoverageKey, start: int, end: int) -> None:
+        """Record that the sink holds ``[start, end)`` of ``key`` durably."""
+        if end <= start:
+            return
+        with self._lock:
+            self._covered.setdefault(key, Coverage()).add(start, end)
+            self._dirty = True
+
+    def covered(self, key: CoverageKey) -> list[tuple[int, int]]:
+        with self._lock:
+            cov = self._covered.get(key)
+            return list(cov.ranges) if cov is not None else []
+
+    def keys(self) -> list[CoverageKey]:
+        with self._lock:
+            return sorted(self._covered)
+
+    def gaps(self, key: CoverageKey, lane: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """What the raw lane covers (``lane``: its ranges) and this sink does not."""
+        held = self.covered(key)
+        out: list[tuple[int, int]] = []
+        for a, b in lane:
+            pos = a
+            for c, d in held:
+                if d <= pos or c >= b:
+                    continue
+                if c > pos:
+                    out.append((pos, c))
+                pos = max(pos, d)
+                if pos >= b:
+                    break
+            if pos < b:
+                out.append((pos, b))
+        return out
+
+    def flush(self) -> bool:
+        """Write the store durably if it changed; True when it wrote.
+
+        Raises:
+            LaneError: the store could not be written (retriable: the sink's progress
+                is still in memory and in the sink itself).
+        """
+        with self._lock:
+            if not self._dirty:
+                return False
+            body = {
+                "format_version": FORMAT_VERSION,
+                "sink": self.sink,
+                "covered": [
+                    {"topic": t, "partition": p, "epoch": e, "ranges": cov.ranges}
+                    for (t, p, e), cov in sorted(self._covered.items())
+                ],
+            }
+            self._dirty = False
+        try:
+            ensure_dir(self.path.parent)
+            tmp = self.path.with_name(self.path.name + TMP_MARK + str(os.getpid()))
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(body, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            fsync_dir(self.path.parent)
+        except OSError as exc:
+            with self._lock:
+                self._dirty = True
+            raise LaneError(f"coverage of sink {self.sink!r} not written: {exc}") from exc
+        return True
+
+    def _load(self) -> None:
+        try:
+            body = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise LaneError(f"{self.path}: unreadable coverage store: {exc}") from exc
+        if body.get("format_version") != FORMAT_VERSION or body.get("sink") != self.sink:
+            raise LaneError(
+                f"{self.path}: coverage store of {body.get('sink')!r}, format "
+                f"{body.get('format_version')!r}; expected {self.sink!r}, {FORMAT_VERSION}"
+            )
+        for entry in body["covered"]:
+            cov = Coverage()
+            for a, b in entry["ranges"]:
+                cov.add(int(a), int(b))
+            self._covered[(entry["topic"], int(entry["partition"]), int(entry["epoch"]))] = cov
