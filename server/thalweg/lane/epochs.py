@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from thalweg.errors import LaneError
-from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, ensure_dir, fsync_dir
+from thalweg.lane.layout import (
+    TMP_MARK,
+    Lane,
+    LaneLayout,
+    ensure_dir,
+    fsync_dir,
+    write_json_durably,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +129,7 @@ def mark_diverged(layout: LaneLayout, divergence: Divergence) -> None:
     """Write the divergence marker durably (temp → fsync → rename → dir fsync)."""
     d = layout.partition_dir(Lane.RAW, divergence.topic, divergence.partition)
     ensure_dir(d)
-    _write_json(d / DIVERGED, divergence.info())
+    write_json_durably(d / DIVERGED, divergence.info())
 
 
 def close_epoch(layout: LaneLayout, topic: str, partition: int) -> int:
@@ -148,7 +155,7 @@ def close_epoch(layout: LaneLayout, topic: str, partition: int) -> int:
         src = layout.partition_dir(Lane.RAW, topic, partition)
         dst = target.partition_dir(Lane.RAW, topic, partition)
         closed = {**marker.info(), "closed_at": time.time()}
-        _write_json(dst / CLOSED, closed)
+        write_json_durably(dst / CLOSED, closed)
         (src / DIVERGED).unlink()
         fsync_dir(src)
     except OSError as exc:
@@ -182,13 +189,3 @@ def _move_files(src: Path, dst: Path) -> None:
         os.rename(src / name, dst / name)
     fsync_dir(dst)
     fsync_dir(src)
-
-
-def _write_json(path: Path, body: dict[str, object]) -> None:
-    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(body, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

@@ -141,3 +141,15 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_json_durably(path: Path, body: dict[str, object]) -> None:
+    """Replace ``path`` with ``body`` as JSON: temp → fsync → rename → directory fsync."""
+    ensure_dir(path.parent)
+    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(body, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

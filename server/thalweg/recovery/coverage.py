@@ -16,14 +16,13 @@ minus what a sink covers is that sink's gap: the recovery's work list.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 from urllib.parse import quote
 
 from thalweg.errors import LaneError
 from thalweg.lane.coverage import Coverage
-from thalweg.lane.layout import TMP_MARK, ensure_dir, fsync_dir
+from thalweg.lane.layout import write_json_durably
 
 FORMAT_VERSION = 1
 COVERAGE_DIR = "coverage"
@@ -98,14 +97,7 @@ class CoverageStore:
             }
             self._dirty = False
         try:
-            ensure_dir(self.path.parent)
-            tmp = self.path.with_name(self.path.name + TMP_MARK + str(os.getpid()))
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(body, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            fsync_dir(self.path.parent)
+            write_json_durably(self.path, body)
         except OSError as exc:
             with self._lock:
                 self._dirty = True
