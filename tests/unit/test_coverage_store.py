@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from thalweg.errors import LaneError
+from thalweg.errors import ConfigError, LaneError
 from thalweg.recovery import CoverageStore
 
 K = ("orders", 0, 0)
@@ -65,3 +65,29 @@ def test_a_failed_write_keeps_the_claims_for_the_next(tmp_path: Path) -> None:
     (tmp_path / "coverage").unlink()
     assert s.flush()
     assert CoverageStore(tmp_path, "lake").covered(K) == [(0, 10)]
+
+
+def test_one_feeder_per_sink_claims_the_store(tmp_path: Path) -> None:
+    first = CoverageStore(tmp_path, "lake")
+    first.claim()
+    second = CoverageStore(tmp_path, "lake")
+    with pytest.raises(ConfigError, match=f"already fed by pid {os.getpid()}"):
+        second.claim()
+    CoverageStore(tmp_path, "other").claim()  # another sink is another lock
+    first.release()
+    second.claim()
+    second.release()
+
+
+def test_the_destination_record_replaces_the_store(tmp_path: Path) -> None:
+    store = CoverageStore(tmp_path, "lake")
+    store.add(("t", 0, 0), 0, 100)
+    store.add(("t", 1, 0), 0, 50)
+    store.flush()
+    # The table holds less of partition 0 (restored from an old snapshot) and nothing of 1.
+    store.replace({("t", 0, 0): [(0, 60)]})
+    assert store.covered(("t", 0, 0)) == [(0, 60)] and store.covered(("t", 1, 0)) == []
+    assert store.flush()
+    assert CoverageStore(tmp_path, "lake").snapshot() == {("t", 0, 0): [(0, 60)]}
+    store.replace({("t", 0, 0): [(0, 60)]})
+    assert not store.flush()  # unchanged: nothing written

@@ -16,6 +16,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from thalweg.config.sinks import (
+    FlightSinkConfig,
+    IcebergSinkConfig,
+    PostgresSinkConfig,
+    RecoveryConfig,
+    SinkConfig,
+)
 from thalweg.records.columns import DEFAULT_PREFIX, MetadataColumns
 
 MiB = 1 << 20
@@ -216,6 +223,11 @@ class GatewayConfig(_Model):
         False,
         description="do_put produces with Kafka's idempotent producer (needs broker "
         "support; tansu has none).",
+    )
+    role: Literal["ingest", "recovery", "both"] = Field(
+        "both",
+        description="ingest: consume into the lanes only; recovery: feed the sinks from "
+        "the lanes only (a backfill on its own pod, same data_dir); both (default).",
     )
 
     @model_validator(mode="after")
@@ -533,6 +545,35 @@ class ThalwegConfig(_Model):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     raw_lane: RawLaneConfig = Field(default_factory=RawLaneConfig)
     sources: list[SourceConfig] = Field(min_length=1)
+    sinks: list[SinkConfig] = Field(default_factory=list)
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+
+    @model_validator(mode="after")
+    def _sinks(self) -> ThalwegConfig:
+        """A sink needs recovery, a lane to read, and a unique name."""
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError("sinks: two sinks share a name")
+        if self.sinks and not self.recovery.enabled:
+            raise ValueError(
+                "sinks: a secondary sink needs recovery (recovery.enabled = true): without "
+                "the replay from the raw lane, a sink that is down loses what it missed"
+            )
+        by_topic = {t: s for s in self.sources for t in s.topics}
+        patterns = any(getattr(s, "topics_pattern", None) for s in self.sources)
+        for sink in self.sinks:
+            for topic in sink.topics:
+                source = by_topic.get(topic)
+                if source is None and not patterns:
+                    raise ValueError(
+                        f"sinks.{sink.name}: topic {topic!r} is not consumed by any source"
+                    )
+                if source is not None and source.format == "none" and not sink.raw:
+                    raise ValueError(
+                        f"sinks.{sink.name}: topic {topic!r} has no decoded lane (its source "
+                        'has format = "none"); set raw = true to send the raw lane'
+                    )
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> ThalwegConfig:
@@ -566,4 +607,16 @@ class ThalwegConfig(_Model):
                 out.append(f"sources.{i}.registry.password")
             if reg is not None and reg.token is not None:
                 out.append(f"sources.{i}.registry.token")
+        for i, sink in enumerate(self.sinks):
+            if isinstance(sink, PostgresSinkConfig):
+                out.append(f"sinks.{i}.dsn")
+            if isinstance(sink, FlightSinkConfig) and sink.token is not None:
+                out.append(f"sinks.{i}.token")
+            if isinstance(sink, IcebergSinkConfig):
+                if sink.catalog.token is not None:
+                    out.append(f"sinks.{i}.catalog.token")
+                out += [
+                    f"sinks.{i}.catalog.secret_properties.{k}"
+                    for k in sink.catalog.secret_properties
+                ]
         return out

@@ -8,6 +8,7 @@ import logging
 
 import pyarrow as pa
 
+from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext
@@ -26,6 +27,7 @@ from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing
 from thalweg.records.columns import MetadataColumns
+from thalweg.recovery.build import build_feeders
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,22 @@ class Gateway:
             stats=self.stats,
             tracing=self.tracing,
         )
-        self.runners = [SourceRunner(s, ctx) for s in cfg.sources]
+        ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
+        self.runners = [SourceRunner(s, ctx) for s in cfg.sources] if ingest else []
+        # Secondary sinks read the durable lanes, never the fetch path (recovery/feeder).
+        self.feeders = (
+            build_feeders(
+                cfg,
+                self.layout,
+                self.columns,
+                metrics=self.metrics,
+                health=self.health,
+                decoder_for=self._decoder,
+                writer=ctx.writer,
+            )
+            if feed
+            else []
+        )
         self.catalog = LaneCatalog(
             self.layout,
             self.columns,
@@ -162,6 +179,13 @@ class Gateway:
                 return schema
         return None
 
+    def _decoder(self, topic: str) -> ArrowDecoder | None:
+        for r in self.runners:
+            decoder = r.decoders.get(topic)
+            if decoder is not None:
+                return decoder
+        return None
+
     def _decoded_topics(self) -> set[str]:
         return set().union(*(r.decoded_topics() for r in self.runners))
 
@@ -192,6 +216,7 @@ class Gateway:
                 await asyncio.sleep(1.0)
 
         tasks = [asyncio.create_task(r.run(stop)) for r in self.runners]
+        tasks += [asyncio.create_task(f.run(stop)) for f in self.feeders]
         tasks.append(asyncio.create_task(beat()))
         stopped = asyncio.create_task(stop.wait())
         failure: BaseException | None = None

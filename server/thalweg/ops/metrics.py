@@ -170,6 +170,30 @@ class Metrics:
         self._cache = _CacheCollector(lambda: (0, 0, 0))
         r.register(self._cache)
 
+        sink = ["sink"]
+        self.sink_rows = Counter(
+            "twg_sink_rows_written", "Rows a secondary sink made durable.", sink, registry=r
+        )
+        self.sink_lag = Gauge(
+            "twg_sink_lag_records",
+            "Positions the raw lane holds that the sink has not landed durably.",
+            sink,
+            registry=r,
+        )
+        self.sink_errors = Counter(
+            "twg_sink_errors",
+            "Failed sink writes or flushes, by reason (unavailable, schema, backpressure).",
+            ["sink", "reason"],
+            registry=r,
+        )
+        self.sink_flush_seconds = Histogram(
+            "twg_sink_flush_seconds",
+            "Time of one sink flush (its commit).",
+            sink,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+
     def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
         """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""
         self._cache.read = read

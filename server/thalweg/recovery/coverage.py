@@ -15,20 +15,21 @@ minus what a sink covers is that sink's gap: the recovery's work list.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import threading
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
-from thalweg.errors import LaneError
+from thalweg.errors import ConfigError, LaneError
 from thalweg.lane.coverage import Coverage
-from thalweg.lane.layout import write_json_durably
+from thalweg.lane.layout import ensure_dir, write_json_durably
+from thalweg.sinks.base import CoverageKey, Ranges
 
 FORMAT_VERSION = 1
 COVERAGE_DIR = "coverage"
-
-# (topic, partition, epoch): an epoch's positions are names in one broker log only.
-CoverageKey = tuple[str, int, int]
 
 
 class CoverageStore:
@@ -40,7 +41,62 @@ class CoverageStore:
         self._lock = threading.Lock()
         self._covered: dict[CoverageKey, Coverage] = {}
         self._dirty = False
+        self._owner: IO[str] | None = None
         self._load()
+
+    def claim(self) -> None:
+        """Become the one process that feeds this sink (an exclusive ``flock`` on
+        ``<sink>.lock``, released when the process ends, however it ends).
+
+        Raises:
+            ConfigError: another process feeds the sink (a gateway with role ``both``
+                or ``recovery``, or a ``twg recover``); two feeders would race on the
+                store and on the destination.
+        """
+        ensure_dir(self.path.parent)
+        lock = open(self.path.with_suffix(".lock"), "a+", encoding="utf-8")  # noqa: SIM115
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise ConfigError(
+                f"sink {self.sink!r} is already fed by pid {holder} on this data_dir; one "
+                'feeder per sink (stop it, or give this gateway role = "ingest")'
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._owner = lock
+
+    def release(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
+
+    def replace(self, ranges: Ranges) -> None:
+        """Take ``ranges`` as the whole truth (the destination's own record, trusted
+        over this store because it is committed with the data: what the store claims
+        beyond it — a crash before a commit, a table restored from an old snapshot — is
+        dropped, and replayed)."""
+        fresh: dict[CoverageKey, Coverage] = {}
+        for key, rs in ranges.items():
+            cov = Coverage()
+            for a, b in rs:
+                cov.add(a, b)
+            if cov.ranges:
+                fresh[key] = cov
+        with self._lock:
+            if {k: c.ranges for k, c in fresh.items()} != {
+                k: c.ranges for k, c in self._covered.items() if c.ranges
+            }:
+                self._covered = fresh
+                self._dirty = True
+
+    def snapshot(self) -> Ranges:
+        with self._lock:
+            return {k: list(c.ranges) for k, c in self._covered.items()}
 
     def add(self, key: CoverageKey, start: int, end: int) -> None:
         """Record that the sink holds ``[start, end)`` of ``key`` durably."""

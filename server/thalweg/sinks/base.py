@@ -2,33 +2,75 @@
 
 The raw lane is primary and holds the source commit; a sink is secondary (ADR-0012 in
 the seed plan): it never holds the source back, and its progress is what it reports
-durable. So the contract is small and exact — ``write`` Arrow batches that carry the
-``_twg_`` locator columns, ``flush`` to make them durable and answer with exactly which
-positions landed, ``close``, and ``health`` — plus one typed signal,
-:class:`SinkBackpressureError`, for a destination that needs the engine to slow down
-(it says when to retry). Concrete sinks (Iceberg, Postgres, Arrow IPC, Flight) are
-chosen by ``kind`` through the loader in ``thalweg.sinks``.
+durable. A sink is fed from the durable lanes by :class:`thalweg.recovery.feeder.SinkFeeder`
+— the same loop for the live edge and for a replay after an outage — so the contract is
+small and exact:
+
+* ``open`` — connect, and answer with the coverage the destination records itself (an
+  Iceberg snapshot summary, a Postgres offsets table, the names of Arrow IPC files), which
+  the feeder trusts over its own coverage store: a crash between a sink's commit and the
+  store's write then costs nothing, and a destination that lost data is refilled;
+* ``write`` — Arrow rows (with their ``_twg_`` locator columns) that account for one
+  :class:`Span` of positions (a span may hold fewer rows than positions: dead-lettered
+  records, transaction markers);
+* ``flush`` — make everything written durable and answer with exactly the spans that
+  landed; on failure nothing written since the last flush counts, and the feeder writes
+  it again (so a sink must be idempotent by ``_twg_record_id`` or record its coverage
+  atomically with its data);
+* ``close`` and ``health``.
+
+:class:`BufferedSink` does the bookkeeping (rows by topic, spans, health) so a backend
+implements one ``_commit`` that runs on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from thalweg.errors import ThalwegError
 
-PartitionKey = tuple[str, int]
+# (topic, partition, epoch): an epoch's positions are names in one broker log only.
+CoverageKey = tuple[str, int, int]
+Ranges = dict[CoverageKey, list[tuple[int, int]]]
 
 
-class SinkBackpressureError(ThalwegError):
+class SinkError(ThalwegError):
+    """A destination refused or failed a write or a flush."""
+
+    reason = "error"
+
+
+class SinkUnavailableError(SinkError):
+    """The destination cannot be reached or failed mid-commit; nothing since the last
+    flush landed. Retried with backoff; the gap is replayed from the raw lane."""
+
+    retriable = True
+    reason = "unavailable"
+
+
+class SinkSchemaError(SinkError):
+    """The rows' schema cannot go into the destination as it is (a narrowing or
+    incompatible type change). The sink is ``degraded``; the records stay in the raw lane
+    for a replay once the destination or the configuration is changed."""
+
+    reason = "schema"
+
+
+class SinkBackpressureError(SinkError):
     """The destination cannot take more now; retry the same batch after
     ``retry_after_s`` (nothing of it was written)."""
 
     retriable = True
+    reason = "backpressure"
 
     def __init__(self, message: str, *, retry_after_s: float) -> None:
         super().__init__(message)
@@ -50,35 +92,80 @@ class SinkHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """Positions ``[start, end)`` of one partition's epoch that a write accounts for."""
+
+    topic: str
+    partition: int
+    epoch: int
+    start: int
+    end: int
+
+    @property
+    def key(self) -> CoverageKey:
+        return (self.topic, self.partition, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
 class Landed:
-    """What one flush made durable: per (topic, partition), half-open position ranges.
+    """What one flush made durable: per (topic, partition, epoch), half-open ranges.
 
     Ranges, not a high-water mark: a sink may land positions out of order (a retried
     batch, a replay from the raw lane), and coverage must never claim a gap.
     """
 
-    ranges: dict[PartitionKey, list[tuple[int, int]]] = field(default_factory=dict)
+    ranges: Ranges = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not any(self.ranges.values())
+
+    @staticmethod
+    def of(spans: list[Span]) -> Landed:
+        out: Ranges = {}
+        for s in spans:
+            out.setdefault(s.key, []).append((s.start, s.end))
+        return Landed({k: merge_ranges(v) for k, v in out.items()})
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, with overlapping and adjacent ranges merged."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 class Sink(ABC):
     """One configured destination.
 
     Args:
-        name: the ``[[sinks]] name``, used in metrics and /health.
+        cfg: its ``[[sinks]]`` table (a model of ``thalweg.config.sinks``).
+        data_dir: the gateway's ``data_dir`` (embedded defaults live under it).
     """
 
     kind: ClassVar[str]
+    # "exactly-once": coverage committed with the data; "at-least-once": deduplicated or
+    # duplicated by a replay (docs/sinks.md says which and why).
+    guarantee: ClassVar[str]
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        self.cfg = cfg
+        self.name: str = cfg.name
+        self.data_dir = Path(data_dir)
+
+    async def open(self) -> Landed | None:
+        """Connect; the coverage the destination records itself, or None if it keeps
+        none (then the coverage store is the only record)."""
+        return None
 
     @abstractmethod
-    async def write(self, batch: pa.RecordBatch) -> None:
-        """Accept ``batch`` (with its ``_twg_`` locator columns); not yet durable.
+    async def write(self, rows: pa.Table, span: Span) -> None:
+        """Accept ``rows`` (with their ``_twg_`` locator columns) for ``span``; not
+        yet durable.
 
         Raises:
             SinkBackpressureError: not accepted now; retry after the given delay.
@@ -86,7 +173,11 @@ class Sink(ABC):
 
     @abstractmethod
     async def flush(self) -> Landed:
-        """Make everything written so far durable; exactly the positions that landed."""
+        """Make everything written so far durable; exactly the spans that landed.
+
+        Raises:
+            SinkError: nothing written since the last flush landed (it is written again).
+        """
 
     @abstractmethod
     async def close(self) -> None:
@@ -95,3 +186,76 @@ class Sink(ABC):
     @abstractmethod
     def health(self) -> SinkHealth:
         """The sink's state now, for /health."""
+
+
+class BufferedSink(Sink):
+    """Rows buffered per topic until ``flush``, which commits them in one ``_commit``
+    on a worker thread (the backends' clients block)."""
+
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self._rows: dict[str, list[pa.Table]] = {}
+        self._spans: list[Span] = []
+        self._health = SinkHealth(SinkState.UP)
+        self.buffered_rows = 0
+
+    async def open(self) -> Landed | None:
+        """Drop anything buffered (a re-open follows a failure) and connect."""
+        self._rows, self._spans, self.buffered_rows = {}, [], 0
+        try:
+            return await asyncio.to_thread(self._open)
+        except SinkError as exc:
+            self._health = SinkHealth(SinkState.DOWN, str(exc))
+            raise
+
+    async def write(self, rows: pa.Table, span: Span) -> None:
+        if rows.num_rows:
+            self._rows.setdefault(span.topic, []).append(rows)
+            self.buffered_rows += rows.num_rows
+        self._spans.append(span)
+
+    async def flush(self) -> Landed:
+        if not self._spans:
+            return Landed()
+        rows, spans = self._rows, self._spans
+        self._rows, self._spans, self.buffered_rows = {}, [], 0
+        landed = Landed.of(spans)
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self._commit, rows, landed.ranges)
+        except SinkSchemaError as exc:
+            self._health = SinkHealth(SinkState.DEGRADED, str(exc))
+            raise
+        except SinkError as exc:
+            self._health = SinkHealth(SinkState.DOWN, str(exc))
+            raise
+        self._health = SinkHealth(SinkState.UP, f"last flush {time.monotonic() - started:.2f}s")
+        return landed
+
+    async def close(self) -> None:
+        self._rows, self._spans, self.buffered_rows = {}, [], 0
+        await asyncio.to_thread(self._close)
+
+    def health(self) -> SinkHealth:
+        return self._health
+
+    @abstractmethod
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        """Land ``rows`` (by topic) durably, and with them the ``covered`` ranges where
+        the destination records coverage; all or nothing.
+
+        Raises:
+            SinkUnavailableError: the destination failed; nothing landed.
+            SinkSchemaError: the rows cannot go into the destination as they are.
+        """
+
+    def _open(self) -> Landed | None:
+        """Connect (blocking); the destination's own record of coverage, if it keeps one.
+
+        Raises:
+            SinkUnavailableError: the destination cannot be reached.
+        """
+        return None
+
+    def _close(self) -> None:
+        """Release the backend's connections (blocking)."""

@@ -17,12 +17,12 @@ class _Entry(NamedTuple):
     built: bool  # False: planned, not built yet
 
 
-# The destinations of the second half (issue 15). None of them is built yet: a
-# configuration naming one is refused with that message, never half-served.
+# The destinations of issue 15. A kind not built yet is refused with that message,
+# never half-served.
 SINKS: dict[str, _Entry] = {
-    "iceberg": _Entry("thalweg.sinks.iceberg:IcebergSink", "iceberg", built=False),
-    "postgres": _Entry("thalweg.sinks.postgres:PostgresSink", "postgres", built=False),
-    "arrow_ipc": _Entry("thalweg.sinks.arrow_ipc:ArrowIpcSink", None, built=False),
+    "iceberg": _Entry("thalweg.sinks.iceberg:IcebergSink", "iceberg", built=True),
+    "postgres": _Entry("thalweg.sinks.postgres:PostgresSink", "postgres", built=True),
+    "arrow_ipc": _Entry("thalweg.sinks.arrow_ipc:ArrowIpcSink", None, built=True),
     "flight": _Entry("thalweg.sinks.flight:FlightSink", None, built=False),
 }
 

@@ -1,0 +1,138 @@
+"""The ``[[sinks]]`` tables and ``[recovery]``: secondary destinations and their replay.
+
+A sink is secondary (ADR-0012 in the seed plan): it never holds the source commit and
+is restored from the raw lane when it falls behind, so a sink cannot be configured with
+recovery switched off. Each kind's options are its own model (``kind`` selects it);
+``docs/sinks.md`` and ``docs/configuration.md`` mirror this file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+_NAME = r"^[A-Za-z0-9_.-]+$"
+# day(col), hour(col), month(col), year(col), identity(col), bucket(N, col), truncate(N, col)
+_TRANSFORM = (
+    r"^(day|hour|month|year|identity)\(\s*\w+\s*\)$|^(bucket|truncate)\(\s*\d+\s*,\s*\w+\s*\)$"
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _SinkBase(_Model):
+    name: str = Field(min_length=1, pattern=_NAME, description="Unique; in metrics and /health.")
+    topics: list[str] = Field(min_length=1, description="Topics whose lane this sink receives.")
+    raw: bool = Field(
+        False, description="Receive the raw lane (payload bytes) instead of the decoded lane."
+    )
+    commit_interval_s: float = Field(
+        30.0, gt=0, description="Flush (commit) at most this often while rows arrive."
+    )
+    max_buffered_rows: int = Field(
+        500_000, gt=0, description="Flush earlier once this many rows wait in memory."
+    )
+
+
+class IcebergCatalogConfig(_Model):
+    """A pyiceberg catalog. The embedded default is a SQL catalog on SQLite with a
+    local warehouse, both under ``data_dir/sinks/<name>/``."""
+
+    type: Literal["sql", "rest"] = "sql"
+    uri: str | None = Field(
+        None, description="sql: an SQLAlchemy URL; rest: the catalog's base URL."
+    )
+    warehouse: str | None = Field(None, description="file:///… or s3://bucket/prefix.")
+    token: SecretStr | None = Field(None, description="Bearer token of a REST catalog.")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Passed to pyiceberg as they are, e.g. s3.endpoint, s3.region.",
+    )
+    secret_properties: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Like properties, never shown: s3.access-key-id, s3.secret-access-key.",
+    )
+
+
+class IcebergSinkConfig(_SinkBase):
+    kind: Literal["iceberg"]
+    catalog: IcebergCatalogConfig = Field(default_factory=IcebergCatalogConfig)
+    namespace: str = Field("thalweg", min_length=1)
+    table: str = Field("{topic}", description="Table name; {topic} is replaced.")
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description='Partition transforms, e.g. ["day(_twg_source_timestamp)"].',
+    )
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, value: list[str]) -> list[str]:
+        import re
+
+        for t in value:
+            if not re.match(_TRANSFORM, t.strip()):
+                raise ValueError(
+                    f"partition_by: {t!r} is not day|hour|month|year|identity(column) or "
+                    "bucket|truncate(N, column)"
+                )
+        return value
+
+
+class PostgresSinkConfig(_SinkBase):
+    kind: Literal["postgres"]
+    dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
+    schema_name: str = Field("public", min_length=1)
+    table: str = Field("{topic}", description="Table name; {topic} is replaced.")
+
+
+class ArrowIpcSinkConfig(_SinkBase):
+    kind: Literal["arrow_ipc"]
+    path: Path | None = Field(
+        None, description="Directory of the files (default data_dir/sinks/<name>)."
+    )
+
+
+class FlightSinkConfig(_SinkBase):
+    kind: Literal["flight"]
+    location: str = Field(description="grpc://host:port or grpc+tls://host:port")
+    path: str = Field("{topic}", description="Descriptor path of do_put; {topic} is replaced.")
+    token: SecretStr | None = Field(None, description="Bearer token sent with every call.")
+    timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("location")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if not value.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+            raise ValueError("location must start with grpc://, grpc+tcp:// or grpc+tls://")
+        return value
+
+
+SinkConfig = Annotated[
+    IcebergSinkConfig | PostgresSinkConfig | ArrowIpcSinkConfig | FlightSinkConfig,
+    Field(discriminator="kind"),
+]
+
+
+class RecoveryConfig(_Model):
+    """The replay of sink gaps from the raw lane (docs/sinks.md, the runbook)."""
+
+    enabled: bool = Field(
+        True, description="Required by every sink: a sink without recovery loses records."
+    )
+    window_records: int = Field(
+        200_000, gt=0, description="Positions read from the lane per replay window."
+    )
+    max_duty: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of wall time a catching-up replay may take (the rest is ingest's).",
+    )
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="How often a sink looks for new durable segments."
+    )
+    retry_max_s: float = Field(30.0, gt=0, description="Longest wait between tries of a down sink.")

@@ -1,0 +1,361 @@
+"""One loop feeds a sink from the durable lanes: the live edge and the replay alike.
+
+A sink never sees a record before the raw lane holds it durably, so its position can lag
+the source's but never lead it (ADR-0012/0050 in the seed plan). Its work list is always
+the same question — what does the raw lane cover that this sink does not? — answered
+from the coverage store; at the live edge the answer is the newest segments, after an
+outage it is the whole gap, and after a crash it is whatever the store (or the
+destination's own record, trusted over it) does not claim. So there is no second,
+rarely-run recovery path: recovery is the feed, run against a bigger gap.
+
+Rows come from the decoded lane (each decoded segment is its raw twin decoded; a twin
+missing after a failed write is decoded again from raw first, when a decoder is at hand)
+or from the raw lane for ``raw = true``. A span counts every position the lane accounts
+for — a dead-lettered record or a transaction marker is covered without a row — and is
+added to the store only after the sink's flush returned. A replay that is catching up is
+throttled to ``recovery.max_duty`` of wall time so live ingest keeps most of its rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.codecs.base import ArrowDecoder
+from thalweg.config.sinks import RecoveryConfig
+from thalweg.lane.coverage import Coverage, scan_coverage
+from thalweg.lane.epochs import current_epoch
+from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.lane.reader import offset_slice
+from thalweg.lane.writer import SegmentWriter
+from thalweg.ops.health import Health, State
+from thalweg.ops.metrics import Metrics
+from thalweg.ops.retry import Backoff
+from thalweg.pipeline.redecode import redecode
+from thalweg.records.columns import MetadataColumns
+from thalweg.recovery.coverage import CoverageStore
+from thalweg.sinks.base import (
+    CoverageKey,
+    Sink,
+    SinkBackpressureError,
+    SinkError,
+    SinkSchemaError,
+    SinkState,
+    Span,
+)
+
+log = logging.getLogger(__name__)
+
+_HEALTH = {SinkState.UP: State.UP, SinkState.DEGRADED: State.DEGRADED, SinkState.DOWN: State.DOWN}
+_DEGRADED_RETRY_S = 60.0  # a schema refusal waits for a person, not for a backoff
+
+
+@dataclass
+class PassSummary:
+    """What one pass did (``twg recover`` prints it)."""
+
+    rows: int = 0
+    positions: int = 0
+    flushes: int = 0
+    seconds: float = 0.0
+    lag_before: int = 0
+    lag_after: int = 0
+    waiting: str = ""  # why some gap was left (a decoded twin not there yet)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class SinkFeeder:
+    """Feeds one sink from ``layout``, recording what landed in ``store``.
+
+    Args:
+        decoder_for: the ingesting source's decoder of a topic, to rebuild a missing
+            decoded twin (None in a recovery-only process: the gap then waits for the
+            ingesting gateway to rebuild it on its next assignment).
+        writer: where a rebuilt twin is written (with ``decoder_for``).
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        store: CoverageStore,
+        layout: LaneLayout,
+        columns: MetadataColumns,
+        recovery: RecoveryConfig,
+        *,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+        decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
+        writer: SegmentWriter | None = None,
+    ) -> None:
+        self.sink = sink
+        self.store = store
+        self.layout = layout
+        self.columns = columns
+        self.cfg = recovery
+        self.metrics = metrics
+        self.health = health
+        self.component = f"sink:{sink.name}"
+        self._decoder_for = decoder_for
+        self._writer = writer
+        self._pending: dict[CoverageKey, Coverage] = {}
+        self._buffered = 0
+        self._last_flush = time.monotonic()
+        self._opened = False
+        if health is not None:
+            health.register(self.component, "sink", gates_readiness=False)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect the sink and take its own record of coverage over the store's."""
+        trusted = await self.sink.open()
+        if trusted is not None:
+            self.store.replace(trusted.ranges)
+            await asyncio.to_thread(self.store.flush)
+        self._pending.clear()
+        self._opened = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Feed until ``stop``; a failing sink is retried with backoff and never stops
+        anything else (ingest, commits, other sinks)."""
+        backoff = Backoff(base_s=0.5, cap_s=self.cfg.retry_max_s)
+        try:
+            while not stop.is_set():
+                try:
+                    if not self._opened:
+                        await self.open()
+                    await self.pass_once(stop=stop)
+                    await self._flush_if_due()
+                except asyncio.CancelledError:
+                    raise
+                except SinkBackpressureError as exc:
+                    self._failed(exc)
+                    await _sleep(stop, exc.retry_after_s)
+                    continue
+                except SinkSchemaError as exc:
+                    self._failed(exc)
+                    await _sleep(stop, _DEGRADED_RETRY_S)
+                    continue
+                except Exception as exc:  # any backend failure: the sink is down, not us
+                    self._failed(exc)
+                    await backoff.wait(stop)
+                    continue
+                backoff.reset()
+                self._report(self.sink.health().state, self.sink.health().detail)
+                await _sleep(stop, self.cfg.poll_interval_s)
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Flush what is buffered (bounded: a dead sink must not hold the stop up)."""
+        with contextlib.suppress(Exception):
+            if self._opened and self._pending:
+                await asyncio.wait_for(self.flush(), timeout=10.0)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.store.flush)
+        with contextlib.suppress(Exception):
+            await self.sink.close()
+        self.store.release()
+
+    # -- one pass ----------------------------------------------------------------------
+
+    async def pass_once(
+        self,
+        *,
+        stop: asyncio.Event | None = None,
+        topic: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        final: bool = False,
+    ) -> PassSummary:
+        """Write every gap of the sink (limited to ``topic`` and ``[start, end)``) in
+        bounded windows; with ``final`` flush at the end, else flush when due."""
+        began = time.monotonic()
+        summary = PassSummary()
+        work = await asyncio.to_thread(self._work, topic, start, end)
+        summary.lag_before = sum(b - a for _, gaps in work for a, b in gaps)
+        for key, gaps in work:
+            for a, b in gaps:
+                pos = a
+                while pos < b:
+                    if stop is not None and stop.is_set():
+                        return summary
+                    t0 = time.monotonic()
+                    limit = min(b, pos + self.cfg.window_records)
+                    items, reached, waiting = await asyncio.to_thread(self._window, key, pos, limit)
+                    for rows, span in items:
+                        await self.sink.write(rows, span)
+                        self._pending.setdefault(key, Coverage()).add(span.start, span.end)
+                        self._buffered += rows.num_rows
+                        summary.rows += rows.num_rows
+                        summary.positions += span.end - span.start
+                    if reached <= pos:  # nothing readable here yet
+                        summary.waiting = waiting
+                        break
+                    pos = reached
+                    if await self._flush_if_due():
+                        summary.flushes += 1
+                    if pos < b:  # still catching up: leave ingest its share
+                        busy = time.monotonic() - t0
+                        await _sleep(stop, busy * (1 / self.cfg.max_duty - 1))
+        if final and self._pending:
+            await self.flush()
+            summary.flushes += 1
+        summary.lag_after = await asyncio.to_thread(self.lag)
+        summary.seconds = time.monotonic() - began
+        return summary
+
+    def lag(self) -> int:
+        """Positions the lane covers and the sink has not landed durably."""
+        total = 0
+        for key, lane in self._lane_ranges(None, None, None):
+            total += sum(b - a for a, b in self.store.gaps(key, lane))
+        if self.metrics is not None:
+            self.metrics.sink_lag.labels(self.sink.name).set(total)
+        if self.health is not None:
+            self.health.annotate(self.component, lag_records=total, kind=self.sink.kind)
+        return total
+
+    def _lane_ranges(
+        self, topic: str | None, start: int | None, end: int | None
+    ) -> list[tuple[CoverageKey, list[tuple[int, int]]]]:
+        out = []
+        for t in self.sink.cfg.topics:
+            if topic is not None and t != topic:
+                continue
+            for p in self.layout.partitions(t):
+                lane = scan_coverage(self.layout, t, p).ranges
+                lo = start if start is not None else 0
+                hi = end if end is not None else 1 << 62
+                clipped = [(max(a, lo), min(b, hi)) for a, b in lane if min(b, hi) > max(a, lo)]
+                out.append(((t, p, current_epoch(self.layout, t, p)), clipped))
+        return out
+
+    def _work(
+        self, topic: str | None, start: int | None, end: int | None
+    ) -> list[tuple[CoverageKey, list[tuple[int, int]]]]:
+        """Per partition, the lane's ranges that neither the store nor the unflushed
+        writes hold."""
+        out = []
+        for key, lane in self._lane_ranges(topic, start, end):
+            gaps = self.store.gaps(key, lane)
+            pending = self._pending.get(key)
+            if pending is not None:
+                gaps = _minus(gaps, pending.ranges)
+            if gaps:
+                out.append((key, gaps))
+        return out
+
+    def _window(
+        self, key: CoverageKey, start: int, limit: int
+    ) -> tuple[list[tuple[pa.Table, Span]], int, str]:
+        """Rows of ``[start, limit)`` segment by segment, each with the span it accounts
+        for; the position reached; why it stopped short, if it did."""
+        topic, partition, epoch = key
+        items: list[tuple[pa.Table, Span]] = []
+        pos = start
+        for seg in self.layout.segments(Lane.RAW, topic, partition):
+            if seg.last < pos:
+                continue
+            if seg.first >= limit:
+                break
+            table = self._rows(topic, partition, seg)
+            if table is None:
+                return items, pos, f"{topic}[{partition}]: decoded twin of {seg.path.name} missing"
+            span_end = min(limit, seg.last + 1)
+            lo, hi = offset_slice(table, self.columns.position, pos, span_end)
+            items.append((table.slice(lo, hi - lo), Span(topic, partition, epoch, pos, span_end)))
+            pos = span_end
+            if pos >= limit:
+                break
+        return items, pos, ""
+
+    def _rows(self, topic: str, partition: int, seg: Segment) -> pa.Table | None:
+        if self.sink.cfg.raw:
+            return pq.read_table(seg.path).replace_schema_metadata(None)
+        twin = self.layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
+        if not twin.exists():
+            decoder = self._decoder_for(topic) if self._decoder_for is not None else None
+            if decoder is None or self._writer is None:
+                return None
+            redecode(self._writer, decoder, self.columns, topic, partition, [seg])
+        return pq.read_table(twin).replace_schema_metadata(None)
+
+    # -- flushing ----------------------------------------------------------------------
+
+    async def _flush_if_due(self) -> bool:
+        due = time.monotonic() - self._last_flush >= self.sink.cfg.commit_interval_s
+        if self._pending and (due or self._buffered >= self.sink.cfg.max_buffered_rows):
+            await self.flush()
+            return True
+        return False
+
+    async def flush(self) -> None:
+        """Flush the sink; add what landed to the store and write it."""
+        started = time.monotonic()
+        rows, self._buffered = self._buffered, 0
+        try:
+            landed = await self.sink.flush()
+        finally:
+            self._pending.clear()  # landed, or to be written again
+            self._last_flush = time.monotonic()
+        for key, ranges in landed.ranges.items():
+            for a, b in ranges:
+                self.store.add(key, a, b)
+        await asyncio.to_thread(self.store.flush)
+        if self.metrics is not None:
+            self.metrics.sink_rows.labels(self.sink.name).inc(rows)
+            self.metrics.sink_flush_seconds.labels(self.sink.name).observe(
+                time.monotonic() - started
+            )
+
+    def _failed(self, exc: Exception) -> None:
+        reason = exc.reason if isinstance(exc, SinkError) else "error"
+        state = SinkState.DEGRADED if isinstance(exc, SinkSchemaError) else SinkState.DOWN
+        log.warning("sink %s %s: %s", self.sink.name, state.value, exc)
+        self._pending.clear()
+        self._buffered = 0
+        self._opened = False  # re-open: the destination's own record is trusted again
+        if self.metrics is not None:
+            self.metrics.sink_errors.labels(self.sink.name, reason).inc()
+        self._report(state, f"{reason}: {exc}")
+        with contextlib.suppress(Exception):
+            self.lag()
+
+    def _report(self, state: SinkState, detail: str) -> None:
+        if self.health is not None:
+            self.health.set(self.component, _HEALTH[state], detail)
+
+
+def _minus(ranges: list[tuple[int, int]], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        pos = a
+        for c, d in held:
+            if d <= pos or c >= b:
+                continue
+            if c > pos:
+                out.append((pos, c))
+            pos = max(pos, d)
+        if pos < b:
+            out.append((pos, b))
+    return out
+
+
+async def _sleep(stop: asyncio.Event | None, seconds: float) -> None:
+    if seconds <= 0:
+        return
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,106 @@
+"""Arrow IPC files: one file per flushed contiguous range, named by that range.
+
+Like the raw lane, a file's name is its coverage — ``e<epoch>-<start>-<end>.arrow``
+under ``topic=<t>/partition=<p>/`` (``end`` exclusive) — and it appears whole (temp →
+fsync → rename → directory fsync) or not at all. So the names are the sink's own record
+of coverage, trusted over the coverage store on open: a crash after a rename and before
+the store's write replays nothing, and nothing is ever written twice (exactly-once).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+
+from thalweg.lane.layout import TMP_MARK, ensure_dir, fsync_dir
+from thalweg.sinks.base import (
+    BufferedSink,
+    CoverageKey,
+    Landed,
+    Ranges,
+    SinkUnavailableError,
+    Span,
+    merge_ranges,
+)
+
+_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.arrow$")
+
+
+def file_name(epoch: int, start: int, end: int) -> str:
+    return f"e{epoch:06d}-{start:020d}-{end:020d}.arrow"
+
+
+class ArrowIpcSink(BufferedSink):
+    kind = "arrow_ipc"
+    guarantee = "exactly-once"
+
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self.root = Path(cfg.path) if cfg.path is not None else self.data_dir / "sinks" / cfg.name
+        self._spans_rows: list[tuple[pa.Table, Span]] = []
+
+    async def write(self, rows: pa.Table, span: Span) -> None:
+        # Kept with their spans (a file per range); the base class keeps the spans.
+        self._spans_rows.append((rows, span))
+        self._spans.append(span)
+        self.buffered_rows += rows.num_rows
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        return self.root / f"topic={quote(topic, safe='')}" / f"partition={partition}"
+
+    def _open(self) -> Landed | None:
+        self._spans_rows = []
+        ranges: Ranges = {}
+        try:
+            ensure_dir(self.root)
+            for tdir in sorted(self.root.glob("topic=*")):
+                topic = unquote(tdir.name[6:])
+                for pdir in sorted(tdir.glob("partition=*")):
+                    partition = int(pdir.name[10:])
+                    for name in os.listdir(pdir):
+                        if TMP_MARK in name:
+                            (pdir / name).unlink(missing_ok=True)
+                            continue
+                        m = _FILE_RE.match(name)
+                        if m:
+                            key = (topic, partition, int(m[1]))
+                            ranges.setdefault(key, []).append((int(m[2]), int(m[3])))
+        except OSError as exc:
+            raise SinkUnavailableError(f"{self.root}: {exc}") from exc
+        return Landed({k: merge_ranges(v) for k, v in ranges.items()})
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        items, self._spans_rows = self._spans_rows, []
+        by_key: dict[CoverageKey, list[tuple[pa.Table, Span]]] = {}
+        for table, span in items:
+            by_key.setdefault(span.key, []).append((table, span))
+        try:
+            for key, ranges in covered.items():
+                for start, end in ranges:
+                    parts = [t for t, s in by_key.get(key, []) if start <= s.start and s.end <= end]
+                    table = pa.concat_tables(parts, promote_options="permissive")
+                    self._write_file(key, start, end, table)
+        except OSError as exc:
+            raise SinkUnavailableError(f"{self.root}: {exc}") from exc
+
+    def _write_file(self, key: CoverageKey, start: int, end: int, table: pa.Table) -> None:
+        topic, partition, epoch = key
+        directory = self.partition_dir(topic, partition)
+        ensure_dir(directory)
+        final = directory / file_name(epoch, start, end)
+        tmp = directory / (final.name + TMP_MARK + str(os.getpid()))
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        fsync_dir(directory)

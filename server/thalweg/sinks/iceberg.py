@@ -1,0 +1,272 @@
+"""Iceberg tables through pyiceberg: one table per topic, exactly-once across crashes.
+
+Every flush is one append per table, and the append's snapshot summary carries the
+table's whole coverage (``thalweg.coverage``: per partition and epoch, the ranges of
+positions the table holds). Data and coverage are therefore one atomic commit, and on
+open the sink answers with the coverage of each table's newest snapshot that has it —
+trusted over the coverage store, so a crash between the Iceberg commit and the store's
+write replays nothing (ADR 0021).
+
+Schema: the table is created from the first rows (decoded columns and the ``_twg_``
+columns); later rows may add columns or widen types (int → long, float → double), which
+``union_by_name`` applies before the append; anything else is a
+:class:`SinkSchemaError` (the sink goes ``degraded``, the rows stay in the raw lane).
+Arrow types Iceberg lacks are mapped first: timestamps of s/ms precision to µs,
+unsigned integers to the next signed width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    ValidationError,
+)
+from pyiceberg.table import Table
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+
+from thalweg.sinks.base import (
+    BufferedSink,
+    Landed,
+    Ranges,
+    SinkSchemaError,
+    SinkUnavailableError,
+    merge_ranges,
+)
+
+log = logging.getLogger(__name__)
+
+COVERAGE_PROPERTY = "thalweg.coverage"
+_COMMIT_TRIES = 5
+_UNSIGNED = {
+    pa.uint8(): pa.int16(),
+    pa.uint16(): pa.int32(),
+    pa.uint32(): pa.int64(),
+    pa.uint64(): pa.int64(),
+}
+
+
+class IcebergSink(BufferedSink):
+    kind = "iceberg"
+    guarantee = "exactly-once"
+
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self._catalog: Catalog | None = None
+
+    # -- catalog and tables ------------------------------------------------------------
+
+    def catalog_properties(self) -> dict[str, str]:
+        """pyiceberg's properties; the embedded default is SQLite + a local warehouse
+        under ``data_dir/sinks/<name>``."""
+        c = self.cfg.catalog
+        home = (self.data_dir / "sinks" / self.name).resolve()
+        props = {"type": c.type, **c.properties}
+        props.update({k: v.get_secret_value() for k, v in c.secret_properties.items()})
+        if c.type == "sql":
+            props["uri"] = c.uri or f"sqlite:///{home / 'catalog.db'}"
+        elif c.uri:
+            props["uri"] = c.uri
+        if c.token is not None:
+            props["token"] = c.token.get_secret_value()
+        props["warehouse"] = c.warehouse or (home / "warehouse").as_uri()
+        return props
+
+    def _connect(self) -> Catalog:
+        if self._catalog is None:
+            if self.cfg.catalog.type == "sql" and not self.cfg.catalog.uri:
+                (self.data_dir / "sinks" / self.name / "warehouse").mkdir(
+                    parents=True, exist_ok=True
+                )
+            catalog = load_catalog(self.name, **self.catalog_properties())
+            with contextlib.suppress(NamespaceAlreadyExistsError):
+                catalog.create_namespace(self.cfg.namespace)
+            self._catalog = catalog
+        return self._catalog
+
+    def identifier(self, topic: str) -> str:
+        name = re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))
+        return f"{self.cfg.namespace}.{name}"
+
+    def _table(self, topic: str) -> Table | None:
+        try:
+            return self._connect().load_table(self.identifier(topic))
+        except NoSuchTableError:
+            return None
+
+    # -- the contract ------------------------------------------------------------------
+
+    def _open(self) -> Landed | None:
+        self._catalog = None
+        ranges: Ranges = {}
+        try:
+            for topic in self.cfg.topics:
+                table = self._table(topic)
+                if table is not None:
+                    ranges.update(table_coverage(table, topic))
+        except Exception as exc:  # the catalog or the warehouse is not reachable
+            self._catalog = None
+            raise SinkUnavailableError(f"iceberg catalog of sink {self.name!r}: {exc}") from exc
+        return Landed(ranges)
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        topics = {k[0] for k in covered} | set(rows)
+        for topic in sorted(topics):
+            parts = rows.get(topic, [])
+            data = (
+                _iceberg_types(pa.concat_tables(parts, promote_options="permissive"))
+                if parts
+                else None
+            )
+            mine = {k: v for k, v in covered.items() if k[0] == topic}
+            try:
+                self._append(topic, data, mine)
+            except (SinkSchemaError, SinkUnavailableError):
+                raise
+            except Exception as exc:
+                self._catalog = None
+                raise SinkUnavailableError(
+                    f"iceberg append to {self.identifier(topic)}: {exc}"
+                ) from exc
+
+    def _append(self, topic: str, data: pa.Table | None, covered: Ranges) -> None:
+        table = self._table(topic)
+        if table is None:
+            if data is None:
+                return  # nothing to create a table from; the spans had no rows
+            table = self._create(topic, data.schema)
+        if data is not None:
+            self._evolve(table, data.schema)
+        for attempt in range(_COMMIT_TRIES):
+            # The coverage is recomputed from the table on every try: a concurrent
+            # writer's commit must not be overwritten by a stale summary.
+            merged = table_coverage(table, topic)
+            for key, rs in covered.items():
+                merged[key] = merge_ranges([*merged.get(key, []), *rs])
+            props = {COVERAGE_PROPERTY: encode_coverage(merged), "thalweg.sink": self.name}
+            try:
+                rows = data if data is not None else table.schema().as_arrow().empty_table()
+                table.append(rows, snapshot_properties=props)
+                return
+            except CommitFailedException:
+                if attempt == _COMMIT_TRIES - 1:
+                    raise
+                table = self._connect().load_table(self.identifier(topic))
+
+    def _create(self, topic: str, schema: pa.Schema) -> Table:
+        table = self._connect().create_table(self.identifier(topic), schema=schema)
+        if self.cfg.partition_by:
+            with table.update_spec() as spec:
+                for text in self.cfg.partition_by:
+                    transform, column = parse_transform(text)
+                    spec.add_field(column, transform, f"{column}_{text.split('(')[0]}")
+        log.info("iceberg sink %s created %s", self.name, self.identifier(topic))
+        return table
+
+    def _evolve(self, table: Table, schema: pa.Schema) -> None:
+        """Add new columns and widen types; refuse any other change."""
+        current = table.schema().as_arrow()
+        if all(f.name in current.names for f in schema) and _same_types(current, schema):
+            return
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(schema)
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise SinkSchemaError(
+                f"iceberg table {self.identifier(table.name()[-1])}: the rows' schema cannot "
+                f"be applied ({exc}); only added columns and widened types are"
+            ) from exc
+
+    def _close(self) -> None:
+        self._catalog = None
+
+
+def table_coverage(table: Table, topic: str) -> Ranges:
+    """The coverage recorded by the newest snapshot that carries one."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        text = snapshot.summary.get(COVERAGE_PROPERTY) if snapshot.summary else None
+        if text is not None:
+            return decode_coverage(text, topic)
+        if snapshot.parent_snapshot_id is None:
+            break
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return {}
+
+
+def encode_coverage(ranges: Ranges) -> str:
+    return json.dumps(
+        {f"{p}:{e}": rs for (_t, p, e), rs in sorted(ranges.items())}, separators=(",", ":")
+    )
+
+
+def decode_coverage(text: str, topic: str) -> Ranges:
+    out: Ranges = {}
+    for key, rs in json.loads(text).items():
+        p, _, e = key.partition(":")
+        out[(topic, int(p), int(e))] = [(int(a), int(b)) for a, b in rs]
+    return out
+
+
+def parse_transform(text: str) -> tuple[Transform[Any, Any], str]:
+    """``day(col)`` → (DayTransform(), "col"); ``bucket(16, c)`` → (BucketTransform(16), "c")."""
+    name, _, rest = text.strip().partition("(")
+    args = [a.strip() for a in rest.rstrip(")").split(",")]
+    simple: dict[str, Transform[Any, Any]] = {
+        "day": DayTransform(),
+        "hour": HourTransform(),
+        "month": MonthTransform(),
+        "year": YearTransform(),
+        "identity": IdentityTransform(),
+    }
+    if name in simple:
+        return simple[name], args[0]
+    if name == "bucket":
+        return BucketTransform(int(args[0])), args[1]
+    return TruncateTransform(int(args[0])), args[1]
+
+
+def _iceberg_types(table: pa.Table) -> pa.Table:
+    """Cast columns whose Arrow type Iceberg lacks to the nearest type it has."""
+    fields = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_timestamp(t) and t.unit in ("s", "ms"):
+            t = pa.timestamp("us", tz=t.tz)
+        elif t in _UNSIGNED:
+            t = _UNSIGNED[t]
+        fields.append(f.with_type(t))
+    schema = pa.schema(fields)
+    return table if schema == table.schema else table.cast(schema)
+
+
+def _same_types(current: pa.Schema, incoming: pa.Schema) -> bool:
+    for f in incoming:
+        have = current.field(f.name).type
+        if (
+            have != f.type
+            and not (pa.types.is_large_string(have) and pa.types.is_string(f.type))
+            and not (pa.types.is_large_binary(have) and pa.types.is_binary(f.type))
+        ):
+            return False
+    return True

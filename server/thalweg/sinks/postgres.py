@@ -1,0 +1,231 @@
+"""PostgreSQL tables through ADBC: one table per topic, each flush one transaction.
+
+A flush bulk-loads every topic's rows with ADBC ingest (binary ``COPY``) into a
+temporary staging table, moves them with ``INSERT … ON CONFLICT (_twg_record_id) DO
+NOTHING``, and writes the covered positions into ``_thalweg_coverage`` — all in one
+transaction. So a record is in the table once however often it is replayed, and the
+coverage table (trusted over the coverage store on open) never claims a row the
+transaction did not commit: exactly-once (ADR 0022).
+
+Types: the staging table is created by ADBC from the Arrow schema (its type map, in
+docs/sinks.md), and the target table ``LIKE`` it, with the record id as primary key.
+Nested columns (structs, maps, lists of structs) go in as JSON text. New columns are
+added with ``ALTER TABLE``; a column whose type changed is a :class:`SinkSchemaError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import adbc_driver_postgresql.dbapi as pg
+import pyarrow as pa
+
+from thalweg.records.columns import RECORD_ID_TYPE
+from thalweg.sinks.base import (
+    BufferedSink,
+    Landed,
+    Ranges,
+    SinkError,
+    SinkSchemaError,
+    SinkUnavailableError,
+    merge_ranges,
+)
+
+log = logging.getLogger(__name__)
+
+COVERAGE_TABLE = "_thalweg_coverage"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class PostgresSink(BufferedSink):
+    kind = "postgres"
+    guarantee = "exactly-once"
+
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self._conn: Any = None
+        self._record_id = "_twg_record_id"
+
+    def table_name(self, topic: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))
+
+    def _qualified(self, name: str) -> str:
+        return f"{quote_ident(self.cfg.schema_name)}.{quote_ident(name)}"
+
+    def _connect(self) -> Any:
+        if self._conn is None:
+            self._conn = pg.connect(self.cfg.dsn.get_secret_value())
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a broken connection may not close cleanly
+                log.debug("postgres sink %s: close failed", self.name, exc_info=True)
+
+    def _open(self) -> Landed | None:
+        self._drop()
+        try:
+            conn = self._connect()
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.cfg.schema_name)}")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._qualified(COVERAGE_TABLE)} ("
+                    "sink text NOT NULL, topic text NOT NULL, partition integer NOT NULL, "
+                    "epoch integer NOT NULL, ranges jsonb NOT NULL, "
+                    "PRIMARY KEY (sink, topic, partition, epoch))"
+                )
+                cur.execute(
+                    f"SELECT topic, partition, epoch, ranges::text FROM "
+                    f"{self._qualified(COVERAGE_TABLE)} WHERE sink = $1",
+                    parameters=(self.name,),
+                )
+                found = cur.fetchall()
+            conn.commit()
+        except pg.Error as exc:
+            self._drop()
+            raise SinkUnavailableError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
+        ranges: Ranges = {}
+        for topic, partition, epoch, text in found:
+            if topic in self.cfg.topics:
+                ranges[(topic, int(partition), int(epoch))] = [
+                    (int(a), int(b)) for a, b in json.loads(text)
+                ]
+        return Landed(ranges)
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        try:
+            conn = self._connect()
+            with conn.cursor() as cur:
+                for topic, parts in rows.items():
+                    data = _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
+                    self._load(cur, topic, data)
+                for key, rs in covered.items():
+                    self._cover(cur, key, rs)
+            conn.commit()
+        except SinkError:
+            self._rollback()
+            raise
+        except pg.Error as exc:
+            self._rollback()
+            self._drop()
+            raise SinkUnavailableError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
+
+    def _load(self, cur: Any, topic: str, data: pa.Table) -> None:
+        stage = "_thalweg_stage"
+        cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
+        cur.adbc_ingest(stage, data, mode="create", temporary=True)
+        target = self._qualified(self.table_name(topic))
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
+        self._ensure_key(cur, target)
+        self._evolve(cur, topic, stage)
+        cols = ", ".join(quote_ident(n) for n in data.column_names)
+        cur.execute(
+            f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
+            f"ON CONFLICT ({quote_ident(self._record_id)}) DO NOTHING"
+        )
+        cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
+
+    def _ensure_key(self, cur: Any, target: str) -> None:
+        cur.execute(
+            "SELECT 1 FROM pg_index WHERE indrelid = $1::regclass AND indisprimary",
+            parameters=(target,),
+        )
+        if cur.fetchone() is None:
+            cur.execute(f"ALTER TABLE {target} ADD PRIMARY KEY ({quote_ident(self._record_id)})")
+
+    def _evolve(self, cur: Any, topic: str, stage: str) -> None:
+        """Add the staging table's new columns to the target; refuse changed types."""
+        query = (
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+        )
+        target = self._qualified(self.table_name(topic))
+        cur.execute(query, parameters=(f"pg_temp.{quote_ident(stage)}",))
+        staged = dict(cur.fetchall())
+        cur.execute(query, parameters=(target,))
+        have = dict(cur.fetchall())
+        for name, kind in staged.items():
+            if name not in have:
+                cur.execute(f"ALTER TABLE {target} ADD COLUMN {quote_ident(name)} {kind}")
+            elif have[name] != kind:
+                raise SinkSchemaError(
+                    f"postgres table {target}: column {name!r} is {have[name]}, the rows "
+                    f"have {kind}; only added columns are applied"
+                )
+
+    def _cover(self, cur: Any, key: tuple[str, int, int], ranges: list[tuple[int, int]]) -> None:
+        topic, partition, epoch = key
+        table = self._qualified(COVERAGE_TABLE)
+        cur.execute(
+            f"SELECT ranges::text FROM {table} WHERE sink = $1 AND topic = $2 AND "
+            "partition = $3 AND epoch = $4 FOR UPDATE",
+            parameters=(self.name, topic, partition, epoch),
+        )
+        row = cur.fetchone()
+        old = [(int(a), int(b)) for a, b in json.loads(row[0])] if row else []
+        merged = json.dumps(merge_ranges([*old, *ranges]))
+        cur.execute(
+            f"INSERT INTO {table} (sink, topic, partition, epoch, ranges) VALUES "
+            "($1, $2, $3, $4, $5::jsonb) ON CONFLICT (sink, topic, partition, epoch) "
+            "DO UPDATE SET ranges = EXCLUDED.ranges",
+            parameters=(self.name, topic, partition, epoch, merged),
+        )
+
+    def _rollback(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.rollback()
+            except Exception:
+                self._drop()
+
+    def _close(self) -> None:
+        self._drop()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _postgres_types(table: pa.Table) -> pa.Table:
+    """Columns ADBC cannot COPY as they are: the 16-byte record id as bytea, nested
+    values as JSON text (bytes inside them base64)."""
+    for i, f in enumerate(table.schema):
+        t = f.type
+        if t == RECORD_ID_TYPE or pa.types.is_fixed_size_binary(t):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.binary()))
+        elif pa.types.is_unsigned_integer(t):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
+        elif _nested(t):
+            values = [_json(v) for v in table.column(i).to_pylist()]
+            table = table.set_column(i, f.name, pa.array(values, pa.string()))
+    return table
+
+
+def _nested(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t) or pa.types.is_map(t) or pa.types.is_union(t):
+        return True
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _json(value: object) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, default=_bytes, separators=(",", ":"), sort_keys=True)
+
+
+def _bytes(value: object) -> object:
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
