@@ -18,6 +18,7 @@ import click
 
 from thalweg import __version__
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, EXIT_SHUTDOWN_TIMEOUT, emit, fail
+from thalweg.cli.recover import recover
 from thalweg.config import ThalwegConfig, load_config
 from thalweg.config.checks import data_dir_problem
 from thalweg.errors import ConfigError, ShutdownTimeoutError, ThalwegError
@@ -56,6 +57,7 @@ def cli(ctx: click.Context, output: str, log_level: str) -> None:
     Try it:      twg quickstart
     Run it:      twg stream --config thalweg.toml
     Check it:    twg config validate thalweg.toml
+    Refill a sink: twg recover --config thalweg.toml --sink lake
     """
     ctx.ensure_object(dict)
     ctx.obj["output"] = output
@@ -170,7 +172,16 @@ def config_validate(ctx: click.Context, path: Path) -> None:
             fail(ctx, f"sources.{source.name}.{exc}", EXIT_CONFIG)
         for obj in contract.schema_:
             unenforced += [f"{source.contract}: {u}" for u in compile_object(obj).unenforced]
+    from thalweg.sinks.loader import load_sink_class
+
+    for sink in cfg.sinks:
+        try:
+            load_sink_class(sink.kind)
+        except ConfigError as exc:
+            fail(ctx, f"sinks.{sink.name}: {exc}", EXIT_CONFIG)
     lines = [f"ok: {path}: {len(cfg.sources)} source(s), topics {', '.join(topics)}"]
+    if cfg.sinks:
+        lines.append(f"sinks: {', '.join(f'{s.name} ({s.kind})' for s in cfg.sinks)}")
     lines += [f"note: not enforced per record: {u}" for u in unenforced]
     emit(
         ctx,
@@ -181,6 +192,7 @@ def config_validate(ctx: click.Context, path: Path) -> None:
             "sources": len(cfg.sources),
             "topics": topics,
             "contract_rules_not_enforced": unenforced,
+            "sinks": [s.name for s in cfg.sinks],
         },
     )
 
@@ -274,6 +286,7 @@ _QUICKSTART_OPTIONS = {
 from thalweg.cli.lane import lane  # noqa: E402  (a command group of its own module)
 
 cli.add_command(lane)
+cli.add_command(recover)
 
 
 def main() -> None:

@@ -1,0 +1,315 @@
+"""The plan's Phase 5b exit, and crash exactness with secondary sinks.
+
+1. A gateway with an Iceberg and a Postgres sink on one topic. PostgreSQL is stopped for
+   over 20 s while records flow: ingest, commits and the Iceberg sink go on, /ready
+   stays 200, the Postgres gaps show in the coverage store and the lag metric. Then the
+   broker is stopped — nothing can be read from the source again — and PostgreSQL comes
+   back: recovery from the raw lane brings it to parity. Both sinks hold every produced
+   record exactly once and equal the decoded lane row for row.
+2. ``twg stream`` with both sinks is SIGKILLed five times during ingest; each sink ends
+   with every record exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyiceberg.catalog import load_catalog
+
+from tests.conftest import RunningGateway, source_cfg
+from tests.e2e.test_crash_exactness import start_gateway, wait_started
+from tests.helpers import seeded_rng, wait_until
+from tests.postgres_server import PostgresServer
+from thalweg.embedded import TansuBroker
+from thalweg.lane import LaneLayout, scan_coverage
+from thalweg.recovery import CoverageStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RID = "_twg_record_id"
+PARTITIONS = 2
+
+
+def _table(topic: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in topic)
+
+
+def iceberg(data: Path, topic: str) -> pa.Table:
+    home = (data / "sinks" / "lake").resolve()
+    cat = load_catalog(
+        "lake",
+        **{
+            "type": "sql",
+            "uri": f"sqlite:///{home / 'catalog.db'}",
+            "warehouse": (home / "warehouse").as_uri(),
+        },
+    )
+    return cat.load_table(f"thalweg.{_table(topic)}").scan(selected_fields=(RID, "n")).to_arrow()
+
+
+def pg_rows(pg: PostgresServer, topic: str) -> list[tuple[Any, ...]]:
+    return pg.query(f'SELECT "{RID}", "n" FROM public."{_table(topic)}"')
+
+
+def count(f: Callable[[], int]) -> int:
+    try:
+        return f()
+    except Exception:
+        return -1
+
+
+def sinks(pg: PostgresServer, topic: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "lake", "kind": "iceberg", "topics": [topic], "commit_interval_s": 1.0},
+        {
+            "name": "db",
+            "kind": "postgres",
+            "topics": [topic],
+            "dsn": pg.dsn,
+            "commit_interval_s": 1.0,
+        },
+    ]
+
+
+def make_topic(bootstrap: str, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(10)
+    return name
+
+
+class Paced:
+    """Produces ``{"n": i}`` records at about ``rate`` per second until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int, total: int | None = None) -> None:
+        self.sent = 0
+        self._stop = threading.Event()
+        self.done = threading.Event()
+        self._args = (bootstrap, topic, rate, total)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        bootstrap, topic, rate, total = self._args
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "log_level": 2})
+        step = max(1, rate // 10)
+        while not self._stop.is_set() and (total is None or self.sent < total):
+            for _ in range(step if total is None else min(step, total - self.sent)):
+                p.produce(
+                    topic, json.dumps({"n": self.sent}).encode(), partition=self.sent % PARTITIONS
+                )
+                self.sent += 1
+            p.poll(0)
+            time.sleep(0.1)
+        assert p.flush(30) == 0
+        self.done.set()
+
+    def stop(self) -> int:
+        self._stop.set()
+        assert self.done.wait(60)
+        return self.sent
+
+
+def metric(rg: RunningGateway, name: str, sink: str) -> float:
+    text = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{sink="{sink}"}}'):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+def ready(rg: RunningGateway) -> int:
+    try:
+        return int(urllib.request.urlopen(f"{rg.admin_url}/ready").status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def assert_exactly_once(data: Path, topic: str, pg: PostgresServer, n: int) -> None:
+    lane = ds.dataset(data / "decoded", format="parquet").to_table(columns=[RID, "n"])
+    want = sorted(zip(lane.column(RID).to_pylist(), lane.column("n").to_pylist(), strict=True))
+    assert len(want) == n and sorted(v for _, v in want) == list(range(n))
+    ice = iceberg(data, topic)
+    got_ice = sorted(zip(ice.column(RID).to_pylist(), ice.column("n").to_pylist(), strict=True))
+    assert len(got_ice) == n and len({r for r, _ in got_ice}) == n, "iceberg: not exactly once"
+    assert got_ice == want, "iceberg differs from the decoded lane"
+    got_pg = sorted((bytes(r), v) for r, v in pg_rows(pg, topic))
+    assert len(got_pg) == n and len({r for r, _ in got_pg}) == n, "postgres: not exactly once"
+    assert got_pg == want, "postgres differs from the decoded lane"
+
+
+def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stopped(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    broker = TansuBroker(log_file=tmp_path / "tansu.log").start()
+    pg = PostgresServer(tmp_path / "pg").init().start()
+    try:
+        topic = make_topic(broker.bootstrap, "phase5b")
+        data = tmp_path / "lane"
+        rg = gateway_factory(
+            [topic],
+            data_dir=data,
+            sources=[source_cfg(broker.bootstrap, [topic])],
+            sinks=sinks(pg, topic),
+        )
+        producer = Paced(broker.bootstrap, topic, rate=1500)
+        wait_until(lambda: count(lambda: len(pg_rows(pg, topic))) > 0, 60, "postgres rows")
+
+        pg.stop()
+        down_at = time.monotonic()
+        before_ice = count(lambda: iceberg(data, topic).num_rows)
+        committed_before = sum(rg.committed(topic, p, 0, timeout=5) for p in range(PARTITIONS))
+        statuses = []
+        while time.monotonic() - down_at < 22:
+            statuses.append(ready(rg))
+            time.sleep(1)
+        assert set(statuses) == {200}, f"/ready while postgres was down: {statuses}"
+        assert rg.gateway.health.state("sink:db").value == "down"
+        assert metric(rg, "twg_sink_lag_records", "db") > 0
+        text = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+        assert any(
+            line.startswith("twg_sink_errors_total{")
+            and 'sink="db"' in line
+            and 'reason="unavailable"' in line
+            and float(line.split()[-1]) > 0
+            for line in text.splitlines()
+        ), "no unavailable error counted for the postgres sink"
+        # The ingest and the Iceberg sink went on.
+        committed_after = sum(
+            rg.committed(topic, p, committed_before // 2 + 1, timeout=10) for p in range(PARTITIONS)
+        )
+        assert committed_after > committed_before, "commits stopped while postgres was down"
+        wait_until(
+            lambda: count(lambda: iceberg(data, topic).num_rows) > before_ice,
+            30,
+            "iceberg progress",
+        )
+        # The Postgres gaps are in the coverage store (read from its file on disk).
+        store = CoverageStore(data, "db")
+        layout = LaneLayout(data)
+        gaps = sum(
+            b - a
+            for p in range(PARTITIONS)
+            for a, b in store.gaps((topic, p, 0), scan_coverage(layout, topic, p).ranges)
+        )
+        assert gaps > 0, "no postgres gap recorded in the coverage store"
+
+        n = producer.stop()
+        rg.wait_durable(
+            topic, {p: len(range(p, n, PARTITIONS)) for p in range(PARTITIONS)}, timeout=60
+        )
+        for p in range(PARTITIONS):
+            rg.committed(topic, p, len(range(p, n, PARTITIONS)), timeout=30)
+        broker.stop()  # nothing can be re-read from the source now
+        pg.start()
+        wait_until(lambda: count(lambda: len(pg_rows(pg, topic))) == n, 120, "postgres parity")
+        wait_until(lambda: count(lambda: iceberg(data, topic).num_rows) == n, 60, "iceberg parity")
+        wait_until(lambda: metric(rg, "twg_sink_lag_records", "db") == 0, 30, "db lag 0")
+        assert rg.gateway.health.state("sink:db").value == "up"
+        rg.stop()
+        assert_exactly_once(data, topic, pg, n)
+    finally:
+        broker.stop()
+        pg.stop()
+
+
+def write_config(path: Path, bootstrap: str, topic: str, data: Path, pg: PostgresServer) -> None:
+    path.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+flight_listen = "grpc://127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+
+[raw_lane]
+roll_age_s = 0.25
+roll_rows = 5000
+
+[recovery]
+poll_interval_s = 0.2
+
+[[sources]]
+name = "crash"
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+group_id = "g-{uuid.uuid4().hex[:8]}"
+session_timeout_ms = 2000
+heartbeat_interval_ms = 500
+max_poll_records = 2000
+
+[[sinks]]
+name = "lake"
+kind = "iceberg"
+topics = ["{topic}"]
+commit_interval_s = 0.5
+
+[[sinks]]
+name = "db"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{pg.dsn}"
+commit_interval_s = 0.5
+"""
+    )
+
+
+def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
+    broker: TansuBroker, tmp_path: Path
+) -> None:
+    total = 60_000
+    pg = PostgresServer(tmp_path / "pg").init().start()
+    topic = make_topic(broker.bootstrap, "sinkcrash")
+    data, config, log = tmp_path / "lane", tmp_path / "twg.toml", tmp_path / "gateway.log"
+    write_config(config, broker.bootstrap, topic, data, pg)
+    producer = Paced(broker.bootstrap, topic, rate=6000, total=total)
+    rng = seeded_rng("THALWEG_SINK_CRASH_SEED")
+    proc = start_gateway(config, log)
+    try:
+        for _ in range(5):
+            time.sleep(rng.uniform(1.5, 4.0))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc = start_gateway(config, log)
+        assert producer.done.wait(120)
+
+        def alive() -> None:
+            assert proc.poll() is None, f"gateway exited: {log.read_text()[-2000:]}"
+
+        wait_until(
+            lambda: count(lambda: len(pg_rows(pg, topic))) == total,
+            180,
+            "postgres",
+            check=alive,
+            interval=0.5,
+        )
+        wait_until(
+            lambda: count(lambda: iceberg(data, topic).num_rows) == total,
+            120,
+            "iceberg",
+            check=alive,
+            interval=0.5,
+        )
+        wait_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert_exactly_once(data, topic, pg, total)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        pg.stop()
