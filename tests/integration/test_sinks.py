@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -181,3 +184,151 @@ def test_a_second_recovery_pass_writes_nothing_and_the_destination_record_wins(
     assert iceberg_rows(data, topic).num_rows == n
     assert len(postgres_rows(postgres, topic)) == n
     assert ipc_rows(data).num_rows == n
+
+
+def test_an_incompatible_schema_degrades_only_that_sink(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    postgres: PostgresServer,
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    # The lake's table already exists with "n" as a string: the rows' long cannot go in.
+    home = (data / "sinks" / "lake").resolve()
+    (home / "warehouse").mkdir(parents=True)
+    cat = load_catalog(
+        "lake",
+        **{
+            "type": "sql",
+            "uri": f"sqlite:///{home / 'catalog.db'}",
+            "warehouse": (home / "warehouse").as_uri(),
+        },
+    )
+    cat.create_namespace("thalweg")
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in topic)
+    cat.create_table(f"thalweg.{name}", schema=pa.schema([("n", pa.string())]))
+    n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(500)))
+    rg = gateway_factory([topic], data_dir=data, sinks=sink_tables(data, postgres, topic))
+    rg.wait_durable(topic, {0: n})
+    wait_until(lambda: _safe(lambda: len(postgres_rows(postgres, topic))) == n, 60, "postgres")
+    wait_until(lambda: _safe(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
+    health = rg.gateway.health
+    wait_until(
+        lambda: (
+            health.state("sink:lake") is not None and health.state("sink:lake").value == "degraded"
+        ),
+        30,
+        "lake degraded",
+    )
+    assert health.state("sink:db").value == "up" and health.state("sink:files").value == "up"
+    assert lag(rg, "lake") == n  # every record still owed to the lake, held in the raw lane
+    assert rg.gateway.health.ready()
+    assert iceberg_rows(data, topic).num_rows == 0
+
+
+def test_a_recovery_role_gateway_drains_while_an_ingest_role_gateway_ingests(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(partitions=2)
+    data = tmp_path / "lane"
+    files = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.5}]
+    backfill = produce_json(
+        broker.bootstrap, topic, ({"n": i} for i in range(20_000)), partition=lambda i: i % 2
+    )
+    ingest = gateway_factory([topic], data_dir=data, gateway={"role": "ingest"}, sinks=files)
+    t0 = time.monotonic()
+    ingest.wait_durable(topic, {0: backfill // 2, 1: backfill // 2})
+    ingest_s = time.monotonic() - t0
+    assert ingest.gateway.feeders == [] and not (data / "coverage").exists()
+    recovery = gateway_factory([topic], data_dir=data, gateway={"role": "recovery"}, sinks=files)
+    assert recovery.gateway.runners == []
+    t1 = time.monotonic()
+    more = produce_json(
+        broker.bootstrap,
+        topic,
+        ({"n": backfill + i} for i in range(4000)),
+        partition=lambda i: i % 2,
+    )
+    total = backfill + more
+    wait_until(lambda: _safe(lambda: ipc_rows(data).num_rows) == total, 120, "the backfill drained")
+    drain_s = time.monotonic() - t1
+    ingest.wait_durable(topic, {0: total // 2, 1: total // 2})
+    print(
+        f"ingest role: {backfill / ingest_s:,.0f} rec/s into the lane; "
+        f"recovery role: {total / drain_s:,.0f} rec/s into arrow_ipc"
+    )
+    rows = ipc_rows(data)
+    assert sorted(rows.column("n").to_pylist()) == list(range(total))
+    # One feeder per sink: a twg recover beside the recovery-role gateway is refused.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thalweg.cli.main",
+            "--output",
+            "json",
+            "recover",
+            "--config",
+            str(_config_file(tmp_path, recovery)),
+            "--sink",
+            "files",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 2 and "already fed by pid" in out.stderr, out.stderr
+    recovery.stop()
+    ingest.stop()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thalweg.cli.main",
+            "--output",
+            "json",
+            "recover",
+            "--config",
+            str(_config_file(tmp_path, recovery)),
+            "--sink",
+            "files",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["rows"] == 0 and summary["lag_after"] == 0
+
+
+def _config_file(tmp_path: Path, rg: RunningGateway) -> Path:
+    """The gateway's data_dir, source and arrow_ipc sink as a config file (for the CLI)."""
+    src = rg.gateway.cfg.sources[0]
+    sink = rg.gateway.cfg.sinks[0]
+    path = tmp_path / "twg.toml"
+    path.write_text(
+        f"""
+[gateway]
+data_dir = "{rg.data_dir}"
+
+[[sources]]
+name = "{src.name}"
+kind = "kafka"
+bootstrap_servers = "{src.bootstrap_servers}"
+topics = {json.dumps(src.topics)}
+
+[[sinks]]
+name = "{sink.name}"
+kind = "{sink.kind}"
+topics = {json.dumps(sink.topics)}
+"""
+    )
+    return path
