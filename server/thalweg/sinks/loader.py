@@ -23,7 +23,7 @@ SINKS: dict[str, _Entry] = {
     "iceberg": _Entry("thalweg.sinks.iceberg:IcebergSink", "iceberg", built=True),
     "postgres": _Entry("thalweg.sinks.postgres:PostgresSink", "postgres", built=True),
     "arrow_ipc": _Entry("thalweg.sinks.arrow_ipc:ArrowIpcSink", None, built=True),
-    "flight": _Entry("thalweg.sinks.flight:FlightSink", None, built=False),
+    "flight": _Entry("thalweg.sinks.flight:FlightSink", None, built=True),
 }
 
 

@@ -1,0 +1,117 @@
+"""An Arrow Flight server: one ``do_put`` per topic and flush, to ``path`` with ``{topic}``.
+
+At-least-once, not exactly-once: Flight has no transaction and the receiver keeps no
+coverage this sink could read back, so a ``do_put`` that failed after the server had
+stored part (or all) of it counts as nothing here, and the feeder sends those rows again
+whole. The receiver deduplicates by ``_twg_record_id``, which every batch carries. For the
+same reason ``_open`` answers None: the coverage store is the only record.
+
+A flush counts only once ``close()`` of every topic's writer returned without error —
+gRPC reports the server's final status there, so that is the server's acknowledgement
+that it took the whole stream. The call's timeout (``timeout_s``) bounds the whole
+stream, not each batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import flight
+
+from thalweg.sinks.base import BufferedSink, Ranges, SinkUnavailableError
+
+# What a failed call or a broken connection raises: Flight's errors (their base class
+# is not an ArrowException), Arrow's, and the socket's.
+_FAILURES = (flight.FlightError, pa.ArrowException, OSError)
+
+
+class FlightSink(BufferedSink):
+    kind = "flight"
+    guarantee = "at-least-once"
+
+    def __init__(self, cfg: Any, data_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self._client: flight.FlightClient | None = None
+
+    def descriptor_path(self, topic: str) -> str:
+        return str(self.cfg.path.replace("{topic}", topic))
+
+    def _options(self) -> flight.FlightCallOptions:
+        headers: list[tuple[bytes, bytes]] = []
+        if self.cfg.token is not None:
+            token = self.cfg.token.get_secret_value()
+            headers.append((b"authorization", b"Bearer " + token.encode()))
+        return flight.FlightCallOptions(timeout=self.cfg.timeout_s, headers=headers)
+
+    def _connect(self) -> flight.FlightClient:
+        # The client connects lazily and is reused across flushes; it is dropped after
+        # any failure so the next flush starts on a fresh channel.
+        if self._client is None:
+            self._client = flight.FlightClient(self.cfg.location)
+        return self._client
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        # Spans without rows (dead letters, markers) need no call: with no coverage kept
+        # at the receiver there is nothing to record for them.
+        for topic in sorted(rows):
+            parts = rows[topic]
+            if not parts:
+                continue
+            table = pa.concat_tables(parts, promote_options="permissive")
+            try:
+                self._put(topic, table)
+            except (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError) as exc:
+                self._drop_client()
+                what = (
+                    "unauthenticated"
+                    if isinstance(exc, flight.FlightUnauthenticatedError)
+                    else "unauthorized"
+                )
+                raise SinkUnavailableError(
+                    f"flight sink {self.name!r} at {self.cfg.location}: {what} "
+                    f"(check the sink's token): {_one_line(exc)}"
+                ) from exc
+            except _FAILURES as exc:
+                self._drop_client()
+                raise SinkUnavailableError(
+                    f"flight sink {self.name!r} at {self.cfg.location}: do_put "
+                    f"{self.descriptor_path(topic)!r} failed: {_one_line(exc)}"
+                ) from exc
+
+    def _put(self, topic: str, table: pa.Table) -> None:
+        descriptor = flight.FlightDescriptor.for_path(self.descriptor_path(topic))
+        writer, acks = self._connect().do_put(descriptor, table.schema, self._options())
+        try:
+            writer.write_table(table)
+            writer.done_writing()
+            # A server may answer with application metadata; it is not needed (close()
+            # carries the status), but it is read so the server never blocks on it.
+            while acks.read() is not None:
+                pass
+        finally:
+            # Raises the server's error if the put failed: the acknowledgement is this
+            # returning cleanly.
+            writer.close()
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            # Thrown away because it already failed: an error closing it says nothing new.
+            with contextlib.suppress(*_FAILURES):
+                client.close()
+
+    def _close(self) -> None:
+        self._drop_client()
+
+
+def _one_line(exc: BaseException) -> str:
+    """A Flight error's message without the debug context gRPC appends to it (which
+    repeats the message), on one line for /health."""
+    text = " ".join(str(exc).split())
+    for tail in (". Detail:", ". gRPC client debug context:"):
+        text = text.partition(tail)[0]
+    return text or type(exc).__name__
