@@ -141,4 +141,6 @@ class PostgresServer:
 
         with pg.connect(self.dsn) as conn, conn.cursor() as cur:
             cur.execute(sql)
-            return list(cur.fetchall())
+            rows = list(cur.fetchall()) if cur.description else []
+            conn.commit()
+            return rows

@@ -105,15 +105,20 @@ class PostgresSink(BufferedSink):
         return Landed(ranges)
 
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        tables = {
+            t: _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
+            for t, parts in rows.items()
+        }
         try:
-            conn = self._connect()
-            with conn.cursor() as cur:
-                for topic, parts in rows.items():
-                    data = _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
-                    self._load(cur, topic, data)
-                for key, rs in covered.items():
-                    self._cover(cur, key, rs)
-            conn.commit()
+            try:
+                self._transaction(tables, covered, staged=False)
+            except (pg.IntegrityError, pg.ProgrammingError, pg.DataError) as exc:
+                # A row already there (the table written by someone else, or the offsets
+                # table lost) or a column that changed: again, through the staging table
+                # that deduplicates and names a schema change.
+                log.info("postgres sink %s: direct load refused (%s)", self.name, _first_line(exc))
+                self._rollback()
+                self._transaction(tables, covered, staged=True)
         except SinkError:
             self._rollback()
             raise
@@ -121,6 +126,39 @@ class PostgresSink(BufferedSink):
             self._rollback()
             self._drop()
             raise SinkUnavailableError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
+
+    def _transaction(
+        self, tables: Mapping[str, pa.Table], covered: Ranges, *, staged: bool
+    ) -> None:
+        """One transaction: every topic's rows, then the covered ranges.
+
+        Direct (``staged=False``): binary COPY straight into an existing table with the
+        same columns — the rows come only from positions the offsets table, committed
+        with them, says are missing, so they cannot be there already; the primary key
+        refuses the COPY if they are, and the staged path runs instead. Staged: into a
+        temporary table, then ``INSERT … ON CONFLICT DO NOTHING`` (new tables and new
+        columns also take this path)."""
+        conn = self._connect()
+        with conn.cursor() as cur:
+            for topic, data in tables.items():
+                if staged or not self._load_direct(cur, topic, data):
+                    self._load(cur, topic, data)
+            for key, rs in covered.items():
+                self._cover(cur, key, rs)
+        conn.commit()
+
+    def _load_direct(self, cur: Any, topic: str, data: pa.Table) -> bool:
+        name = self.table_name(topic)
+        cur.execute(
+            "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass($1) "
+            "AND a.attnum > 0 AND NOT a.attisdropped",
+            parameters=(self._qualified(name),),
+        )
+        have = {r[0] for r in cur.fetchall()}
+        if not have or not set(data.column_names) <= have:
+            return False  # a new table or new columns: the staged path creates them
+        cur.adbc_ingest(name, data, mode="append", db_schema_name=self.cfg.schema_name)
+        return True
 
     def _load(self, cur: Any, topic: str, data: pa.Table) -> None:
         stage = "_thalweg_stage"
