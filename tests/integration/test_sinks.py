@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway
 from tests.helpers import produce_json, wait_until
+from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
@@ -341,3 +343,41 @@ topics = {json.dumps(sink.topics)}
 """
     )
     return path
+
+
+def test_an_iceberg_sink_on_an_s3_warehouse(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    moto: MotoServer,
+    tmp_path: Path,
+) -> None:
+    bucket = f"lake-{uuid.uuid4().hex[:8]}"
+    s3 = moto.client()
+    s3.create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(800)))
+    catalog = {
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": f"s3://{bucket}/warehouse",
+        "properties": {"s3.endpoint": moto.endpoint, "s3.region": REGION},
+        "secret_properties": {"s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY},
+    }
+    sink = {"name": "s3lake", "kind": "iceberg", "topics": [topic], "commit_interval_s": 0.3}
+    rg = gateway_factory([topic], data_dir=data, sinks=[{**sink, "catalog": catalog}])
+    rg.wait_durable(topic, {0: n})
+    props = {"type": "sql", "uri": catalog["uri"], "warehouse": catalog["warehouse"]}
+    props |= catalog["properties"] | catalog["secret_properties"]  # type: ignore[operator]
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in topic)
+
+    def rows() -> int:
+        return (
+            load_catalog("s3lake", **props).load_table(f"thalweg.{name}").scan().to_arrow().num_rows
+        )
+
+    wait_until(lambda: _safe(rows) == n, 60, "rows in the S3 warehouse")
+    rg.stop()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]  # type: ignore[attr-defined]
+    assert any(k.endswith(".parquet") for k in keys) and any("metadata" in k for k in keys)
+    assert not (data / "sinks" / "s3lake" / "warehouse").exists()  # nothing on local disk
