@@ -107,6 +107,34 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "Bps",
         [("sum by (topic) (rate(twg_raw_bytes_written_total[5m]))", "{{topic}}")],
     ),
+    # Secondary sinks (docs/sinks.md): how far each is behind the raw lane, and its
+    # replay — a rising lag with flat rows written is a sink down; falling lag with rows
+    # written well above the ingest rate is recovery draining a gap.
+    (
+        "Sink lag (positions behind the raw lane)",
+        "short",
+        [("max by (sink) (twg_sink_lag_records)", "{{sink}}")],
+    ),
+    (
+        "Sink rows written /s (live and replay)",
+        "ops",
+        [("sum by (sink) (rate(twg_sink_rows_written_total[1m]))", "{{sink}}")],
+    ),
+    (
+        "Sink errors /s by reason",
+        "ops",
+        [("sum by (sink, reason) (rate(twg_sink_errors_total[5m]))", "{{sink}} {{reason}}")],
+    ),
+    (
+        "Sink flush p99",
+        "s",
+        [
+            (
+                "histogram_quantile(0.99, sum by (sink, le) (rate(twg_sink_flush_seconds_bucket[5m])))",
+                "{{sink}}",
+            )
+        ],
+    ),
 ]
 
 
