@@ -130,7 +130,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "s",
         [
             (
-                "histogram_quantile(0.99, sum by (sink, le) (rate(twg_sink_flush_seconds_bucket[5m])))",
+                "histogram_quantile(0.99, "
+                "sum by (sink, le) (rate(twg_sink_flush_seconds_bucket[5m])))",
                 "{{sink}}",
             )
         ],
