@@ -33,6 +33,11 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     ValidationError,
 )
+from pyiceberg.io.pyarrow import (  # the two steps of Table.append, taken apart
+    _check_pyarrow_schema_compatible,
+    _dataframe_to_data_files,
+)
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
     BucketTransform,
@@ -150,13 +155,17 @@ class IcebergSink(BufferedSink):
                 ) from exc
 
     def _append(self, topic: str, data: pa.Table | None, covered: Ranges) -> None:
+        """Write the data files once, then commit them with the coverage, retrying the
+        commit (not the write) when another writer committed first."""
         table = self._table(topic)
         if table is None:
             if data is None:
                 return  # nothing to create a table from; the spans had no rows
             table = self._create(topic, data.schema)
+        files: list[DataFile] = []
         if data is not None:
             self._evolve(table, data.schema)
+            files = self._write_files(table, data)
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
             # writer's commit must not be overwritten by a stale summary.
@@ -165,13 +174,37 @@ class IcebergSink(BufferedSink):
                 merged[key] = merge_ranges([*merged.get(key, []), *rs])
             props = {COVERAGE_PROPERTY: encode_coverage(merged), "thalweg.sink": self.name}
             try:
-                rows = data if data is not None else table.schema().as_arrow().empty_table()
-                table.append(rows, snapshot_properties=props)
+                with (
+                    table.transaction() as tx,
+                    tx.update_snapshot(snapshot_properties=props).fast_append() as append,
+                ):
+                    for f in files:
+                        append.append_data_file(f)
                 return
             except CommitFailedException:
                 if attempt == _COMMIT_TRIES - 1:
                     raise
+                spec, schema = table.spec().spec_id, table.schema().schema_id
                 table = self._connect().load_table(self.identifier(topic))
+                if data is not None and (
+                    table.spec().spec_id != spec or table.schema().schema_id != schema
+                ):
+                    # The files were laid out for another spec or schema: write again.
+                    self._evolve(table, data.schema)
+                    files = self._write_files(table, data)
+
+    def _write_files(self, table: Table, data: pa.Table) -> list[DataFile]:
+        try:
+            _check_pyarrow_schema_compatible(
+                table.schema(),
+                provided_schema=data.schema,
+                format_version=table.metadata.format_version,
+            )
+        except ValueError as exc:
+            raise SinkSchemaError(
+                f"iceberg table {table.name()}: rows do not fit the table: {exc}"
+            ) from exc
+        return list(_dataframe_to_data_files(table.metadata, data, table.io))
 
     def _create(self, topic: str, schema: pa.Schema) -> Table:
         table = self._connect().create_table(self.identifier(topic), schema=schema)
