@@ -12,7 +12,7 @@ import pytest
 
 from thalweg.config.sinks import IcebergSinkConfig
 from thalweg.sinks.base import SinkSchemaError, SinkState, Span
-from thalweg.sinks.iceberg import COVERAGE_PROPERTY, IcebergSink
+from thalweg.sinks.iceberg import COVERAGE_PREFIX, IcebergSink
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,9 @@ def test_coverage_is_committed_with_the_rows_and_trusted_on_open(tmp_path: Path)
     assert data.schema.field("qty").type == pa.int32()
     assert [f.transform.__class__.__name__ for f in table.spec().fields] == ["DayTransform"]
     summary = table.current_snapshot().summary  # type: ignore[union-attr]
-    assert summary is not None and COVERAGE_PROPERTY in summary.additional_properties
+    key = COVERAGE_PREFIX + "lake"
+    assert summary is not None and key in summary.additional_properties
+    assert table.properties[key] == summary.additional_properties[key]
     landed = asyncio.run(make(tmp_path).open())
     assert landed is not None
     assert landed.ranges == {("orders", 0, 0): [(0, 10)], ("orders", 1, 0): [(30, 31)]}

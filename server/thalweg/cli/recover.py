@@ -17,7 +17,7 @@ import click
 
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
 from thalweg.config import load_config
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, ThalwegError
 from thalweg.lane.layout import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
@@ -49,8 +49,9 @@ def recover(
     """Replay the raw lane's records that sink NAME is missing, once, and exit.
 
     \b
-    Exit codes: 0 the sink holds the window; 1 the sink failed (the summary says why;
-    what landed before the failure stays landed); 2 bad configuration or usage.
+    Exit codes: 0 the sink holds the window; 1 the sink failed, or part of the window
+    waits for a decoded segment (the summary says which; what landed stays landed);
+    2 bad configuration, usage, or an unreadable coverage store.
     """
     try:
         cfg = load_config(config_path)
@@ -60,7 +61,7 @@ def recover(
         layout = LaneLayout(cfg.gateway.data_dir)
         columns = MetadataColumns(cfg.gateway.metadata_prefix)
         [feeder] = build_feeders(cfg, layout, columns, only=sink_name)
-    except ConfigError as exc:
+    except ThalwegError as exc:  # the configuration, or an unreadable coverage store
         fail(ctx, str(exc), EXIT_CONFIG)
 
     async def one_pass() -> PassSummary:
@@ -80,5 +81,7 @@ def recover(
         f"({s.flushes} flushes); lag {s.lag_before} -> {s.lag_after} positions"
     )
     if s.waiting:
-        text += f"\nwaiting: {s.waiting}"
-    emit(ctx, text, {"ok": True, "sink": sink_name, **s.as_dict()})
+        text += f"\nincomplete, waiting: {s.waiting}"
+    emit(ctx, text, {"ok": not s.waiting, "sink": sink_name, **s.as_dict()})
+    if s.waiting:
+        ctx.exit(EXIT_FAILURE)

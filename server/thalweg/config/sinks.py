@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 # day(col), hour(col), month(col), year(col), identity(col), bucket(N, col), truncate(N, col)
@@ -36,6 +36,24 @@ class _SinkBase(_Model):
     max_buffered_rows: int = Field(
         500_000, gt=0, description="Flush earlier once this many rows wait in memory."
     )
+    metadata: list[str] = Field(
+        default_factory=lambda: ["source_timestamp", "source_key", "ingest_ts"],
+        description="Raw-lane metadata columns (without the prefix) added to decoded rows, "
+        "which carry only the locator columns themselves.",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _known_metadata(cls, value: list[str]) -> list[str]:
+        from thalweg.records.columns import SOURCE_COLUMNS, STAMPED_COLUMNS
+
+        known = {f"source_{n}" for n, _ in SOURCE_COLUMNS} | {n for n, _ in STAMPED_COLUMNS}
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            raise ValueError(
+                f"metadata: unknown column(s) {unknown}; known: {', '.join(sorted(known))}"
+            )
+        return value
 
 
 class IcebergCatalogConfig(_Model):
@@ -68,6 +86,15 @@ class IcebergSinkConfig(_SinkBase):
         description='Partition transforms, e.g. ["day(_twg_source_timestamp)"].',
     )
 
+    @model_validator(mode="after")
+    def _one_table_per_topic(self) -> IcebergSinkConfig:
+        if len(self.topics) > 1 and "{topic}" not in self.table:
+            raise ValueError(
+                f"sinks.{self.name}: table {self.table!r} has no {{topic}} but the sink "
+                "receives several topics; one Iceberg table per topic"
+            )
+        return self
+
     @field_validator("partition_by")
     @classmethod
     def _transforms(cls, value: list[str]) -> list[str]:
@@ -99,7 +126,11 @@ class ArrowIpcSinkConfig(_SinkBase):
 class FlightSinkConfig(_SinkBase):
     kind: Literal["flight"]
     location: str = Field(description="grpc://host:port or grpc+tls://host:port")
-    path: str = Field("{topic}", description="Descriptor path of do_put; {topic} is replaced.")
+    path: str = Field(
+        "{topic}",
+        description='Descriptor path of do_put, parts split on "/"; {topic} is replaced '
+        '(another Thalweg gateway: "topics/{topic}").',
+    )
     token: SecretStr | None = Field(None, description="Bearer token sent with every call.")
     timeout_s: float = Field(30.0, gt=0)
 

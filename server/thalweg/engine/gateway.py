@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 
 import pyarrow as pa
 
@@ -195,7 +196,7 @@ class Gateway:
     def _probe_lane(self) -> None:
         """The raw lane is ready once its root is writable (a lane written before and
         now read-only is found here, at start); writes keep it honest after."""
-        probe = self.layout.root / "raw" / ".probe"
+        probe = self.layout.root / "raw" / f".probe-{os.getpid()}"  # several roles, one dir
         try:
             probe.write_bytes(b"")
             probe.unlink()

@@ -24,7 +24,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -110,6 +112,7 @@ class SinkFeeder:
         self._buffered = 0
         self._last_flush = time.monotonic()
         self._opened = False
+        self._last: tuple[Path, pa.Table] | None = None
         if health is not None:
             health.register(self.component, "sink", gates_readiness=False)
 
@@ -210,15 +213,21 @@ class SinkFeeder:
         if final and self._pending:
             await self.flush()
             summary.flushes += 1
-        summary.lag_after = await asyncio.to_thread(self.lag)
+        self._last = None
+        summary.lag_after = await asyncio.to_thread(self.lag, topic, start, end)
         summary.seconds = time.monotonic() - began
         return summary
 
-    def lag(self) -> int:
-        """Positions the lane covers and the sink has not landed durably."""
+    def lag(
+        self, topic: str | None = None, start: int | None = None, end: int | None = None
+    ) -> int:
+        """Positions the lane covers and the sink has not landed durably (in the given
+        topic and window; the metric and /health take the whole sink's)."""
         total = 0
-        for key, lane in self._lane_ranges(None, None, None):
+        for key, lane in self._lane_ranges(topic, start, end):
             total += sum(b - a for a, b in self.store.gaps(key, lane))
+        if topic is not None or start is not None or end is not None:
+            return total
         if self.metrics is not None:
             self.metrics.sink_lag.labels(self.sink.name).set(total)
         if self.health is not None:
@@ -259,7 +268,13 @@ class SinkFeeder:
         self, key: CoverageKey, start: int, limit: int
     ) -> tuple[list[tuple[pa.Table, Span]], int, str]:
         """Rows of ``[start, limit)`` segment by segment, each with the span it accounts
-        for; the position reached; why it stopped short, if it did."""
+        for; the position reached; why it stopped short, if it did.
+
+        ``[start, limit)`` lies inside the lane's coverage, so positions before the next
+        segment (or up to ``limit`` when none starts before it) are skipped offsets the
+        lane accounts for — compacted records, transaction markers — and are covered by
+        an empty span rather than waited for.
+        """
         topic, partition, epoch = key
         items: list[tuple[pa.Table, Span]] = []
         pos = start
@@ -277,18 +292,52 @@ class SinkFeeder:
             pos = span_end
             if pos >= limit:
                 break
+        else:
+            return items, pos, ""  # no segment reaches limit (the lane changed meanwhile)
+        if pos < limit:
+            items.append((pa.table({}), Span(topic, partition, epoch, pos, limit)))
+            pos = limit
         return items, pos, ""
 
     def _rows(self, topic: str, partition: int, seg: Segment) -> pa.Table | None:
+        """A segment's rows for the sink: the raw segment, or its decoded twin with the
+        raw lane's metadata columns the decoded lane does not keep (``metadata``),
+        matched by position. The last segment read is kept: a window boundary inside a
+        segment would otherwise read it twice."""
+        if self._last is not None and self._last[0] == seg.path:
+            return self._last[1]
         if self.sink.cfg.raw:
-            return pq.read_table(seg.path).replace_schema_metadata(None)
-        twin = self.layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
-        if not twin.exists():
-            decoder = self._decoder_for(topic) if self._decoder_for is not None else None
-            if decoder is None or self._writer is None:
-                return None
-            redecode(self._writer, decoder, self.columns, topic, partition, [seg])
-        return pq.read_table(twin).replace_schema_metadata(None)
+            table = pq.read_table(seg.path).replace_schema_metadata(None)
+        else:
+            twin = self.layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
+            if not twin.exists():
+                decoder = self._decoder_for(topic) if self._decoder_for is not None else None
+                if decoder is None or self._writer is None:
+                    return None
+                redecode(self._writer, decoder, self.columns, topic, partition, [seg])
+            table = self._with_metadata(pq.read_table(twin).replace_schema_metadata(None), seg)
+        self._last = (seg.path, table)
+        return table
+
+    def _with_metadata(self, decoded: pa.Table, seg: Segment) -> pa.Table:
+        wanted = [
+            self.columns.prefix + name
+            for name in self.sink.cfg.metadata
+            if self.columns.prefix + name not in decoded.column_names
+        ]
+        if not wanted:
+            return decoded
+        pos = self.columns.position
+        present = set(pq.read_schema(seg.path).names)
+        raw = pq.read_table(seg.path, columns=[pos, *(c for c in wanted if c in present)])
+        # Decoded positions are a subset of the raw ones (dead letters are not decoded),
+        # both ascending: one searchsorted finds every row's raw twin.
+        index = np.searchsorted(raw.column(pos).to_numpy(), decoded.column(pos).to_numpy())
+        take = pa.array(index, pa.int64())
+        for name in wanted:
+            if name in present:
+                decoded = decoded.append_column(name, raw.column(name).take(take))
+        return decoded
 
     # -- flushing ----------------------------------------------------------------------
 

@@ -203,10 +203,12 @@ class BufferedSink(Sink):
         """Drop anything buffered (a re-open follows a failure) and connect."""
         self._rows, self._spans, self.buffered_rows = {}, [], 0
         try:
-            return await asyncio.to_thread(self._open)
+            found = await asyncio.to_thread(self._open)
         except SinkError as exc:
             self._health = SinkHealth(SinkState.DOWN, str(exc))
             raise
+        self._health = SinkHealth(SinkState.UP, "connected")
+        return found
 
     async def write(self, rows: pa.Table, span: Span) -> None:
         if rows.num_rows:
@@ -222,7 +224,12 @@ class BufferedSink(Sink):
         landed = Landed.of(spans)
         started = time.monotonic()
         try:
-            await asyncio.to_thread(self._commit, rows, landed.ranges)
+            try:
+                await asyncio.to_thread(self._commit, rows, landed.ranges)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                # Values the destination's types cannot hold (a uint64 past 2**63-1, a
+                # type with no mapping): retrying will not help; a person must look.
+                raise SinkSchemaError(f"sink {self.name!r}: rows do not convert: {exc}") from exc
         except SinkSchemaError as exc:
             self._health = SinkHealth(SinkState.DEGRADED, str(exc))
             raise

@@ -40,6 +40,11 @@ class FlightSink(BufferedSink):
     def descriptor_path(self, topic: str) -> str:
         return str(self.cfg.path.replace("{topic}", topic))
 
+    def descriptor(self, topic: str) -> flight.FlightDescriptor:
+        """``path`` split on "/" into descriptor parts: "topics/{topic}" is another
+        gateway's ``["topics", <topic>]``."""
+        return flight.FlightDescriptor.for_path(*self.descriptor_path(topic).split("/"))
+
     def _options(self) -> flight.FlightCallOptions:
         headers: list[tuple[bytes, bytes]] = []
         if self.cfg.token is not None:
@@ -83,7 +88,7 @@ class FlightSink(BufferedSink):
                 ) from exc
 
     def _put(self, topic: str, table: pa.Table) -> None:
-        descriptor = flight.FlightDescriptor.for_path(self.descriptor_path(topic))
+        descriptor = self.descriptor(topic)
         writer, acks = self._connect().do_put(descriptor, table.schema, self._options())
         try:
             writer.write_table(table)

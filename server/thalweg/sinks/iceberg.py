@@ -1,11 +1,13 @@
 """Iceberg tables through pyiceberg: one table per topic, exactly-once across crashes.
 
-Every flush is one append per table, and the append's snapshot summary carries the
-table's whole coverage (``thalweg.coverage``: per partition and epoch, the ranges of
-positions the table holds). Data and coverage are therefore one atomic commit, and on
-open the sink answers with the coverage of each table's newest snapshot that has it —
-trusted over the coverage store, so a crash between the Iceberg commit and the store's
-write replays nothing (ADR 0021).
+Every flush is one commit per table that appends the data files and records the sink's
+whole coverage of the table (``thalweg.coverage.<sink>``: per topic, partition and epoch,
+the ranges of positions it holds) twice in the same commit: in the snapshot summary,
+and as a table property, which survives snapshot expiry. Data and coverage are one
+atomic commit, and on open the sink answers with the table's record — trusted over the
+coverage store, so a crash between the Iceberg commit and the store's write replays
+nothing (ADR 0022). The key names the sink, so two sinks writing one table, or another
+writer's commits, never stand in for this sink's coverage.
 
 Schema: the table is created from the first rows (decoded columns and the ``_twg_``
 columns); later rows may add columns or widen types (int → long, float → double), which
@@ -61,7 +63,7 @@ from thalweg.sinks.base import (
 
 log = logging.getLogger(__name__)
 
-COVERAGE_PROPERTY = "thalweg.coverage"
+COVERAGE_PREFIX = "thalweg.coverage."
 _COMMIT_TRIES = 5
 _UNSIGNED = {
     pa.uint8(): pa.int16(),
@@ -94,7 +96,10 @@ class IcebergSink(BufferedSink):
             props["uri"] = c.uri
         if c.token is not None:
             props["token"] = c.token.get_secret_value()
-        props["warehouse"] = c.warehouse or (home / "warehouse").as_uri()
+        if c.warehouse:
+            props["warehouse"] = c.warehouse
+        elif c.type == "sql":
+            props["warehouse"] = (home / "warehouse").as_uri()
         return props
 
     def _connect(self) -> Catalog:
@@ -128,7 +133,8 @@ class IcebergSink(BufferedSink):
             for topic in self.cfg.topics:
                 table = self._table(topic)
                 if table is not None:
-                    ranges.update(table_coverage(table, topic))
+                    found = table_coverage(table, self.name)
+                    ranges.update({k: v for k, v in found.items() if k[0] == topic})
         except Exception as exc:  # the catalog or the warehouse is not reachable
             self._catalog = None
             raise SinkUnavailableError(f"iceberg catalog of sink {self.name!r}: {exc}") from exc
@@ -169,17 +175,17 @@ class IcebergSink(BufferedSink):
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
             # writer's commit must not be overwritten by a stale summary.
-            merged = table_coverage(table, topic)
+            merged = table_coverage(table, self.name)
             for key, rs in covered.items():
                 merged[key] = merge_ranges([*merged.get(key, []), *rs])
-            props = {COVERAGE_PROPERTY: encode_coverage(merged), "thalweg.sink": self.name}
+            record = {COVERAGE_PREFIX + self.name: encode_coverage(merged)}
             try:
-                with (
-                    table.transaction() as tx,
-                    tx.update_snapshot(snapshot_properties=props).fast_append() as append,
-                ):
-                    for f in files:
-                        append.append_data_file(f)
+                with table.transaction() as tx:
+                    tx.set_properties(record)
+                    update = tx.update_snapshot(snapshot_properties=record)
+                    with update.fast_append() as append:
+                        for f in files:
+                            append.append_data_file(f)
                 return
             except CommitFailedException:
                 if attempt == _COMMIT_TRIES - 1:
@@ -207,14 +213,24 @@ class IcebergSink(BufferedSink):
         return list(_dataframe_to_data_files(table.metadata, data, table.io))
 
     def _create(self, topic: str, schema: pa.Schema) -> Table:
-        table = self._connect().create_table(self.identifier(topic), schema=schema)
-        if self.cfg.partition_by:
-            with table.update_spec() as spec:
+        """The table and its partition spec in one commit: a spec that cannot be made
+        leaves no unpartitioned table behind to be appended to."""
+        tx = self._connect().create_table_transaction(self.identifier(topic), schema=schema)
+        try:
+            if self.cfg.partition_by:
+                spec = tx.update_spec()
                 for text in self.cfg.partition_by:
                     transform, column = parse_transform(text)
                     spec.add_field(column, transform, f"{column}_{text.split('(')[0]}")
+                spec.commit()
+        except (ValueError, ValidationError) as exc:
+            raise SinkSchemaError(
+                f"iceberg table {self.identifier(topic)}: partition_by {self.cfg.partition_by} "
+                f"does not fit the rows ({exc}); columns: {', '.join(schema.names)}"
+            ) from exc
+        tx.commit_transaction()
         log.info("iceberg sink %s created %s", self.name, self.identifier(topic))
-        return table
+        return self._connect().load_table(self.identifier(topic))
 
     def _evolve(self, table: Table, schema: pa.Schema) -> None:
         """Add new columns and widen types; refuse any other change."""
@@ -234,30 +250,33 @@ class IcebergSink(BufferedSink):
         self._catalog = None
 
 
-def table_coverage(table: Table, topic: str) -> Ranges:
-    """The coverage recorded by the newest snapshot that carries one."""
+def table_coverage(table: Table, sink: str) -> Ranges:
+    """``sink``'s coverage of ``table``: its table property, or (a table written before
+    the property, or whose properties were reset) the newest snapshot summary with it."""
+    key = COVERAGE_PREFIX + sink
+    text = table.properties.get(key)
     snapshot = table.current_snapshot()
-    while snapshot is not None:
-        text = snapshot.summary.get(COVERAGE_PROPERTY) if snapshot.summary else None
-        if text is not None:
-            return decode_coverage(text, topic)
+    while text is None and snapshot is not None:
+        text = snapshot.summary.get(key) if snapshot.summary else None
         if snapshot.parent_snapshot_id is None:
             break
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return {}
+    return decode_coverage(text) if text is not None else {}
 
 
 def encode_coverage(ranges: Ranges) -> str:
-    return json.dumps(
-        {f"{p}:{e}": rs for (_t, p, e), rs in sorted(ranges.items())}, separators=(",", ":")
-    )
+    body: dict[str, dict[str, list[tuple[int, int]]]] = {}
+    for (t, p, e), rs in sorted(ranges.items()):
+        body.setdefault(t, {})[f"{p}:{e}"] = rs
+    return json.dumps(body, separators=(",", ":"))
 
 
-def decode_coverage(text: str, topic: str) -> Ranges:
+def decode_coverage(text: str) -> Ranges:
     out: Ranges = {}
-    for key, rs in json.loads(text).items():
-        p, _, e = key.partition(":")
-        out[(topic, int(p), int(e))] = [(int(a), int(b)) for a, b in rs]
+    for topic, parts in json.loads(text).items():
+        for key, rs in parts.items():
+            p, _, e = key.partition(":")
+            out[(topic, int(p), int(e))] = [(int(a), int(b)) for a, b in rs]
     return out
 
 

@@ -5,7 +5,7 @@ temporary staging table, moves them with ``INSERT … ON CONFLICT (_twg_record_i
 NOTHING``, and writes the covered positions into ``_thalweg_coverage`` — all in one
 transaction. So a record is in the table once however often it is replayed, and the
 coverage table (trusted over the coverage store on open) never claims a row the
-transaction did not commit: exactly-once (ADR 0022).
+transaction did not commit: exactly-once (ADR 0023).
 
 Types: the staging table is created by ADBC from the Arrow schema (its type map, in
 docs/sinks.md), and the target table ``LIKE`` it, with the record id as primary key.
@@ -54,6 +54,9 @@ class PostgresSink(BufferedSink):
         super().__init__(cfg, data_dir)
         self._conn: Any = None
         self._record_id = "_twg_record_id"
+        # Per table, the schema of rows a staged load took (this transaction / committed).
+        self._staged: dict[str, pa.Schema] = {}
+        self._direct: dict[str, pa.Schema] = {}
 
     def table_name(self, topic: str) -> str:
         return re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))
@@ -67,6 +70,7 @@ class PostgresSink(BufferedSink):
         return self._conn
 
     def _drop(self) -> None:
+        self._direct = {}  # a new connection checks each table again
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -132,13 +136,14 @@ class PostgresSink(BufferedSink):
     ) -> None:
         """One transaction: every topic's rows, then the covered ranges.
 
-        Direct (``staged=False``): binary COPY straight into an existing table with the
-        same columns — the rows come only from positions the offsets table, committed
-        with them, says are missing, so they cannot be there already; the primary key
-        refuses the COPY if they are, and the staged path runs instead. Staged: into a
-        temporary table, then ``INSERT … ON CONFLICT DO NOTHING`` (new tables and new
-        columns also take this path)."""
+        Direct (``staged=False``): binary COPY straight into a table that a staged load
+        of the same schema prepared — the rows come only from positions the offsets
+        table, committed with them, says are missing, so they cannot be there already;
+        the primary key refuses the COPY if they are, and the staged path runs instead.
+        Staged: into a temporary table, then ``INSERT … ON CONFLICT DO NOTHING`` (new
+        tables, new columns and changed types are checked and applied on this path)."""
         conn = self._connect()
+        self._staged = {}
         with conn.cursor() as cur:
             for topic, data in tables.items():
                 if staged or not self._load_direct(cur, topic, data):
@@ -146,17 +151,15 @@ class PostgresSink(BufferedSink):
             for key, rs in covered.items():
                 self._cover(cur, key, rs)
         conn.commit()
+        self._direct.update(self._staged)
 
     def _load_direct(self, cur: Any, topic: str, data: pa.Table) -> bool:
+        """COPY straight into the table when a staged load of rows with exactly this
+        schema has succeeded on it (so the table has the columns, types and key the
+        rows need); False to take the staged path."""
         name = self.table_name(topic)
-        cur.execute(
-            "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass($1) "
-            "AND a.attnum > 0 AND NOT a.attisdropped",
-            parameters=(self._qualified(name),),
-        )
-        have = {r[0] for r in cur.fetchall()}
-        if not have or not set(data.column_names) <= have:
-            return False  # a new table or new columns: the staged path creates them
+        if self._direct.get(name) != data.schema:
+            return False
         cur.adbc_ingest(name, data, mode="append", db_schema_name=self.cfg.schema_name)
         return True
 
@@ -174,14 +177,24 @@ class PostgresSink(BufferedSink):
             f"ON CONFLICT ({quote_ident(self._record_id)}) DO NOTHING"
         )
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
+        self._staged[self.table_name(topic)] = data.schema
 
     def _ensure_key(self, cur: Any, target: str) -> None:
+        """The record id is the table's primary key (made so on a new table); a table
+        keyed otherwise cannot deduplicate a replay and is refused as a schema error."""
         cur.execute(
-            "SELECT 1 FROM pg_index WHERE indrelid = $1::regclass AND indisprimary",
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary",
             parameters=(target,),
         )
-        if cur.fetchone() is None:
+        key = [r[0] for r in cur.fetchall()]
+        if not key:
             cur.execute(f"ALTER TABLE {target} ADD PRIMARY KEY ({quote_ident(self._record_id)})")
+        elif key != [self._record_id]:
+            raise SinkSchemaError(
+                f"postgres table {target}: its primary key is {key}, not "
+                f"[{self._record_id!r}]; a replay could not be deduplicated"
+            )
 
     def _evolve(self, cur: Any, topic: str, stage: str) -> None:
         """Add the staging table's new columns to the target; refuse changed types."""
@@ -197,10 +210,14 @@ class PostgresSink(BufferedSink):
         for name, kind in staged.items():
             if name not in have:
                 cur.execute(f"ALTER TABLE {target} ADD COLUMN {quote_ident(name)} {kind}")
-            elif have[name] != kind:
+            elif have[name] == kind or _fits(kind, have[name]):
+                continue
+            elif _fits(have[name], kind):
+                cur.execute(f"ALTER TABLE {target} ALTER COLUMN {quote_ident(name)} TYPE {kind}")
+            else:
                 raise SinkSchemaError(
                     f"postgres table {target}: column {name!r} is {have[name]}, the rows "
-                    f"have {kind}; only added columns are applied"
+                    f"have {kind}; only added columns and widened types are applied"
                 )
 
     def _cover(self, cur: Any, key: tuple[str, int, int], ranges: list[tuple[int, int]]) -> None:
@@ -230,6 +247,18 @@ class PostgresSink(BufferedSink):
 
     def _close(self) -> None:
         self._drop()
+
+
+# Widening ladders: a type fits every type to its right.
+_LADDERS = (("smallint", "integer", "bigint", "numeric"), ("real", "double precision"))
+
+
+def _fits(narrow: str, wide: str) -> bool:
+    """True when values of Postgres type ``narrow`` go into ``wide`` without loss."""
+    return any(
+        narrow in ladder and wide in ladder and ladder.index(narrow) < ladder.index(wide)
+        for ladder in _LADDERS
+    )
 
 
 def _first_line(exc: BaseException) -> str:

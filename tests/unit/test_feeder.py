@@ -1,0 +1,78 @@
+"""The feeder over a lane written here: skipped offsets wider than a replay window are
+covered (not waited on forever), decoded rows get the raw lane's metadata columns by
+position (a dead-lettered record in between), and a second pass writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.config import parse_config
+from thalweg.lane.layout import META_COVERS_FROM, Lane, LaneLayout, segment_name
+from thalweg.records.columns import MetadataColumns
+from thalweg.recovery.build import build_feeders
+
+TS = pa.timestamp("ms", tz="UTC")
+
+
+def write_segment(
+    layout: LaneLayout, positions: list[int], decoded: list[int], covers_from: int
+) -> None:
+    name = segment_name(positions[0], positions[-1])
+    raw = pa.table(
+        {
+            "_twg_position": pa.array(positions, pa.int64()),
+            "_twg_source_timestamp": pa.array([1_000 * p for p in positions], TS),
+            "_twg_source_key": pa.array([f"k{p}".encode() for p in positions]),
+        }
+    ).replace_schema_metadata({META_COVERS_FROM: str(covers_from).encode()})
+    dec = pa.table(
+        {"n": pa.array(decoded, pa.int64()), "_twg_position": pa.array(decoded, pa.int64())}
+    )
+    for lane, table in ((Lane.RAW, raw), (Lane.DECODED, dec)):
+        d = layout.partition_dir(lane, "t", 0)
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, d / name)
+
+
+def test_a_gap_wider_than_the_window_is_covered_and_metadata_is_matched(tmp_path: Path) -> None:
+    layout = LaneLayout(tmp_path)
+    # Positions 0..9 (record 4 dead-lettered: no decoded row), then 10..999 skipped
+    # (compacted away: the next segment covers from 10), then 1000..1004.
+    write_segment(layout, list(range(10)), [0, 1, 2, 3, 5, 6, 7, 8, 9], covers_from=0)
+    write_segment(layout, list(range(1000, 1005)), list(range(1000, 1005)), covers_from=10)
+    cfg = parse_config(
+        {
+            "gateway": {"data_dir": str(tmp_path)},
+            "sources": [
+                {"name": "s", "kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topics": ["t"]}
+            ],
+            "sinks": [{"name": "files", "kind": "arrow_ipc", "topics": ["t"]}],
+            "recovery": {"window_records": 100},
+        }
+    )
+
+    async def one_pass() -> tuple[int, int, int]:
+        [f] = build_feeders(cfg, layout, MetadataColumns("_twg_"))
+        try:
+            await f.open()
+            s = await f.pass_once(final=True)
+            return s.rows, s.positions, s.lag_after
+        finally:
+            await f._shutdown()
+
+    assert asyncio.run(one_pass()) == (14, 1005, 0)
+    assert asyncio.run(one_pass()) == (0, 0, 0)
+    files = sorted((tmp_path / "sinks" / "files").rglob("*.arrow"))
+    table = pa.concat_tables(
+        [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in files],
+        promote_options="permissive",
+    ).sort_by("_twg_position")
+    positions = table.column("_twg_position").to_pylist()
+    assert positions == [0, 1, 2, 3, 5, 6, 7, 8, 9, 1000, 1001, 1002, 1003, 1004]
+    assert table.column("_twg_source_key").to_pylist() == [f"k{p}".encode() for p in positions]
+    stamps = table.column("_twg_source_timestamp").cast(pa.int64()).to_pylist()
+    assert stamps == [1_000 * p for p in positions]
