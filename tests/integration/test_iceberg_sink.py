@@ -92,3 +92,23 @@ def test_columns_are_added_and_types_widened_not_changed(tmp_path: Path) -> None
     assert sink.health().state is SinkState.DEGRADED
     fresh = sink._table("orders")
     assert fresh is not None and fresh.scan().to_arrow().num_rows == 2  # nothing committed
+
+
+def test_a_table_rolled_back_claims_only_what_its_snapshot_holds(tmp_path: Path) -> None:
+    sink = make(tmp_path)
+
+    async def go(positions: list[int]) -> None:
+        await sink.write(rows(*positions), Span("orders", 0, 0, positions[0], positions[-1] + 1))
+        await sink.flush()
+
+    asyncio.run(sink.open())
+    asyncio.run(go([0, 1]))
+    table = sink._table("orders")
+    assert table is not None and table.current_snapshot() is not None
+    first = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    asyncio.run(go([2, 3]))
+    table = sink._table("orders")
+    assert table is not None
+    table.manage_snapshots().set_current_snapshot(snapshot_id=first).commit()
+    landed = asyncio.run(make(tmp_path).open())
+    assert landed is not None and landed.ranges == {("orders", 0, 0): [(0, 2)]}

@@ -80,3 +80,15 @@ def test_a_table_keyed_otherwise_is_refused_as_a_schema_error(
         put(s, rows([0]), 0, 1)
     assert s.health().state is SinkState.DEGRADED
     assert postgres.query(f'SELECT count(*) FROM "{schema}".orders') == [(0,)]
+
+
+def test_a_value_postgres_cannot_hold_degrades_the_sink_not_downs_it(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    schema = f"d_{uuid.uuid4().hex[:8]}"
+    s = sink(postgres, tmp_path, schema)
+    asyncio.run(s.open())
+    bad = rows([0]).append_column("note", pa.array(["nul \x00 inside"]))
+    with pytest.raises(SinkSchemaError):
+        put(s, bad, 0, 1)
+    assert s.health().state is SinkState.DEGRADED

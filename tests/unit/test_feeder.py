@@ -29,8 +29,16 @@ def write_segment(
             "_twg_source_key": pa.array([f"k{p}".encode() for p in positions]),
         }
     ).replace_schema_metadata({META_COVERS_FROM: str(covers_from).encode()})
+    # As the decoded lane is: a row per record, a failed one with a null payload and
+    # its error set (it is in the dead-letter lane).
     dec = pa.table(
-        {"n": pa.array(decoded, pa.int64()), "_twg_position": pa.array(decoded, pa.int64())}
+        {
+            "n": pa.array([p if p in decoded else None for p in positions], pa.int64()),
+            "_twg_position": pa.array(positions, pa.int64()),
+            "_twg_decode_error": pa.array(
+                [None if p in decoded else "syntax: not JSON" for p in positions], pa.string()
+            ),
+        }
     )
     for lane, table in ((Lane.RAW, raw), (Lane.DECODED, dec)):
         d = layout.partition_dir(lane, "t", 0)
@@ -74,5 +82,7 @@ def test_a_gap_wider_than_the_window_is_covered_and_metadata_is_matched(tmp_path
     positions = table.column("_twg_position").to_pylist()
     assert positions == [0, 1, 2, 3, 5, 6, 7, 8, 9, 1000, 1001, 1002, 1003, 1004]
     assert table.column("_twg_source_key").to_pylist() == [f"k{p}".encode() for p in positions]
+    assert table.column("n").to_pylist() == positions
+    assert "_twg_decode_error" not in table.column_names
     stamps = table.column("_twg_source_timestamp").cast(pa.int64()).to_pylist()
     assert stamps == [1_000 * p for p in positions]

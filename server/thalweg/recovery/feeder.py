@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.codecs.base import ArrowDecoder
@@ -194,7 +195,9 @@ class SinkFeeder:
                         return summary
                     t0 = time.monotonic()
                     limit = min(b, pos + self.cfg.window_records)
-                    items, reached, waiting = await asyncio.to_thread(self._window, key, pos, limit)
+                    items, reached, waiting = await asyncio.to_thread(
+                        self._window, key, pos, limit, b
+                    )
                     for rows, span in items:
                         await self.sink.write(rows, span)
                         self._pending.setdefault(key, Coverage()).add(span.start, span.end)
@@ -265,23 +268,26 @@ class SinkFeeder:
         return out
 
     def _window(
-        self, key: CoverageKey, start: int, limit: int
+        self, key: CoverageKey, start: int, limit: int, gap_end: int
     ) -> tuple[list[tuple[pa.Table, Span]], int, str]:
         """Rows of ``[start, limit)`` segment by segment, each with the span it accounts
         for; the position reached; why it stopped short, if it did.
 
         ``[start, limit)`` lies inside the lane's coverage, so positions before the next
         segment (or up to ``limit`` when none starts before it) are skipped offsets the
-        lane accounts for — compacted records, transaction markers — and are covered by
-        an empty span rather than waited for.
+        lane accounts for — compacted records, transaction markers, a Pulsar ledger's
+        jump — and are covered by one empty span up to the next segment (or the gap's
+        end), however wide, rather than waited for or walked window by window.
         """
         topic, partition, epoch = key
         items: list[tuple[pa.Table, Span]] = []
         pos = start
+        skip_to = gap_end
         for seg in self.layout.segments(Lane.RAW, topic, partition):
             if seg.last < pos:
                 continue
             if seg.first >= limit:
+                skip_to = min(seg.first, gap_end)
                 break
             table = self._rows(topic, partition, seg)
             if table is None:
@@ -295,8 +301,8 @@ class SinkFeeder:
         else:
             return items, pos, ""  # no segment reaches limit (the lane changed meanwhile)
         if pos < limit:
-            items.append((pa.table({}), Span(topic, partition, epoch, pos, limit)))
-            pos = limit
+            items.append((pa.table({}), Span(topic, partition, epoch, pos, skip_to)))
+            pos = skip_to
         return items, pos, ""
 
     def _rows(self, topic: str, partition: int, seg: Segment) -> pa.Table | None:
@@ -316,6 +322,7 @@ class SinkFeeder:
                     return None
                 redecode(self._writer, decoder, self.columns, topic, partition, [seg])
             table = self._with_metadata(pq.read_table(twin).replace_schema_metadata(None), seg)
+            table = _without_dead_letters(table, self.columns.decode_error)
         self._last = (seg.path, table)
         return table
 
@@ -330,8 +337,8 @@ class SinkFeeder:
         pos = self.columns.position
         present = set(pq.read_schema(seg.path).names)
         raw = pq.read_table(seg.path, columns=[pos, *(c for c in wanted if c in present)])
-        # Decoded positions are a subset of the raw ones (dead letters are not decoded),
-        # both ascending: one searchsorted finds every row's raw twin.
+        # Both ascending, the decoded positions a subset of the raw ones: one
+        # searchsorted finds every row's raw twin.
         index = np.searchsorted(raw.column(pos).to_numpy(), decoded.column(pos).to_numpy())
         take = pa.array(index, pa.int64())
         for name in wanted:
@@ -383,6 +390,18 @@ class SinkFeeder:
     def _report(self, state: SinkState, detail: str) -> None:
         if self.health is not None:
             self.health.set(self.component, _HEALTH[state], detail)
+
+
+def _without_dead_letters(table: pa.Table, error_column: str) -> pa.Table:
+    """Rows that decoded. A record that failed keeps a row in the decoded lane (its
+    payload null, its error set) but belongs to the dead-letter lane; the sink's span
+    still covers its position."""
+    if error_column not in table.column_names:
+        return table
+    errors = table.column(error_column)
+    if errors.null_count != len(errors):
+        table = table.filter(pc.is_null(errors))
+    return table.drop_columns([error_column])
 
 
 def _minus(ranges: list[tuple[int, int]], held: list[tuple[int, int]]) -> list[tuple[int, int]]:

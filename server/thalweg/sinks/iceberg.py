@@ -170,7 +170,7 @@ class IcebergSink(BufferedSink):
             table = self._create(topic, data.schema)
         files: list[DataFile] = []
         if data is not None:
-            self._evolve(table, data.schema)
+            self._evolve(table, data.schema, topic)
             files = self._write_files(table, data)
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
@@ -196,7 +196,7 @@ class IcebergSink(BufferedSink):
                     table.spec().spec_id != spec or table.schema().schema_id != schema
                 ):
                     # The files were laid out for another spec or schema: write again.
-                    self._evolve(table, data.schema)
+                    self._evolve(table, data.schema, topic)
                     files = self._write_files(table, data)
 
     def _write_files(self, table: Table, data: pa.Table) -> list[DataFile]:
@@ -232,7 +232,7 @@ class IcebergSink(BufferedSink):
         log.info("iceberg sink %s created %s", self.name, self.identifier(topic))
         return self._connect().load_table(self.identifier(topic))
 
-    def _evolve(self, table: Table, schema: pa.Schema) -> None:
+    def _evolve(self, table: Table, schema: pa.Schema, topic: str) -> None:
         """Add new columns and widen types; refuse any other change."""
         current = table.schema().as_arrow()
         if all(f.name in current.names for f in schema) and _same_types(current, schema):
@@ -242,7 +242,7 @@ class IcebergSink(BufferedSink):
                 update.union_by_name(schema)
         except (ValidationError, ValueError, TypeError) as exc:
             raise SinkSchemaError(
-                f"iceberg table {self.identifier(table.name()[-1])}: the rows' schema cannot "
+                f"iceberg table {self.identifier(topic)}: the rows' schema cannot "
                 f"be applied ({exc}); only added columns and widened types are"
             ) from exc
 
@@ -251,16 +251,20 @@ class IcebergSink(BufferedSink):
 
 
 def table_coverage(table: Table, sink: str) -> Ranges:
-    """``sink``'s coverage of ``table``: its table property, or (a table written before
-    the property, or whose properties were reset) the newest snapshot summary with it."""
+    """``sink``'s coverage of ``table``: from the newest snapshot of the current history
+    whose summary has it — so a table rolled back to an older snapshot claims what that
+    snapshot holds, not what was committed after it — or, when expiry removed every such
+    snapshot, from the table property written by the same commits."""
     key = COVERAGE_PREFIX + sink
-    text = table.properties.get(key)
+    text = None
     snapshot = table.current_snapshot()
-    while text is None and snapshot is not None:
+    while snapshot is not None:
         text = snapshot.summary.get(key) if snapshot.summary else None
-        if snapshot.parent_snapshot_id is None:
+        if text is not None or snapshot.parent_snapshot_id is None:
             break
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    if text is None:
+        text = table.properties.get(key)
     return decode_coverage(text) if text is not None else {}
 
 

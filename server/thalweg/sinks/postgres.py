@@ -116,7 +116,7 @@ class PostgresSink(BufferedSink):
         try:
             try:
                 self._transaction(tables, covered, staged=False)
-            except (pg.IntegrityError, pg.ProgrammingError, pg.DataError) as exc:
+            except (pg.IntegrityError, pg.ProgrammingError) as exc:
                 # A row already there (the table written by someone else, or the offsets
                 # table lost) or a column that changed: again, through the staging table
                 # that deduplicates and names a schema change.
@@ -126,6 +126,11 @@ class PostgresSink(BufferedSink):
         except SinkError:
             self._rollback()
             raise
+        except pg.DataError as exc:
+            # A value the table cannot hold (a NUL in text, out of range): retrying
+            # cannot help; the sink is degraded and the records stay in the raw lane.
+            self._rollback()
+            raise SinkSchemaError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
         except pg.Error as exc:
             self._rollback()
             self._drop()
@@ -170,14 +175,15 @@ class PostgresSink(BufferedSink):
         target = self._qualified(self.table_name(topic))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
         self._ensure_key(cur, target)
-        self._evolve(cur, topic, stage)
+        exact = self._evolve(cur, topic, stage)
         cols = ", ".join(quote_ident(n) for n in data.column_names)
         cur.execute(
             f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
             f"ON CONFLICT ({quote_ident(self._record_id)}) DO NOTHING"
         )
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
-        self._staged[self.table_name(topic)] = data.schema
+        if exact:
+            self._staged[self.table_name(topic)] = data.schema
 
     def _ensure_key(self, cur: Any, target: str) -> None:
         """The record id is the table's primary key (made so on a new table); a table
@@ -196,8 +202,10 @@ class PostgresSink(BufferedSink):
                 f"[{self._record_id!r}]; a replay could not be deduplicated"
             )
 
-    def _evolve(self, cur: Any, topic: str, stage: str) -> None:
-        """Add the staging table's new columns to the target; refuse changed types."""
+    def _evolve(self, cur: Any, topic: str, stage: str) -> bool:
+        """Add the staging table's new columns to the target, widen its narrower ones;
+        refuse any other change. True when every column now has exactly the staged type
+        (then a binary COPY of rows of this schema may go straight into the table)."""
         query = (
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
             "WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped"
@@ -207,11 +215,14 @@ class PostgresSink(BufferedSink):
         staged = dict(cur.fetchall())
         cur.execute(query, parameters=(target,))
         have = dict(cur.fetchall())
+        exact = True
         for name, kind in staged.items():
             if name not in have:
                 cur.execute(f"ALTER TABLE {target} ADD COLUMN {quote_ident(name)} {kind}")
-            elif have[name] == kind or _fits(kind, have[name]):
+            elif have[name] == kind:
                 continue
+            elif _fits(kind, have[name]):
+                exact = False  # narrower rows: fine through INSERT, not through binary COPY
             elif _fits(have[name], kind):
                 cur.execute(f"ALTER TABLE {target} ALTER COLUMN {quote_ident(name)} TYPE {kind}")
             else:
@@ -219,6 +230,7 @@ class PostgresSink(BufferedSink):
                     f"postgres table {target}: column {name!r} is {have[name]}, the rows "
                     f"have {kind}; only added columns and widened types are applied"
                 )
+        return exact
 
     def _cover(self, cur: Any, key: tuple[str, int, int], ranges: list[tuple[int, int]]) -> None:
         topic, partition, epoch = key
