@@ -78,9 +78,23 @@ def write_lane(root: Path, n: int) -> list[pa.Table]:
     for first in range(0, n, SEGMENT_ROWS):
         rows = decoded_rows(min(SEGMENT_ROWS, n - first), first)
         name = segment_name(first, first + rows.num_rows - 1)
-        pq.write_table(rows.select(["_twg_position", "_twg_record_id"]), raw_dir / name)
-        pq.write_table(rows, dec_dir / name, compression="zstd", compression_level=1)
-        tables.append(rows)
+        # As a gateway's lane: the raw segment holds the metadata columns the sink adds
+        # to decoded rows (timestamp, key, ingest time); the decoded twin does not.
+        n_rows = rows.num_rows
+        raw = rows.select(["_twg_position", "_twg_record_id", "_twg_source_timestamp"])
+        raw = raw.append_column("_twg_source_key", pa.array([b"k"] * n_rows)).append_column(
+            "_twg_ingest_ts",
+            pa.array(np.arange(n_rows, dtype=np.int64), pa.timestamp("us", tz="UTC")),
+        )
+        pq.write_table(raw, raw_dir / name, compression="zstd", compression_level=1)
+        dec = rows.drop_columns(["_twg_source_timestamp"])
+        pq.write_table(dec, dec_dir / name, compression="zstd", compression_level=1)
+        # The bare loads get the same columns the sink writes, already in memory.
+        tables.append(
+            rows.append_column("_twg_source_key", raw.column("_twg_source_key")).append_column(
+                "_twg_ingest_ts", raw.column("_twg_ingest_ts")
+            )
+        )
     return tables
 
 

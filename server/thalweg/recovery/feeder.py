@@ -114,6 +114,7 @@ class SinkFeeder:
         self._last_flush = time.monotonic()
         self._opened = False
         self._last: tuple[Path, pa.Table] | None = None
+        self._inflight: asyncio.Task[None] | None = None
         if health is not None:
             health.register(self.component, "sink", gates_readiness=False)
 
@@ -135,10 +136,17 @@ class SinkFeeder:
         try:
             while not stop.is_set():
                 try:
-                    if not self._opened:
-                        await self.open()
-                    await self.pass_once(stop=stop)
-                    await self._flush_if_due()
+                    try:
+                        if not self._opened:
+                            await self.open()
+                        await self.pass_once(stop=stop)
+                        await self._flush_if_due()
+                    except Exception:
+                        # A commit still in flight finishes (or fails) before the sink
+                        # is reopened: it shares the sink's connection.
+                        with contextlib.suppress(Exception):
+                            await self._settle()
+                        raise
                 except asyncio.CancelledError:
                     raise
                 except SinkBackpressureError as exc:
@@ -161,6 +169,8 @@ class SinkFeeder:
 
     async def _shutdown(self) -> None:
         """Flush what is buffered (bounded: a dead sink must not hold the stop up)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._settle(), timeout=10.0)
         with contextlib.suppress(Exception):
             if self._opened and self._pending:
                 await asyncio.wait_for(self.flush(), timeout=10.0)
@@ -185,6 +195,7 @@ class SinkFeeder:
         bounded windows; with ``final`` flush at the end, else flush when due."""
         began = time.monotonic()
         summary = PassSummary()
+        await self._settle()  # the gaps below must not include a commit in flight
         work = await asyncio.to_thread(self._work, topic, start, end)
         summary.lag_before = sum(b - a for _, gaps in work for a, b in gaps)
         for key, gaps in work:
@@ -192,6 +203,7 @@ class SinkFeeder:
                 pos = a
                 while pos < b:
                     if stop is not None and stop.is_set():
+                        await self._settle()
                         return summary
                     t0 = time.monotonic()
                     limit = min(b, pos + self.cfg.window_records)
@@ -208,11 +220,12 @@ class SinkFeeder:
                         summary.waiting = waiting
                         break
                     pos = reached
-                    if await self._flush_if_due():
+                    if await self._flush_if_due(behind=True):
                         summary.flushes += 1
                     if pos < b:  # still catching up: leave ingest its share
                         busy = time.monotonic() - t0
                         await _sleep(stop, busy * (1 / self.cfg.max_duty - 1))
+        await self._settle()
         if final and self._pending:
             await self.flush()
             summary.flushes += 1
@@ -337,10 +350,15 @@ class SinkFeeder:
         pos = self.columns.position
         present = set(pq.read_schema(seg.path).names)
         raw = pq.read_table(seg.path, columns=[pos, *(c for c in wanted if c in present)])
+        raw_pos, dec_pos = raw.column(pos).to_numpy(), decoded.column(pos).to_numpy()
+        if np.array_equal(raw_pos, dec_pos):  # a row per record: the twins line up
+            for name in wanted:
+                if name in present:
+                    decoded = decoded.append_column(name, raw.column(name))
+            return decoded
         # Both ascending, the decoded positions a subset of the raw ones: one
         # searchsorted finds every row's raw twin.
-        index = np.searchsorted(raw.column(pos).to_numpy(), decoded.column(pos).to_numpy())
-        take = pa.array(index, pa.int64())
+        take = pa.array(np.searchsorted(raw_pos, dec_pos), pa.int64())
         for name in wanted:
             if name in present:
                 decoded = decoded.append_column(name, raw.column(name).take(take))
@@ -348,22 +366,36 @@ class SinkFeeder:
 
     # -- flushing ----------------------------------------------------------------------
 
-    async def _flush_if_due(self) -> bool:
+    async def _flush_if_due(self, *, behind: bool = False) -> bool:
+        """Flush when the interval passed or the buffer is full; with ``behind``, the
+        commit runs while the next window is read (one commit in flight at most)."""
         due = time.monotonic() - self._last_flush >= self.sink.cfg.commit_interval_s
         if self._pending and (due or self._buffered >= self.sink.cfg.max_buffered_rows):
-            await self.flush()
+            await self._settle()
+            if behind:
+                self._inflight = asyncio.create_task(self.flush())
+            else:
+                await self.flush()
             return True
         return False
 
+    async def _settle(self) -> None:
+        """Wait for the commit in flight, if any (raising its error)."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
+
     async def flush(self) -> None:
-        """Flush the sink; add what landed to the store and write it."""
+        """Flush the sink; add what landed to the store and write it.
+
+        What was written until now is taken at once: rows written while the commit runs
+        belong to the next flush. If it fails, what it took is not landed — those spans
+        stay gaps and are read again."""
         started = time.monotonic()
         rows, self._buffered = self._buffered, 0
-        try:
-            landed = await self.sink.flush()
-        finally:
-            self._pending.clear()  # landed, or to be written again
-            self._last_flush = time.monotonic()
+        self._pending = {}
+        self._last_flush = time.monotonic()
+        landed = await self.sink.flush()
         for key, ranges in landed.ranges.items():
             for a, b in ranges:
                 self.store.add(key, a, b)

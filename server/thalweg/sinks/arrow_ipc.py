@@ -44,6 +44,7 @@ class ArrowIpcSink(BufferedSink):
         super().__init__(cfg, data_dir)
         self.root = Path(cfg.path) if cfg.path is not None else self.data_dir / "sinks" / cfg.name
         self._spans_rows: list[tuple[pa.Table, Span]] = []
+        self._committing: list[tuple[pa.Table, Span]] = []
 
     async def write(self, rows: pa.Table, span: Span) -> None:
         # Kept with their spans (a file per range); the base class keeps the spans.
@@ -75,8 +76,11 @@ class ArrowIpcSink(BufferedSink):
             raise SinkUnavailableError(f"{self.root}: {exc}") from exc
         return Landed({k: merge_ranges(v) for k, v in ranges.items()})
 
+    def _take(self) -> None:
+        self._committing, self._spans_rows = self._spans_rows, []
+
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
-        items, self._spans_rows = self._spans_rows, []
+        items, self._committing = self._committing, []
         by_key: dict[CoverageKey, list[tuple[pa.Table, Span]]] = {}
         for table, span in items:
             by_key.setdefault(span.key, []).append((table, span))

@@ -219,8 +219,11 @@ class BufferedSink(Sink):
     async def flush(self) -> Landed:
         if not self._spans:
             return Landed()
+        # Taken here, on the event loop: writes made while the commit runs on its thread
+        # go to fresh buffers and into the next flush (the feeder reads ahead).
         rows, spans = self._rows, self._spans
         self._rows, self._spans, self.buffered_rows = {}, [], 0
+        self._take()
         landed = Landed.of(spans)
         started = time.monotonic()
         try:
@@ -255,6 +258,10 @@ class BufferedSink(Sink):
             SinkUnavailableError: the destination failed; nothing landed.
             SinkSchemaError: the rows cannot go into the destination as they are.
         """
+
+    def _take(self) -> None:
+        """Move what a subclass buffers itself into its commit's hands (on the event
+        loop, when a flush starts)."""
 
     def _open(self) -> Landed | None:
         """Connect (blocking); the destination's own record of coverage, if it keeps one.
