@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from thalweg.config.pipeline import PipelineConfig
 from thalweg.config.sinks import (
     FlightSinkConfig,
     IcebergSinkConfig,
@@ -547,6 +548,26 @@ class ThalwegConfig(_Model):
     sources: list[SourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(default_factory=list)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+
+    @model_validator(mode="after")
+    def _pipeline(self) -> ThalwegConfig:
+        """Every node reads a consumed topic or a node, and feeds a configured sink."""
+        topics = {t for s in self.sources for t in s.topics}
+        patterns = any(getattr(s, "topics_pattern", None) for s in self.sources)
+        nodes = {n.name for n in self.pipeline.nodes}
+        sinks = {s.name for s in self.sinks}
+        for node in self.pipeline.nodes:
+            where = f"pipeline.nodes.{node.name}"
+            if node.name in topics:
+                raise ValueError(f"{where}: a node cannot share a topic's name")
+            if node.from_ not in nodes and node.from_ not in topics and not patterns:
+                raise ValueError(
+                    f"{where}: from = {node.from_!r} is neither a consumed topic nor a node"
+                )
+            if node.sink is not None and node.sink not in sinks:
+                raise ValueError(f"{where}: sink = {node.sink!r} is not a [[sinks]] name")
+        return self
 
     @model_validator(mode="after")
     def _sinks(self) -> ThalwegConfig:

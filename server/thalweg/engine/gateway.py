@@ -56,6 +56,13 @@ class Gateway:
         self.cfg = cfg
         g = cfg.gateway
         self.columns = MetadataColumns(g.metadata_prefix)
+        if cfg.pipeline.nodes:
+            # The DAG's shape and SQL nodes exist (pipeline/dag.py); feeding them does not
+            # yet: refused rather than accepted and silently not run.
+            raise ConfigError(
+                "pipeline.nodes: the transform layer is not running yet (docs/status.md); "
+                "twg config validate checks the graph, twg stream cannot run it"
+            )
         problem = data_dir_problem(g.data_dir)
         if problem is not None:
             raise ConfigError(problem)

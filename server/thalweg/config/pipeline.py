@@ -1,0 +1,70 @@
+"""``[[pipeline.nodes]]``: the transform DAG's nodes (issue 16; ``docs/pipeline.md``).
+
+A node reads a topic's decoded lane or another node and is either a DataFusion SQL
+query over each micro-batch or a sidecar transform over Flight ``do_exchange``. The
+graph's shape — names, ``from``, cycles, sinks — is checked here, with the file; whether
+a query plans against its input's schema is checked at start, when the schemas are
+known (``thalweg.pipeline.dag``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class NodeConfig(_Model):
+    name: str = Field(pattern=_NAME, description="Unique among nodes and topics.")
+    from_: str = Field(alias="from", min_length=1, description="A topic, or another node.")
+    query: str | None = Field(
+        None, description="DataFusion SQL over the input table `input` (per micro-batch)."
+    )
+    sidecar: str | None = Field(
+        None, description="grpc://host:port of a Flight do_exchange transform."
+    )
+    command: str | None = Field(None, description="The sidecar's command (its transform).")
+    token: SecretStr | None = Field(None, description="Bearer token sent to the sidecar.")
+    timeout_s: float = Field(30.0, gt=0, description="Per batch, for a sidecar.")
+    sink: str | None = Field(None, description="A [[sinks]] name fed from this node.")
+    materialise: bool | None = Field(
+        None,
+        description="Write the node as its own lane; default: when it has more than one "
+        "dependent (derived once, not per dependent).",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NodeConfig:
+        if (self.query is None) == (self.sidecar is None):
+            raise ValueError(f"pipeline.nodes.{self.name}: give either query or sidecar")
+        if self.sidecar is not None:
+            if not self.sidecar.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+                raise ValueError(f"pipeline.nodes.{self.name}: sidecar must be grpc[+tls]://")
+            if not self.command:
+                raise ValueError(f"pipeline.nodes.{self.name}: a sidecar node needs a command")
+        return self
+
+
+class PipelineConfig(_Model):
+    nodes: list[NodeConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _graph(self) -> PipelineConfig:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("pipeline.nodes: two nodes share a name")
+        by_name = {n.name: n for n in self.nodes}
+        for node in self.nodes:
+            seen = [node.name]
+            up = node.from_
+            while up in by_name:
+                if up in seen:
+                    cycle = " -> ".join([*seen[seen.index(up) :], up])
+                    raise ValueError(f"pipeline.nodes: a cycle: {cycle}")
+                seen.append(up)
+                up = by_name[up].from_
+        return self

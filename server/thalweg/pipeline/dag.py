@@ -1,0 +1,149 @@
+"""The transform DAG's shape and its SQL nodes (issue 16; ``docs/pipeline.md``).
+
+The graph comes from ``[[pipeline.nodes]]`` (its shape is checked with the file, in
+``thalweg.config.pipeline``); here it is ordered, each node's dependents are known, and
+a SQL node is planned against its input's schema — once the schemas are known, at start
+— and run by DataFusion over each micro-batch, statelessly.
+
+Every derived row keeps its originating record's locator columns (ADR-0004 in the seed
+plan): a query must carry them through — filters (1 → 0), ``unnest`` (1 → N) and
+projections alike — and one that drops any is refused at plan time, naming the node and
+the columns. ``<prefix>*`` in a query (``select order_id, _twg_* from input``) stands for
+every input column with the metadata prefix, which DataFusion has no syntax for.
+
+Not built yet (docs/status.md): feeding nodes from the lanes, node lanes, sidecars,
+serving nodes over Flight, WASM UDFs.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import pyarrow as pa
+from datafusion import SessionContext
+
+from thalweg.config.pipeline import NodeConfig, PipelineConfig
+from thalweg.errors import ConfigError
+from thalweg.records.columns import MetadataColumns
+
+INPUT = "input"
+
+
+@dataclass(frozen=True, slots=True)
+class Dag:
+    """The nodes in dependency order (a node after whatever it reads)."""
+
+    nodes: tuple[NodeConfig, ...]
+
+    @staticmethod
+    def of(cfg: PipelineConfig) -> Dag:
+        by_name = {n.name: n for n in cfg.nodes}
+        ordered: list[NodeConfig] = []
+        placed: set[str] = set()
+
+        def place(node: NodeConfig) -> None:
+            if node.name in placed:
+                return
+            upstream = by_name.get(node.from_)
+            if upstream is not None:
+                place(upstream)  # the config refused cycles, so this ends
+            placed.add(node.name)
+            ordered.append(node)
+
+        for node in cfg.nodes:
+            place(node)
+        return Dag(tuple(ordered))
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def dependents(self, name: str) -> list[str]:
+        """The nodes reading ``name``, and its sink when it has one."""
+        out = [n.name for n in self.nodes if n.from_ == name]
+        node = next((n for n in self.nodes if n.name == name), None)
+        if node is not None and node.sink is not None:
+            out.append(f"sink:{node.sink}")
+        return out
+
+    def materialised(self, name: str) -> bool:
+        """Written as its own lane: when configured so, or by default when more than one
+        thing reads it (derived once, not once per dependent)."""
+        node = self.node(name)
+        if node.materialise is not None:
+            return node.materialise
+        return len(self.dependents(name)) > 1
+
+    def source_topic(self, name: str) -> str:
+        """The topic at the root of ``name``'s chain."""
+        names = {n.name for n in self.nodes}
+        up = self.node(name).from_
+        while up in names:
+            up = self.node(up).from_
+        return up
+
+
+def expand_prefix_glob(query: str, schema: pa.Schema, columns: MetadataColumns) -> str:
+    """``<prefix>*`` → the input's metadata columns, quoted, comma-separated."""
+    pattern = re.compile(rf'(?<![\w"]){re.escape(columns.prefix)}\*')
+    if not pattern.search(query):
+        return query
+    names = [f'"{f.name}"' for f in schema if f.name.startswith(columns.prefix)]
+    return pattern.sub(", ".join(names), query)
+
+
+class SqlNode:
+    """One SQL node, planned against its input's schema.
+
+    Raises:
+        ConfigError: the query does not plan against the input (the planner's message,
+            naming the node), or it drops locator columns the input has.
+    """
+
+    def __init__(self, cfg: NodeConfig, input_schema: pa.Schema, columns: MetadataColumns):
+        assert cfg.query is not None
+        self.name = cfg.name
+        self.query = expand_prefix_glob(cfg.query, input_schema, columns)
+        self._local = threading.local()
+        where = f"pipeline.nodes.{cfg.name}"
+        try:
+            self.schema = self._plan(input_schema.empty_table()).schema
+        except Exception as exc:  # DataFusion raises ValueError/Exception with the reason
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise ConfigError(f"{where}: the query does not plan: {message}") from exc
+        locators = [f.name for f in columns.locator_fields if f.name in input_schema.names]
+        missing = [c for c in locators if c not in self.schema.names]
+        if missing:
+            raise ConfigError(
+                f"{where}: the query drops locator columns {missing}; every derived row "
+                f"must keep its record's locators (add them, or {columns.prefix}*)"
+            )
+
+    def _context(self) -> SessionContext:
+        ctx: SessionContext | None = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = SessionContext()
+            self._local.ctx = ctx
+        return ctx
+
+    def _plan(self, table: pa.Table) -> pa.Table:
+        ctx = self._context()
+        if ctx.table_exist(INPUT):
+            ctx.deregister_table(INPUT)
+        batches = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+        ctx.register_record_batches(INPUT, [batches])
+        try:
+            result: pa.Table = ctx.sql(self.query).to_arrow_table()
+        finally:
+            ctx.deregister_table(INPUT)
+        return result
+
+    def run(self, batch: pa.Table | pa.RecordBatch) -> pa.Table:
+        """The query over one micro-batch (stateless: nothing carries to the next)."""
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        out = self._plan(table)
+        return out.cast(self.schema) if out.schema != self.schema else out
