@@ -318,6 +318,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         sources: list[dict[str, Any]] | None = None,
         sinks: list[dict[str, Any]] | None = None,
         recovery: dict[str, Any] | None = None,
+        pipeline: dict[str, Any] | None = None,
         **source: Any,
     ) -> RunningGateway:
         """Run a gateway over ``topics`` of the session's Kafka broker, or over exactly
@@ -336,6 +337,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
                 "sources": sources or [source_cfg(broker.bootstrap, topics, **source)],
                 "sinks": sinks or [],
                 "recovery": {"poll_interval_s": 0.2, **(recovery or {})},
+                "pipeline": pipeline or {},
             }
         )
         gw = Gateway(cfg)

@@ -137,11 +137,11 @@ def test_the_prefix_glob_expands_to_the_inputs_metadata_columns() -> None:
     assert expand_prefix_glob("select a from input", schema, COLS) == "select a from input"
 
 
-def test_twg_stream_refuses_nodes_it_cannot_run_yet(tmp_path: Any) -> None:
+def test_twg_stream_refuses_nodes_that_feed_no_sink(tmp_path: Any) -> None:
     from thalweg.engine import Gateway
 
     c = cfg([CLEAN]).model_copy(
         update={"gateway": cfg([]).gateway.model_copy(update={"data_dir": tmp_path})}
     )
-    with pytest.raises(ConfigError, match="transform layer is not running yet"):
+    with pytest.raises(ConfigError, match="no sink is fed from this node"):
         Gateway(c)

@@ -567,6 +567,28 @@ class ThalwegConfig(_Model):
                 )
             if node.sink is not None and node.sink not in sinks:
                 raise ValueError(f"{where}: sink = {node.sink!r} is not a [[sinks]] name")
+        fed: dict[str, str] = {}
+        by_name = {n.name: n for n in self.pipeline.nodes}
+        for node in self.pipeline.nodes:
+            if node.sink is None:
+                continue
+            where = f"pipeline.nodes.{node.name}"
+            if node.sink in fed:
+                raise ValueError(
+                    f"{where}: sink {node.sink!r} is already fed by node {fed[node.sink]!r}"
+                )
+            fed[node.sink] = node.name
+            root = node.from_
+            while root in by_name:
+                root = by_name[root].from_
+            sink = next(s for s in self.sinks if s.name == node.sink)
+            if sink.topics != [root]:
+                raise ValueError(
+                    f"{where}: sink {node.sink!r} must have topics = [{root!r}], the topic "
+                    "the node derives from (its positions are that topic's)"
+                )
+            if sink.raw:
+                raise ValueError(f"{where}: a node's sink receives derived rows, not raw = true")
         return self
 
     @model_validator(mode="after")

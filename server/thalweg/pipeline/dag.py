@@ -11,8 +11,11 @@ projections alike — and one that drops any is refused at plan time, naming the
 the columns. ``<prefix>*`` in a query (``select order_id, _twg_* from input``) stands for
 every input column with the metadata prefix, which DataFusion has no syntax for.
 
-Not built yet (docs/status.md): feeding nodes from the lanes, node lanes, sidecars,
-serving nodes over Flight, WASM UDFs.
+A :class:`Chain` is the SQL nodes from a topic down to one node, applied in order to a
+segment's rows: how a sink attached to a node is fed (``recovery.build``) — its spans are
+the topic's positions, so a record is covered for the node only once all its derived rows
+landed. Not built yet (docs/status.md): node lanes (materialised nodes), serving nodes
+over Flight, sidecar nodes, WASM UDFs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from datafusion import SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
@@ -147,3 +151,56 @@ class SqlNode:
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         out = self._plan(table)
         return out.cast(self.schema) if out.schema != self.schema else out
+
+
+class Chain:
+    """The nodes from a topic down to ``leaf``, as one function of a batch.
+
+    Planned per input schema (a topic's decoded schema can widen), each node against
+    the output of the one before it.
+
+    Raises:
+        ConfigError: a sidecar node on the way (not running yet), or — from
+            :meth:`plan` and :meth:`apply` — a query that does not plan.
+    """
+
+    def __init__(self, dag: Dag, leaf: str, columns: MetadataColumns) -> None:
+        path: list[NodeConfig] = []
+        names = {n.name for n in dag.nodes}
+        name = leaf
+        while name in names:
+            node = dag.node(name)
+            if node.query is None:
+                raise ConfigError(
+                    f"pipeline.nodes.{node.name}: sidecar nodes are not running yet "
+                    "(docs/status.md)"
+                )
+            path.append(node)
+            name = node.from_
+        self.leaf = leaf
+        self.nodes = tuple(reversed(path))
+        self._columns = columns
+        self._plans: dict[pa.Schema, list[SqlNode]] = {}
+
+    def plan(self, schema: pa.Schema) -> list[SqlNode]:
+        planned = self._plans.get(schema)
+        if planned is None:
+            planned = []
+            current = schema
+            for node in self.nodes:
+                sql = SqlNode(node, current, self._columns)
+                planned.append(sql)
+                current = sql.schema
+            self._plans[schema] = planned
+        return planned
+
+    def apply(self, table: pa.Table) -> pa.Table:
+        """``table`` through every node, derived rows in their records' position order
+        (a query need not keep row order; the lane's readers need it)."""
+        for sql in self.plan(table.schema):
+            table = sql.run(table)
+        position = self._columns.position
+        if table.num_rows > 1:
+            order = pc.sort_indices(table, sort_keys=[(position, "ascending")])
+            table = table.take(order)
+        return table

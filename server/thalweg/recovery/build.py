@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.models import ThalwegConfig
+from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
+from thalweg.pipeline.dag import Chain, Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.feeder import SinkFeeder
+from thalweg.sinks.base import SinkSchemaError
 from thalweg.sinks.loader import load_sink_class
 
 
@@ -34,8 +40,6 @@ def build_feeders(
         ConfigError: an unknown or unbuildable kind, a missing backend package, a sink
             that another process on this ``data_dir`` already feeds, or no sink ``only``.
     """
-    from thalweg.errors import ConfigError
-
     chosen = [s for s in cfg.sinks if only is None or s.name == only]
     if only is not None and not chosen:
         known = ", ".join(s.name for s in cfg.sinks) or "none configured"
@@ -43,6 +47,7 @@ def build_feeders(
     feeders: list[SinkFeeder] = []
     try:
         for s in chosen:
+            transform = node_transform(cfg, s.name, layout, columns)
             sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir)
             store = CoverageStore(cfg.gateway.data_dir, s.name)
             store.claim()
@@ -57,6 +62,7 @@ def build_feeders(
                     health=health,
                     decoder_for=decoder_for,
                     writer=writer,
+                    transform=transform,
                 )
             )
     except BaseException:
@@ -64,3 +70,41 @@ def build_feeders(
             f.store.release()
         raise
     return feeders
+
+
+def node_transform(
+    cfg: ThalwegConfig, sink: str, layout: LaneLayout, columns: MetadataColumns
+) -> Callable[[pa.Table], pa.Table] | None:
+    """For a sink attached to a node, the node chain as a function of a segment's rows
+    (None for a sink of a topic's lane).
+
+    Planned now against the topic's decoded schema when the lane already has one (a
+    query that does not plan is refused at start, naming the node); otherwise on the
+    first rows. A failure on rows (a schema the query no longer plans against, a runtime
+    error of the SQL) degrades the sink — nothing of the batch lands — naming the node.
+
+    Raises:
+        ConfigError: a sidecar node on the way, or a query that does not plan.
+    """
+    node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
+    if node is None:
+        return None
+    chain = Chain(Dag.of(cfg.pipeline), node.name, columns)
+    sink_cfg = next(s for s in cfg.sinks if s.name == sink)
+    schema = LaneReader(layout, columns).decoded_schema(sink_cfg.topics[0])
+    if schema is not None:
+        raw = columns.raw_schema
+        extra = [raw.field(columns.prefix + m) for m in sink_cfg.metadata]
+        fields = [f for f in schema if f.name != columns.decode_error]
+        fields += [f for f in extra if f.name not in schema.names]
+        chain.plan(pa.schema(fields))
+
+    def transform(rows: pa.Table) -> pa.Table:
+        try:
+            return chain.apply(rows)
+        except ConfigError as exc:
+            raise SinkSchemaError(str(exc)) from exc
+        except Exception as exc:  # DataFusion's errors on rows
+            raise SinkSchemaError(f"pipeline.nodes.{node.name}: {exc}") from exc
+
+    return transform

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
+
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
 from thalweg.lane.coverage import Coverage, scan_coverage
@@ -88,6 +90,7 @@ class SinkFeeder:
         health: Health | None = None,
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
+        transform: Callable[[pa.Table], pa.Table] | None = None,
     ) -> None:
         self.sink = sink
         self.store = store
@@ -104,6 +107,7 @@ class SinkFeeder:
             metadata=sink.cfg.metadata,
             decoder_for=decoder_for,
             writer=writer,
+            transform=transform,
         )
         self._pending: dict[CoverageKey, Coverage] = {}
         self._buffered = 0

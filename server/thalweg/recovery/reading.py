@@ -34,6 +34,8 @@ class SpanReader:
         raw: read the raw lane instead of the decoded lane.
         metadata: raw-lane metadata columns (without the prefix) added to decoded rows.
         decoder_for, writer: rebuild a missing decoded twin (None: wait for it).
+        transform: applied to each segment's rows (a node chain: the rows it derives,
+            with their records' locators, in position order).
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class SpanReader:
         metadata: list[str],
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
+        transform: Callable[[pa.Table], pa.Table] | None = None,
     ) -> None:
         self.layout = layout
         self.columns = columns
@@ -52,6 +55,7 @@ class SpanReader:
         self.metadata = metadata
         self._decoder_for = decoder_for
         self._writer = writer
+        self._transform = transform
         self._last: tuple[Path, pa.Table] | None = None
 
     def forget(self) -> None:
@@ -114,6 +118,8 @@ class SpanReader:
                 redecode(self._writer, decoder, self.columns, topic, partition, [seg])
             table = self._with_metadata(pq.read_table(twin).replace_schema_metadata(None), seg)
             table = _without_dead_letters(table, self.columns.decode_error)
+            if self._transform is not None:
+                table = self._transform(table)
         self._last = (seg.path, table)
         return table
 
