@@ -23,8 +23,8 @@ test: $(BIN)/twg
 	$(BIN)/pytest -q
 
 lint: $(BIN)/twg
-	$(BIN)/ruff check server client tests load-tests flight-tickets deploy
-	$(BIN)/ruff format --check server client tests load-tests flight-tickets deploy
+	$(BIN)/ruff check server client tests load-tests flight-tickets deploy examples
+	$(BIN)/ruff format --check server client tests load-tests flight-tickets deploy examples
 	$(BIN)/mypy
 
 bench: $(BIN)/twg

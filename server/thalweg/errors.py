@@ -24,6 +24,8 @@ class defined outside this module names its module in parentheses)::
     ├── RuleError (thalweg.contracts.checks)
     ├── RegistryError (thalweg.registry.errors)
     │   └── RegistryUnavailableError (thalweg.registry.errors)
+    ├── SidecarUnavailableError (thalweg.sidecars.client)
+    ├── SidecarContractError (thalweg.sidecars.client)
     ├── SinkError (thalweg.sinks.base)
     │   ├── SinkUnavailableError (thalweg.sinks.base)
     │   ├── SinkSchemaError (thalweg.sinks.base)

@@ -49,7 +49,7 @@ def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
     yet (docs/status.md): refused rather than accepted and silently not run.
 
     Raises:
-        ConfigError: a sidecar node, a materialised node, or a node no sink is fed from.
+        ConfigError: a materialised node, or a node no sink is fed from.
     """
     nodes = cfg.pipeline.nodes
     feeding = {n.name for n in nodes if n.sink is not None}
@@ -61,8 +61,6 @@ def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
             up = by_name[up].from_
     for node in nodes:
         where = f"pipeline.nodes.{node.name}"
-        if node.sidecar is not None:
-            raise ConfigError(f"{where}: sidecar nodes are not running yet (docs/status.md)")
         if node.materialise:
             raise ConfigError(f"{where}: materialised node lanes are not built yet")
         if node.name not in feeding:

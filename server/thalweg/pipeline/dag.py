@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -156,49 +157,65 @@ class SqlNode:
 class Chain:
     """The nodes from a topic down to ``leaf``, as one function of a batch.
 
-    Planned per input schema (a topic's decoded schema can widen), each node against
-    the output of the one before it.
+    SQL nodes are planned per input schema (a topic's decoded schema can widen), each
+    against the output of the one before it; a sidecar node is the function
+    ``sidecar_for`` gives for it (the Flight client lives outside this pure package).
 
     Raises:
-        ConfigError: a sidecar node on the way (not running yet), or — from
-            :meth:`plan` and :meth:`apply` — a query that does not plan.
+        ConfigError: a sidecar node with no ``sidecar_for``, or — from :meth:`plan` and
+            :meth:`apply` — a query that does not plan.
     """
 
-    def __init__(self, dag: Dag, leaf: str, columns: MetadataColumns) -> None:
+    def __init__(
+        self,
+        dag: Dag,
+        leaf: str,
+        columns: MetadataColumns,
+        sidecar_for: Callable[[NodeConfig], Callable[[pa.Table], pa.Table]] | None = None,
+    ) -> None:
         path: list[NodeConfig] = []
         names = {n.name for n in dag.nodes}
         name = leaf
         while name in names:
             node = dag.node(name)
-            if node.query is None:
-                raise ConfigError(
-                    f"pipeline.nodes.{node.name}: sidecar nodes are not running yet "
-                    "(docs/status.md)"
-                )
             path.append(node)
             name = node.from_
         self.leaf = leaf
         self.nodes = tuple(reversed(path))
         self._columns = columns
-        self._plans: dict[pa.Schema, list[SqlNode]] = {}
+        self._sidecars: dict[str, Callable[[pa.Table], pa.Table]] = {}
+        for node in self.nodes:
+            if node.query is not None:
+                continue
+            if sidecar_for is None:
+                raise ConfigError(f"pipeline.nodes.{node.name}: no sidecar client here")
+            self._sidecars[node.name] = sidecar_for(node)
+        self._plans: dict[tuple[str, pa.Schema], SqlNode] = {}
 
-    def plan(self, schema: pa.Schema) -> list[SqlNode]:
-        planned = self._plans.get(schema)
+    def _sql(self, node: NodeConfig, schema: pa.Schema) -> SqlNode:
+        key = (node.name, schema)
+        planned = self._plans.get(key)
         if planned is None:
-            planned = []
-            current = schema
-            for node in self.nodes:
-                sql = SqlNode(node, current, self._columns)
-                planned.append(sql)
-                current = sql.schema
-            self._plans[schema] = planned
+            planned = SqlNode(node, schema, self._columns)
+            self._plans[key] = planned
         return planned
+
+    def plan(self, schema: pa.Schema) -> None:
+        """Plan the SQL nodes down to the first sidecar (whose output is known only
+        from its answers) against ``schema``."""
+        for node in self.nodes:
+            if node.query is None:
+                return
+            schema = self._sql(node, schema).schema
 
     def apply(self, table: pa.Table) -> pa.Table:
         """``table`` through every node, derived rows in their records' position order
-        (a query need not keep row order; the lane's readers need it)."""
-        for sql in self.plan(table.schema):
-            table = sql.run(table)
+        (neither a query nor a sidecar need keep row order; the lane's readers need it)."""
+        for node in self.nodes:
+            if node.query is None:
+                table = self._sidecars[node.name](table)
+            else:
+                table = self._sql(node, table.schema).run(table)
         position = self._columns.position
         if table.num_rows > 1:
             order = pc.sort_indices(table, sort_keys=[(position, "ascending")])

@@ -18,7 +18,8 @@ from thalweg.pipeline.dag import Chain, Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.feeder import SinkFeeder
-from thalweg.sinks.base import SinkSchemaError
+from thalweg.sidecars import SidecarClient, SidecarUnavailableError
+from thalweg.sinks.base import SinkSchemaError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
 
 
@@ -83,13 +84,21 @@ def node_transform(
     first rows. A failure on rows (a schema the query no longer plans against, a runtime
     error of the SQL) degrades the sink — nothing of the batch lands — naming the node.
 
+    A sidecar that is down makes the sink ``down`` (retried with backoff; the node's
+    coverage does not advance); one that breaks the contract makes it ``degraded``.
+
     Raises:
-        ConfigError: a sidecar node on the way, or a query that does not plan.
+        ConfigError: a query that does not plan.
     """
     node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
     if node is None:
         return None
-    chain = Chain(Dag.of(cfg.pipeline), node.name, columns)
+    chain = Chain(
+        Dag.of(cfg.pipeline),
+        node.name,
+        columns,
+        sidecar_for=lambda n: SidecarClient(n, columns),
+    )
     sink_cfg = next(s for s in cfg.sinks if s.name == sink)
     schema = LaneReader(layout, columns).decoded_schema(sink_cfg.topics[0])
     if schema is not None:
@@ -102,6 +111,8 @@ def node_transform(
     def transform(rows: pa.Table) -> pa.Table:
         try:
             return chain.apply(rows)
+        except SidecarUnavailableError as exc:  # the sink is down while its sidecar is
+            raise SinkUnavailableError(str(exc)) from exc
         except ConfigError as exc:
             raise SinkSchemaError(str(exc)) from exc
         except Exception as exc:  # DataFusion's errors on rows

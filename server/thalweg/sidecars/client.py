@@ -1,0 +1,201 @@
+"""One node's sidecar, called with ``do_exchange`` (the contract: ``docs/sidecars.md``).
+
+The gateway writes the node's input in batches (at most ``batch_rows`` rows: ~0.2 ms
+of fixed cost per round trip makes small batches expensive), keeps up to ``in_flight``
+of them unanswered, and reads exactly one answer per batch, in order. Each answer's rows
+are tied to their records: by the locator columns they kept, or by an ``_twg_row`` index
+into their input batch, from which the gateway takes the locators itself.
+
+Failures: a call that fails (the sidecar down, a timeout — ``timeout_s`` per batch) is
+retried with backoff; after ``retries`` it raises :class:`SidecarUnavailableError`, and
+after ``breaker_failures`` failed calls in a row the circuit opens for ``breaker_open_s``
+(calls fail at once instead of waiting on a dead peer). A sidecar that breaks the
+contract raises :class:`SidecarContractError` (not retried: the answer would be the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import pyarrow as pa
+from pyarrow import flight
+
+from thalweg.config.pipeline import NodeConfig
+from thalweg.errors import ThalwegError
+from thalweg.records.columns import MetadataColumns
+
+log = logging.getLogger(__name__)
+
+ROW_INDEX = "_twg_row"
+
+
+class SidecarUnavailableError(ThalwegError):
+    """The sidecar could not be called (down, timed out, circuit open); retriable."""
+
+    retriable = True
+
+
+class SidecarContractError(ThalwegError):
+    """The sidecar answered outside the contract (rows not tied to their records, a
+    missing or extra answer); not retriable."""
+
+
+class SidecarClient:
+    """Calls one node's sidecar; thread-safe (one exchange at a time)."""
+
+    def __init__(
+        self,
+        node: NodeConfig,
+        columns: MetadataColumns,
+        *,
+        batch_rows: int = 10_000,
+        in_flight: int = 4,
+        retries: int = 3,
+        breaker_failures: int = 5,
+        breaker_open_s: float = 30.0,
+    ) -> None:
+        assert node.sidecar is not None
+        assert node.command is not None
+        self.node = node.name
+        self.location = node.sidecar
+        self._descriptor = flight.FlightDescriptor.for_command(node.command.encode())
+        self._headers = (
+            [(b"authorization", f"Bearer {node.token.get_secret_value()}".encode())]
+            if node.token is not None
+            else []
+        )
+        self._timeout_s = node.timeout_s
+        self._locators = [f.name for f in columns.locator_fields]
+        self._batch_rows = batch_rows
+        self._in_flight = in_flight
+        self._retries = retries
+        self._breaker_failures = breaker_failures
+        self._breaker_open_s = breaker_open_s
+        self._failures = 0
+        self._open_until = 0.0
+        self._client: flight.FlightClient | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        """The rows the sidecar derives from ``table``, with their records' locators.
+
+        Raises:
+            SidecarUnavailableError: every try failed, or the circuit is open.
+            SidecarContractError: the answer broke the contract.
+        """
+        with self._lock:
+            now = time.monotonic()
+            if now < self._open_until:
+                raise SidecarUnavailableError(
+                    f"pipeline.nodes.{self.node}: sidecar {self.location} circuit open for "
+                    f"{self._open_until - now:.0f}s more after {self._failures} failed calls"
+                )
+            for attempt in range(self._retries + 1):
+                try:
+                    out = self._exchange(table)
+                except SidecarContractError:
+                    raise
+                except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                    self._failed()
+                    if attempt == self._retries or time.monotonic() < self._open_until:
+                        raise SidecarUnavailableError(
+                            f"pipeline.nodes.{self.node}: sidecar {self.location}: {_one_line(exc)}"
+                        ) from exc
+                    time.sleep(random.uniform(0.05, 0.2) * 2**attempt)
+                    continue
+                self._failures = 0
+                return out
+        raise AssertionError("unreachable")
+
+    def _failed(self) -> None:
+        self._failures += 1
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        if self._failures >= self._breaker_failures:
+            self._open_until = time.monotonic() + self._breaker_open_s
+            log.warning(
+                "sidecar of node %s at %s: circuit open for %gs after %d failed calls",
+                self.node,
+                self.location,
+                self._breaker_open_s,
+                self._failures,
+            )
+
+    def _connect(self) -> flight.FlightClient:
+        if self._client is None:
+            self._client = flight.connect(self.location)
+        return self._client
+
+    def _exchange(self, table: pa.Table) -> pa.Table:
+        batches = table.combine_chunks().to_batches(max_chunksize=self._batch_rows) or [
+            pa.RecordBatch.from_pylist([], schema=table.schema)
+        ]
+        options = flight.FlightCallOptions(
+            timeout=self._timeout_s * len(batches), headers=self._headers
+        )
+        writer, reader = self._connect().do_exchange(self._descriptor, options)
+        answers: list[pa.RecordBatch] = []
+        with writer:
+            writer.begin(table.schema)
+            for i, batch in enumerate(batches):
+                writer.write_batch(batch)
+                if i + 1 - len(answers) >= self._in_flight:
+                    answers.append(self._answer(reader))
+            writer.done_writing()
+            while len(answers) < len(batches):
+                answers.append(self._answer(reader))
+        located = [self._locate(out, batch) for out, batch in zip(answers, batches, strict=True)]
+        return pa.Table.from_batches(located) if located else table.slice(0, 0)
+
+    def _answer(self, reader: flight.FlightStreamReader) -> pa.RecordBatch:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            raise SidecarContractError(
+                f"pipeline.nodes.{self.node}: the sidecar ended its answer early "
+                "(one batch back for every batch sent)"
+            ) from None
+        if chunk.data is None:
+            raise SidecarContractError(f"pipeline.nodes.{self.node}: an answer without rows")
+        data: pa.RecordBatch = chunk.data
+        return data
+
+    def _locate(self, out: pa.RecordBatch, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``out`` with its records' locators: kept by the sidecar, or taken from
+        ``batch`` by the ``_twg_row`` index."""
+        names = out.schema.names
+        wanted = [c for c in self._locators if c in batch.schema.names]
+        if all(c in names for c in wanted):
+            return out.drop_columns([ROW_INDEX]) if ROW_INDEX in names else out
+        if ROW_INDEX not in names:
+            missing = [c for c in wanted if c not in names]
+            raise SidecarContractError(
+                f"pipeline.nodes.{self.node}: the sidecar's rows have neither the locator "
+                f"columns {missing} nor an {ROW_INDEX} index into their input batch"
+            )
+        index = out.column(ROW_INDEX)
+        if index.null_count or (
+            len(index)
+            and (
+                pa.compute.min(index).as_py() < 0 or pa.compute.max(index).as_py() >= batch.num_rows
+            )
+        ):
+            raise SidecarContractError(
+                f"pipeline.nodes.{self.node}: {ROW_INDEX} outside its input batch "
+                f"(0..{batch.num_rows - 1})"
+            )
+        located = out.drop_columns([ROW_INDEX, *[c for c in wanted if c in names]])
+        for name in wanted:
+            located = located.append_column(
+                batch.schema.field(name), batch.column(name).take(index)
+            )
+        return located
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().split(". Detail:", 1)[0]
+    return text.splitlines()[0] if text else type(exc).__name__

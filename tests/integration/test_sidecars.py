@@ -1,0 +1,195 @@
+"""Sidecar transforms over Flight ``do_exchange``: the wire contract (golden shapes),
+failures, and ``examples/sidecar_enrich.py`` as a node of a running gateway, killed
+mid-stream and restarted — every record transformed exactly once in the node's sink."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import RunningGateway
+from tests.helpers import produce_json, wait_until
+from thalweg.config.pipeline import NodeConfig
+from thalweg.embedded import TansuBroker, free_port
+from thalweg.records.columns import MetadataColumns
+from thalweg.sidecars import SidecarClient, SidecarContractError, SidecarUnavailableError
+from thalweg_client.sidecar import ROW_INDEX, Sidecar
+
+pytestmark = pytest.mark.integration
+
+COLS = MetadataColumns("_twg_")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def records(n: int) -> pa.Table:
+    locators = {f.name: pa.nulls(n, f.type) for f in COLS.locator_fields}
+    locators["_twg_position"] = pa.array(range(n), pa.int64())
+    locators["_twg_record_id"] = pa.array([i.to_bytes(16, "big") for i in range(n)], pa.binary(16))
+    return pa.table({"amount": pa.array([i * 10 for i in range(n)], pa.int64()), **locators})
+
+
+class Shapes(Sidecar):
+    """One command per shape of the contract."""
+
+    def transform(self, command: str, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
+        if command == "append":  # locators kept: a computed column
+            return batch.append_column("double", pc.multiply(batch.column("amount"), 2))
+        if command == "explode":  # new rows, tied to their input by the row index
+            idx = [i for i in range(batch.num_rows) for _ in range(i % 3)]
+            return pa.table({ROW_INDEX: pa.array(idx, pa.int64()), "k": pa.array(range(len(idx)))})
+        if command == "filter":  # 1 → 0 for odd positions
+            return batch.filter(pc.equal(pc.bit_wise_and(batch.column("_twg_position"), 1), 0))
+        if command == "lose":  # breaks the contract: neither locators nor an index
+            return pa.table({"amount": batch.column("amount")})
+        raise ValueError(f"unknown command {command}")
+
+
+@pytest.fixture
+def shapes() -> Iterator[Shapes]:
+    server = Shapes(token="s3cret")
+    yield server
+    server.shutdown()
+
+
+def client(port: int, command: str, **kw: Any) -> SidecarClient:
+    node = NodeConfig.model_validate(
+        {
+            "name": "n",
+            "from": "t",
+            "sidecar": f"grpc://127.0.0.1:{port}",
+            "command": command,
+            "token": kw.pop("token", "s3cret"),
+            "timeout_s": 5,
+        }
+    )
+    return SidecarClient(node, COLS, batch_rows=7, in_flight=2, **kw)
+
+
+def test_the_contract_shapes_tie_every_row_to_its_record(shapes: Shapes) -> None:
+    table = records(20)  # three batches of at most 7 rows: in flight, in order
+    out = client(shapes.port, "append")(table)
+    assert out.column("double").to_pylist() == [i * 20 for i in range(20)]
+    assert out.column("_twg_position").to_pylist() == list(range(20))
+    out = client(shapes.port, "explode")(table)
+    want = [p for b in range(0, 20, 7) for i in range(min(7, 20 - b)) for p in [b + i] * (i % 3)]
+    assert out.column("_twg_position").to_pylist() == want  # locators taken by the index
+    assert ROW_INDEX not in out.column_names
+    assert out.column("_twg_record_id").to_pylist() == [p.to_bytes(16, "big") for p in want]
+    out = client(shapes.port, "filter")(table)
+    assert out.column("_twg_position").to_pylist() == list(range(0, 20, 2))
+    assert client(shapes.port, "append")(table.slice(0, 0)).num_rows == 0
+    with pytest.raises(SidecarContractError, match="neither the locator columns"):
+        client(shapes.port, "lose")(table)
+
+
+def test_a_wrong_token_or_a_dead_sidecar_is_unavailable_and_opens_the_circuit(
+    shapes: Shapes,
+) -> None:
+    with pytest.raises(SidecarUnavailableError, match="bearer token"):
+        client(shapes.port, "append", token="wrong", retries=0)(records(3))
+    dead = client(free_port(), "append", retries=1, breaker_failures=2, breaker_open_s=60)
+    with pytest.raises(SidecarUnavailableError):
+        dead(records(3))
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailableError, match="circuit open"):
+        dead(records(3))
+    assert time.monotonic() - started < 0.5  # failed at once, no connection tried
+
+
+def start_example(port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "sidecar_enrich.py"),
+            "--listen",
+            f"grpc://127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "ab"),  # noqa: SIM115
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith(b"sidecar listening"), line
+    return proc
+
+
+def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    sidecar = start_example(port, tmp_path / "sidecar.log")
+    topic = topic_factory(partitions=2)
+    data = tmp_path / "lane"
+    pipeline = {
+        "nodes": [
+            {
+                "name": "tiered",
+                "from": topic,
+                "sidecar": f"grpc://127.0.0.1:{port}",
+                "command": "tier",
+                "sink": "files",
+            }
+        ]
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    rg = gateway_factory(
+        [topic], data_dir=data, sinks=sinks, pipeline=pipeline, recovery={"retry_max_s": 1}
+    )
+    try:
+        first = produce_json(
+            broker.bootstrap,
+            topic,
+            ({"n": i, "amount": i % 200} for i in range(3000)),
+            partition=lambda i: i % 2,
+        )
+
+        def landed() -> int:
+            found = sorted((data / "sinks" / "files").rglob("*.arrow"))
+            tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
+            return sum(t.num_rows for t in tables)
+
+        wait_until(lambda: landed() > 0, 60, "first enriched rows")
+        os.killpg(sidecar.pid, signal.SIGKILL)  # mid-stream: more records keep coming
+        sidecar.wait(10)
+        more = produce_json(
+            broker.bootstrap,
+            topic,
+            ({"n": first + i, "amount": i % 200} for i in range(3000)),
+            partition=lambda i: i % 2,
+        )
+        total = first + more
+        rg.wait_durable(topic, {0: total // 2, 1: total // 2})
+        wait_until(lambda: rg.gateway.health.state("sink:files").value == "down", 30, "sink down")
+        assert rg.gateway.health.ready()  # the raw lane and commits go on
+        sidecar = start_example(port, tmp_path / "sidecar.log")
+        wait_until(lambda: landed() == total, 120, "every record enriched after the restart")
+        rg.stop()
+    finally:
+        if sidecar.poll() is None:
+            os.killpg(sidecar.pid, signal.SIGKILL)
+    found = sorted((data / "sinks" / "files").rglob("*.arrow"))
+    table = pa.concat_tables(
+        [
+            t
+            for t in (pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found)
+            if t.num_columns
+        ],
+        promote_options="permissive",
+    )
+    assert sorted(table.column("n").to_pylist()) == list(range(total))  # once each
+    tiers = dict(zip(table.column("n").to_pylist(), table.column("tier").to_pylist(), strict=True))
+    assert all(tiers[n] == ("gold" if (n % 3000) % 200 > 100 else "basic") for n in tiers)
