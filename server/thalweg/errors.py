@@ -24,6 +24,7 @@ class defined outside this module names its module in parentheses)::
     ├── RuleError (thalweg.contracts.checks)
     ├── RegistryError (thalweg.registry.errors)
     │   └── RegistryUnavailableError (thalweg.registry.errors)
+    ├── UdfExhaustedError (thalweg.pipeline.udf)
     ├── SidecarUnavailableError (thalweg.sidecars.client)
     ├── SidecarContractError (thalweg.sidecars.client)
     ├── SinkError (thalweg.sinks.base)

@@ -1,5 +1,6 @@
-"""SQL nodes feeding a sink, on a real broker: a filter node (1 → 0) and an unnest node
-(1 → N) below it, the unnest node's sink fed from the topic's lane through both. Every
+"""SQL nodes feeding a sink, on a real broker: a filter node (1 → 0, calling a
+WebAssembly function) and an unnest node (1 → N) below it, the unnest node's sink fed
+from the topic's lane through both. Every
 derived row lands once with its record's locators; a record is covered once all its
 derived rows landed; a second pass writes nothing; a query that does not plan against
 the lane's schema is refused at start naming the node."""
@@ -25,13 +26,21 @@ from thalweg.recovery.build import build_feeders
 
 pytestmark = pytest.mark.integration
 
+UDF = {
+    "name": "double",
+    "module": str(Path(__file__).resolve().parents[1] / "data" / "udfs" / "math.wat"),
+    "args": ["int64"],
+    "returns": "int64",
+}
+
 
 def nodes(query: str = "select unnest(items) as line, * from input") -> list[dict[str, Any]]:
     return [
         {
             "name": "clean",
             "from": "TOPIC",
-            "query": "select order_id, amount, items, _twg_* from input where amount > 0",
+            "query": "select order_id, double(order_id) as twice, amount, items, _twg_* "
+            "from input where amount > 0",
         },
         {"name": "lines", "from": "clean", "query": query, "sink": "files"},
     ]
@@ -62,7 +71,8 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     records = docs(600)
     n = produce_json(broker.bootstrap, topic, records)
     pipeline = {
-        "nodes": [{**x, "from": topic if x["from"] == "TOPIC" else x["from"]} for x in nodes()]
+        "nodes": [{**x, "from": topic if x["from"] == "TOPIC" else x["from"]} for x in nodes()],
+        "udfs": [UDF],
     }
     sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.3}]
     want = [(d["order_id"], item) for d in records if d["amount"] > 0 for item in d["items"]]
@@ -108,10 +118,11 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
 
     assert asyncio.run(one_pass()) == 0
     bad = {
+        "udfs": [UDF],
         "nodes": [
             {**x, "from": topic if x["from"] == "TOPIC" else x["from"]}
             for x in nodes("select nope, * from input")
-        ]
+        ],
     }
     cfg_bad = parse_config(
         {**cfg.model_dump(mode="json", exclude_none=True, by_alias=True), "pipeline": bad}

@@ -9,6 +9,9 @@ known (``thalweg.pipeline.dag``).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -49,14 +52,35 @@ class NodeConfig(_Model):
         return self
 
 
+WasmType = Literal["int32", "int64", "float32", "float64"]
+
+
+class UdfConfig(_Model):
+    """A WebAssembly function as a SQL scalar function (``docs/pipeline.md``)."""
+
+    name: str = Field(pattern=_NAME, description="The function's name in node SQL.")
+    module: Path = Field(description="A .wasm or .wat file (no WASI: no files, sockets, clock).")
+    export: str | None = Field(None, description="The exported function (default: name).")
+    args: list[WasmType] = Field(min_length=1)
+    returns: WasmType
+    fuel: int = Field(
+        1_000_000, gt=0, description="Instructions one call may run; a call past it fails."
+    )
+    max_memory_bytes: int = Field(16 << 20, gt=0, description="Linear memory ceiling.")
+
+
 class PipelineConfig(_Model):
     nodes: list[NodeConfig] = Field(default_factory=list)
+    udfs: list[UdfConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _graph(self) -> PipelineConfig:
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names):
             raise ValueError("pipeline.nodes: two nodes share a name")
+        udfs = [u.name for u in self.udfs]
+        if len(set(udfs)) != len(udfs):
+            raise ValueError("pipeline.udfs: two functions share a name")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
             seen = [node.name]

@@ -14,20 +14,21 @@ every input column with the metadata prefix, which DataFusion has no syntax for.
 A :class:`Chain` is the SQL nodes from a topic down to one node, applied in order to a
 segment's rows: how a sink attached to a node is fed (``recovery.build``) — its spans are
 the topic's positions, so a record is covered for the node only once all its derived rows
-landed. Not built yet (docs/status.md): node lanes (materialised nodes), serving nodes
-over Flight, sidecar nodes, WASM UDFs.
+landed. Sidecar nodes enter as functions (``sidecar_for``), WebAssembly functions as
+DataFusion UDFs (``thalweg.pipeline.udf``). Not built yet (docs/status.md): node lanes
+(materialised nodes), serving nodes over Flight.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from datafusion import SessionContext
+from datafusion import ScalarUDF, SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
 from thalweg.errors import ConfigError
@@ -109,9 +110,16 @@ class SqlNode:
             naming the node), or it drops locator columns the input has.
     """
 
-    def __init__(self, cfg: NodeConfig, input_schema: pa.Schema, columns: MetadataColumns):
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        input_schema: pa.Schema,
+        columns: MetadataColumns,
+        udfs: Sequence[ScalarUDF] = (),
+    ):
         assert cfg.query is not None
         self.name = cfg.name
+        self._udfs = tuple(udfs)
         self.query = expand_prefix_glob(cfg.query, input_schema, columns)
         self._local = threading.local()
         where = f"pipeline.nodes.{cfg.name}"
@@ -132,6 +140,8 @@ class SqlNode:
         ctx: SessionContext | None = getattr(self._local, "ctx", None)
         if ctx is None:
             ctx = SessionContext()
+            for f in self._udfs:
+                ctx.register_udf(f)
             self._local.ctx = ctx
         return ctx
 
@@ -172,7 +182,9 @@ class Chain:
         leaf: str,
         columns: MetadataColumns,
         sidecar_for: Callable[[NodeConfig], Callable[[pa.Table], pa.Table]] | None = None,
+        udfs: Sequence[ScalarUDF] = (),
     ) -> None:
+        self._udfs = tuple(udfs)
         path: list[NodeConfig] = []
         names = {n.name for n in dag.nodes}
         name = leaf
@@ -196,7 +208,7 @@ class Chain:
         key = (node.name, schema)
         planned = self._plans.get(key)
         if planned is None:
-            planned = SqlNode(node, schema, self._columns)
+            planned = SqlNode(node, schema, self._columns, self._udfs)
             self._plans[key] = planned
         return planned
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pyarrow as pa
+from datafusion import ScalarUDF
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.models import ThalwegConfig
@@ -98,6 +99,7 @@ def node_transform(
         node.name,
         columns,
         sidecar_for=lambda n: SidecarClient(n, columns),
+        udfs=_udfs(cfg),
     )
     sink_cfg = next(s for s in cfg.sinks if s.name == sink)
     schema = LaneReader(layout, columns).decoded_schema(sink_cfg.topics[0])
@@ -119,3 +121,21 @@ def node_transform(
             raise SinkSchemaError(f"pipeline.nodes.{node.name}: {exc}") from exc
 
     return transform
+
+
+def _udfs(cfg: ThalwegConfig) -> list[ScalarUDF]:
+    """The configured WebAssembly functions (wasmtime imported only when there are any).
+
+    Raises:
+        ConfigError: wasmtime is not installed, or a module cannot run as configured.
+    """
+    if not cfg.pipeline.udfs:
+        return []
+    try:
+        from thalweg.pipeline.udf import load_udfs
+    except ImportError as exc:
+        raise ConfigError(
+            f"pipeline.udfs need a package that is not installed ({exc.name}): "
+            "pip install 'thalweg[wasm]'"
+        ) from exc
+    return [u.udf for u in load_udfs(cfg.pipeline.udfs)]
