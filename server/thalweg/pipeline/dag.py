@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from datafusion import ScalarUDF, SessionContext
+from datafusion import ScalarUDF, SessionConfig, SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
 from thalweg.errors import ConfigError
@@ -139,7 +139,9 @@ class SqlNode:
     def _context(self) -> SessionContext:
         ctx: SessionContext | None = getattr(self._local, "ctx", None)
         if ctx is None:
-            ctx = SessionContext()
+            # One partition: a micro-batch is small, rows keep their order (no repartition
+            # to undo with a sort), and the ingest has the other cores.
+            ctx = SessionContext(SessionConfig().with_target_partitions(1))
             for f in self._udfs:
                 ctx.register_udf(f)
             self._local.ctx = ctx
@@ -161,7 +163,9 @@ class SqlNode:
         """The query over one micro-batch (stateless: nothing carries to the next)."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         out = self._plan(table)
-        return out.cast(self.schema) if out.schema != self.schema else out
+        if out.schema.types != self.schema.types or out.schema.names != self.schema.names:
+            out = out.cast(self.schema)  # a literal's type can follow the batch's values
+        return out
 
 
 class Chain:
@@ -228,8 +232,13 @@ class Chain:
                 table = self._sidecars[node.name](table)
             else:
                 table = self._sql(node, table.schema).run(table)
-        position = self._columns.position
-        if table.num_rows > 1:
-            order = pc.sort_indices(table, sort_keys=[(position, "ascending")])
+        positions = table.column(self._columns.position)
+        if table.num_rows > 1 and not _ascending(positions):
+            order = pc.sort_indices(table, sort_keys=[(self._columns.position, "ascending")])
             table = table.take(order)
         return table
+
+
+def _ascending(column: pa.ChunkedArray) -> bool:
+    values = column.to_numpy()
+    return bool((values[1:] >= values[:-1]).all())
