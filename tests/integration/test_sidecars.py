@@ -4,11 +4,14 @@ mid-stream and restarted — every record transformed exactly once in the node's
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,64 @@ def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
     assert sorted(table.column("n").to_pylist()) == list(range(total))  # once each
     tiers = dict(zip(table.column("n").to_pylist(), table.column("tier").to_pylist(), strict=True))
     assert all(tiers[n] == ("gold" if (n % 3000) % 200 > 100 else "basic") for n in tiers)
+
+
+class Hang(Sidecar):
+    """Stops answering until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def transform(self, command: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        self.release.wait(60)
+        return batch
+
+
+def test_a_stalled_sidecar_is_named_by_stats_and_metrics_alone(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    hang = Hang()
+    topic = topic_factory(partitions=1)
+    pipeline = {
+        "nodes": [
+            {
+                "name": "slow",
+                "from": topic,
+                "sidecar": f"grpc://127.0.0.1:{hang.port}",
+                "command": "x",
+                "sink": "files",
+                "timeout_s": 60,
+            }
+        ]
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    rg = gateway_factory(
+        [topic],
+        data_dir=tmp_path / "lane",
+        sinks=sinks,
+        pipeline=pipeline,
+        gateway={"stall_after_s": 1.0},
+    )
+    try:
+        n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(500)))
+        rg.wait_durable(topic, {0: n})
+
+        def stalled() -> bool:
+            stats = json.loads(urllib.request.urlopen(f"{rg.admin_url}/stats").read())
+            return "node:slow" in stats["stalled"]
+
+        wait_until(stalled, 30, "/stats naming the stalled node")
+        text = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+        depth = [
+            ln for ln in text.splitlines() if ln.startswith('twg_node_queue_depth{node="slow"}')
+        ]
+        assert depth and float(depth[0].split()[-1]) > 0, depth
+        assert rg.gateway.health.ready()  # ingest is not held by the node
+    finally:
+        hang.release.set()
+        rg.stop()
+        hang.shutdown()

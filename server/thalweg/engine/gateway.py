@@ -44,6 +44,23 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class _NodeObserver:
+    """Pipeline nodes' work into /stats (stage ``node:<name>``, stalled when rows wait
+    and nothing finishes) and /metrics (``twg_node_queue_depth``, ``twg_node_rows``)."""
+
+    def __init__(self, stats: PipelineStats, metrics: Metrics) -> None:
+        self._stats = stats
+        self._metrics = metrics
+
+    def queued(self, stage: str, depth: int) -> None:
+        self._stats.queued(stage, depth)
+        self._metrics.node_queue_depth.labels(stage.removeprefix("node:")).set(depth)
+
+    def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None:
+        self._stats.done(stage, records, nbytes, seconds)
+        self._metrics.node_rows.labels(stage.removeprefix("node:")).inc(records)
+
+
 def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
     """SQL nodes run as transforms feeding sinks; what else a node could be is not built
     yet (docs/status.md): refused rather than accepted and silently not run.
@@ -128,6 +145,7 @@ class Gateway:
                 health=self.health,
                 decoder_for=self._decoder,
                 writer=ctx.writer,
+                observer=_NodeObserver(self.stats, self.metrics),
             )
             if feed
             else []

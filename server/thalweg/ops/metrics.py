@@ -194,6 +194,16 @@ class Metrics:
             registry=r,
         )
 
+        self.node_queue_depth = Gauge(
+            "twg_node_queue_depth",
+            "Rows handed to a pipeline node and not yet returned by it.",
+            ["node"],
+            registry=r,
+        )
+        self.node_rows = Counter(
+            "twg_node_rows", "Rows a pipeline node returned (derived rows).", ["node"], registry=r
+        )
+
     def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
         """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""
         self._cache.read = read

@@ -1,6 +1,7 @@
 """``/stats``: what each pipeline stage did over the last 30 seconds.
 
-Per stage (``fetch``, ``decode``, ``write``, ``commit``): records/s, bytes/s, p50/p99 of
+Per stage (``fetch``, ``decode``, ``write``, ``commit``, and ``node:<name>`` for each
+pipeline node that has run): records/s, bytes/s, p50/p99 of
 the stage's own latency (time spent in that step, not end to end), and its queue depth
 (work waiting for it). A stage with work waiting and nothing finished for
 ``stall_after_s`` is named in ``stalled`` — so "ingest stopped" becomes "the write stage
@@ -60,7 +61,7 @@ class PipelineStats:
         records, nbytes = max(0, records), max(0, nbytes)
         now = time.monotonic()
         with self._lock:
-            st = self._stages[stage]
+            st = self._stages.setdefault(stage, _Stage())  # node stages come and go
             st.events.append((now, records, nbytes, seconds))
             st.last_done = now
             self._trim(st, now)
@@ -74,7 +75,7 @@ class PipelineStats:
         """How much work (records) waits for ``stage`` now."""
         now = time.monotonic()
         with self._lock:
-            st = self._stages[stage]
+            st = self._stages.setdefault(stage, _Stage())
             if depth > 0 and st.queue <= 0:
                 st.queue_since = now
             st.queue = depth

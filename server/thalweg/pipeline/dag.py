@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -168,6 +170,14 @@ class SqlNode:
         return out
 
 
+class StageObserver(Protocol):
+    """Where a chain reports each node's work (``ops.stats.PipelineStats`` fits)."""
+
+    def queued(self, stage: str, depth: int) -> None: ...
+
+    def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None: ...
+
+
 class Chain:
     """The nodes from a topic down to ``leaf``, as one function of a batch.
 
@@ -187,8 +197,10 @@ class Chain:
         columns: MetadataColumns,
         sidecar_for: Callable[[NodeConfig], Callable[[pa.Table], pa.Table]] | None = None,
         udfs: Sequence[ScalarUDF] = (),
+        observer: StageObserver | None = None,
     ) -> None:
         self._udfs = tuple(udfs)
+        self._observer = observer
         path: list[NodeConfig] = []
         names = {n.name for n in dag.nodes}
         name = leaf
@@ -216,6 +228,26 @@ class Chain:
             self._plans[key] = planned
         return planned
 
+    def _run(self, node: NodeConfig, table: pa.Table) -> pa.Table:
+        """One node over ``table``, reported as stage ``node:<name>``: rows waiting
+        while it runs (a sidecar that stops answering shows as a stalled stage), rows
+        out and time when it returns."""
+        stage = f"node:{node.name}"
+        if self._observer is not None:
+            self._observer.queued(stage, table.num_rows)
+        started = time.monotonic()
+        try:
+            if node.query is None:
+                out = self._sidecars[node.name](table)
+            else:
+                out = self._sql(node, table.schema).run(table)
+        finally:
+            if self._observer is not None:
+                self._observer.queued(stage, 0)
+        if self._observer is not None:
+            self._observer.done(stage, out.num_rows, out.nbytes, time.monotonic() - started)
+        return out
+
     def plan(self, schema: pa.Schema) -> None:
         """Plan the SQL nodes down to the first sidecar (whose output is known only
         from its answers) against ``schema``."""
@@ -228,10 +260,7 @@ class Chain:
         """``table`` through every node, derived rows in their records' position order
         (neither a query nor a sidecar need keep row order; the lane's readers need it)."""
         for node in self.nodes:
-            if node.query is None:
-                table = self._sidecars[node.name](table)
-            else:
-                table = self._sql(node, table.schema).run(table)
+            table = self._run(node, table)
         positions = table.column(self._columns.position)
         if table.num_rows > 1 and not _ascending(positions):
             order = pc.sort_indices(table, sort_keys=[(self._columns.position, "ascending")])

@@ -15,7 +15,7 @@ from thalweg.lane.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
-from thalweg.pipeline.dag import Chain, Dag
+from thalweg.pipeline.dag import Chain, Dag, StageObserver
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.feeder import SinkFeeder
@@ -34,6 +34,7 @@ def build_feeders(
     decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
     writer: SegmentWriter | None = None,
     only: str | None = None,
+    observer: StageObserver | None = None,
 ) -> list[SinkFeeder]:
     """One feeder per ``[[sinks]]`` table (or only the one named ``only``), each holding
     its sink's feeder lock.
@@ -49,7 +50,7 @@ def build_feeders(
     feeders: list[SinkFeeder] = []
     try:
         for s in chosen:
-            transform = node_transform(cfg, s.name, layout, columns)
+            transform = node_transform(cfg, s.name, layout, columns, observer)
             sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir)
             store = CoverageStore(cfg.gateway.data_dir, s.name)
             store.claim()
@@ -75,7 +76,11 @@ def build_feeders(
 
 
 def node_transform(
-    cfg: ThalwegConfig, sink: str, layout: LaneLayout, columns: MetadataColumns
+    cfg: ThalwegConfig,
+    sink: str,
+    layout: LaneLayout,
+    columns: MetadataColumns,
+    observer: StageObserver | None = None,
 ) -> Callable[[pa.Table], pa.Table] | None:
     """For a sink attached to a node, the node chain as a function of a segment's rows
     (None for a sink of a topic's lane).
@@ -100,6 +105,7 @@ def node_transform(
         columns,
         sidecar_for=lambda n: SidecarClient(n, columns),
         udfs=_udfs(cfg),
+        observer=observer,
     )
     sink_cfg = next(s for s in cfg.sinks if s.name == sink)
     schema = LaneReader(layout, columns).decoded_schema(sink_cfg.topics[0])
