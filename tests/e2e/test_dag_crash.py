@@ -1,0 +1,161 @@
+"""A three-level DAG under SIGKILL (the plan's Phase 9 exit, on what is built): the raw
+lane; an unpacking node (a filter) with its own sink; an unnest node below it with its
+own sink. ``twg stream`` is SIGKILLed four times while records stream in; afterwards each
+node's sink holds every derived row exactly once (Arrow IPC files: exactly-once by their
+names), and the source's commits never led the raw lane."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+
+from tests.e2e.test_crash_exactness import start_gateway, wait_started
+from tests.e2e.test_sink_recovery import make_topic
+from tests.helpers import committed_offsets, seeded_rng, wait_until
+from thalweg.embedded import TansuBroker
+from thalweg.lane import LaneLayout, scan_coverage
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOTAL = 30_000
+
+
+def config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> None:
+    path.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+flight_listen = "grpc://127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+
+[raw_lane]
+roll_age_s = 0.25
+roll_rows = 4000
+
+[recovery]
+poll_interval_s = 0.2
+
+[[sources]]
+name = "dag"
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+group_id = "{group}"
+session_timeout_ms = 2000
+heartbeat_interval_ms = 500
+max_poll_records = 2000
+
+[[pipeline.nodes]]
+name = "unpacked"
+from = "{topic}"
+query = "select n, amount, items, _twg_* from input where amount > 0"
+sink = "unpacked_files"
+
+[[pipeline.nodes]]
+name = "lines"
+from = "unpacked"
+query = "select unnest(items) as line, n, _twg_* from input"
+sink = "line_files"
+
+[[sinks]]
+name = "unpacked_files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+commit_interval_s = 0.3
+
+[[sinks]]
+name = "line_files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+commit_interval_s = 0.3
+"""
+    )
+
+
+def doc(i: int) -> dict[str, object]:
+    return {"n": i, "amount": i % 3 - 1, "items": [f"{i}:{k}" for k in range(i % 4)]}
+
+
+def rows(data: Path, sink: str) -> pa.Table:
+    found = sorted((data / "sinks" / sink).rglob("*.arrow"))
+    tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
+    tables = [t for t in tables if t.num_columns]
+    return pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+
+
+def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(
+    broker: TansuBroker, tmp_path: Path
+) -> None:
+    topic = make_topic(broker.bootstrap, "dag")
+    group = f"dag-{uuid.uuid4().hex[:8]}"
+    data, cfg, log = tmp_path / "lane", tmp_path / "twg.toml", tmp_path / "gw.log"
+    config(cfg, broker.bootstrap, topic, group, data)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 10, "log_level": 2})
+    rng = seeded_rng("THALWEG_DAG_CRASH_SEED")
+    proc = start_gateway(cfg, log)
+    layout = LaneLayout(data)
+    violations: list[str] = []
+    try:
+        sent = 0
+        for _kill in range(4):
+            deadline = time.monotonic() + rng.uniform(1.5, 3.0)
+            while time.monotonic() < deadline and sent < TOTAL:
+                for _ in range(500):
+                    producer.produce(topic, json.dumps(doc(sent)).encode(), partition=sent % 2)
+                    sent += 1
+                producer.poll(0)
+                time.sleep(0.05)
+            committed = committed_offsets(broker.bootstrap, group, topic, range(2))
+            for p, off in committed.items():
+                end = scan_coverage(layout, topic, p).end or 0
+                if off > end:
+                    violations.append(f"p{p}: committed {off} > lane {end}")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc = start_gateway(cfg, log)
+        while sent < TOTAL:
+            producer.produce(topic, json.dumps(doc(sent)).encode(), partition=sent % 2)
+            sent += 1
+            if sent % 2000 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0
+        want_unpacked = [i for i in range(TOTAL) if doc(i)["amount"] > 0]  # type: ignore[operator]
+        want_lines = sorted(f"{i}:{k}" for i in want_unpacked for k in range(i % 4))
+
+        def alive() -> None:
+            assert proc.poll() is None, log.read_text()[-2000:]
+
+        wait_until(
+            lambda: (
+                rows(data, "line_files").num_rows == len(want_lines)
+                and rows(data, "unpacked_files").num_rows == len(want_unpacked)
+            ),
+            120,
+            "both node sinks complete",
+            interval=0.5,
+            check=alive,
+        )
+        wait_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert violations == [], violations
+    unpacked = rows(data, "unpacked_files")
+    assert sorted(unpacked.column("n").to_pylist()) == want_unpacked  # once each
+    lines = rows(data, "line_files")
+    assert sorted(lines.column("line").to_pylist()) == want_lines  # once each
+    # Locators: each derived row's offset is its record's.
+    n = lines.column("n").to_pylist()
+    offsets = lines.column("_twg_source_offset").to_pylist()
+    parts = lines.column("_twg_source_partition").to_pylist()
+    assert all(o == i // 2 and p == i % 2 for i, o, p in zip(n, offsets, parts, strict=True))
