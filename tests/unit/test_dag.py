@@ -143,5 +143,5 @@ def test_twg_stream_refuses_nodes_that_feed_no_sink(tmp_path: Any) -> None:
     c = cfg([CLEAN]).model_copy(
         update={"gateway": cfg([]).gateway.model_copy(update={"data_dir": tmp_path})}
     )
-    with pytest.raises(ConfigError, match="no sink is fed from this node"):
+    with pytest.raises(ConfigError, match="nothing is fed from this node"):
         Gateway(c)

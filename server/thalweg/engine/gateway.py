@@ -27,6 +27,7 @@ from thalweg.ops.http import AdminServer
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing
+from thalweg.pipeline.dag import Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 
@@ -66,10 +67,11 @@ def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
     yet (docs/status.md): refused rather than accepted and silently not run.
 
     Raises:
-        ConfigError: a materialised node, or a node no sink is fed from.
+        ConfigError: a node that feeds neither a sink nor its own lane.
     """
     nodes = cfg.pipeline.nodes
-    feeding = {n.name for n in nodes if n.sink is not None}
+    dag = Dag.of(cfg.pipeline)
+    feeding = {n.name for n in nodes if n.sink is not None or dag.materialised(n.name)}
     by_name = {n.name: n for n in nodes}
     for n in list(feeding):
         up = by_name[n].from_
@@ -78,12 +80,10 @@ def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
             up = by_name[up].from_
     for node in nodes:
         where = f"pipeline.nodes.{node.name}"
-        if node.materialise:
-            raise ConfigError(f"{where}: materialised node lanes are not built yet")
         if node.name not in feeding:
             raise ConfigError(
-                f"{where}: no sink is fed from this node (set sink = ...); serving a node "
-                "over Flight is not built yet"
+                f"{where}: nothing is fed from this node (set sink = ..., or materialise = "
+                "true for its own lane); serving a node over Flight is not built yet"
             )
 
 

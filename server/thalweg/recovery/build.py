@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 from datafusion import ScalarUDF
@@ -20,8 +21,9 @@ from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.feeder import SinkFeeder
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
-from thalweg.sinks.base import SinkSchemaError, SinkUnavailableError
+from thalweg.sinks.base import Sink, SinkSchemaError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
+from thalweg.sinks.node_lane import NodeLaneSink, node_lane_config
 
 
 def build_feeders(
@@ -36,23 +38,35 @@ def build_feeders(
     only: str | None = None,
     observer: StageObserver | None = None,
 ) -> list[SinkFeeder]:
-    """One feeder per ``[[sinks]]`` table (or only the one named ``only``), each holding
-    its sink's feeder lock.
+    """One feeder per ``[[sinks]]`` table and per materialised node's lane
+    (``node:<name>``), or only the one named ``only``; each holds its feeder lock.
 
     Raises:
         ConfigError: an unknown or unbuildable kind, a missing backend package, a sink
-            that another process on this ``data_dir`` already feeds, or no sink ``only``.
+            that another process on this ``data_dir`` already feeds, or nothing named
+            ``only``.
     """
-    chosen = [s for s in cfg.sinks if only is None or s.name == only]
-    if only is not None and not chosen:
-        known = ", ".join(s.name for s in cfg.sinks) or "none configured"
-        raise ConfigError(f"no sink named {only!r} (sinks: {known})")
+    sinks: list[tuple[Any, Sink, Callable[[pa.Table], pa.Table] | None]] = []
+    for s in cfg.sinks:
+        if only is None or s.name == only:
+            transform = node_transform(cfg, s.name, layout, columns, observer)
+            sinks.append((s, load_sink_class(s.kind)(s, cfg.gateway.data_dir), transform))
+    dag = Dag.of(cfg.pipeline)
+    for node in dag.nodes:
+        lane = node_lane_config(node.name, dag.source_topic(node.name))
+        if dag.materialised(node.name) and (only is None or lane.name == only):
+            transform = chain_transform(
+                cfg, node.name, lane.topics[0], lane.metadata, layout, columns, observer
+            )
+            sinks.append((lane, NodeLaneSink(lane, cfg.gateway.data_dir), transform))
+    if only is not None and not sinks:
+        known = [s.name for s in cfg.sinks]
+        known += [f"node:{n.name}" for n in dag.nodes if dag.materialised(n.name)]
+        raise ConfigError(f"no sink named {only!r} (sinks: {', '.join(known) or 'none'})")
     feeders: list[SinkFeeder] = []
     try:
-        for s in chosen:
-            transform = node_transform(cfg, s.name, layout, columns, observer)
-            sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir)
-            store = CoverageStore(cfg.gateway.data_dir, s.name)
+        for sink_cfg, sink, transform in sinks:
+            store = CoverageStore(cfg.gateway.data_dir, sink_cfg.name)
             store.claim()
             feeders.append(
                 SinkFeeder(
@@ -83,35 +97,50 @@ def node_transform(
     observer: StageObserver | None = None,
 ) -> Callable[[pa.Table], pa.Table] | None:
     """For a sink attached to a node, the node chain as a function of a segment's rows
-    (None for a sink of a topic's lane).
+    (None for a sink of a topic's lane)."""
+    node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
+    if node is None:
+        return None
+    sink_cfg = next(s for s in cfg.sinks if s.name == sink)
+    return chain_transform(
+        cfg, node.name, sink_cfg.topics[0], sink_cfg.metadata, layout, columns, observer
+    )
+
+
+def chain_transform(
+    cfg: ThalwegConfig,
+    node: str,
+    topic: str,
+    metadata: list[str],
+    layout: LaneLayout,
+    columns: MetadataColumns,
+    observer: StageObserver | None = None,
+) -> Callable[[pa.Table], pa.Table]:
+    """The chain from ``topic`` down to ``node`` as a function of a segment's rows.
 
     Planned now against the topic's decoded schema when the lane already has one (a
     query that does not plan is refused at start, naming the node); otherwise on the
     first rows. A failure on rows (a schema the query no longer plans against, a runtime
-    error of the SQL) degrades the sink — nothing of the batch lands — naming the node.
-
-    A sidecar that is down makes the sink ``down`` (retried with backoff; the node's
-    coverage does not advance); one that breaks the contract makes it ``degraded``.
+    error of the SQL, a sidecar's contract breach) degrades the sink — nothing of the
+    batch lands — naming the node; a sidecar that is down makes it ``down`` (retried
+    with backoff; the node's coverage does not advance).
 
     Raises:
-        ConfigError: a query that does not plan.
+        ConfigError: a query that does not plan, or a WebAssembly function that cannot
+            load.
     """
-    node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
-    if node is None:
-        return None
     chain = Chain(
         Dag.of(cfg.pipeline),
-        node.name,
+        node,
         columns,
         sidecar_for=lambda n: SidecarClient(n, columns),
         udfs=_udfs(cfg),
         observer=observer,
     )
-    sink_cfg = next(s for s in cfg.sinks if s.name == sink)
-    schema = LaneReader(layout, columns).decoded_schema(sink_cfg.topics[0])
+    schema = LaneReader(layout, columns).decoded_schema(topic)
     if schema is not None:
         raw = columns.raw_schema
-        extra = [raw.field(columns.prefix + m) for m in sink_cfg.metadata]
+        extra = [raw.field(columns.prefix + m) for m in metadata]
         fields = [f for f in schema if f.name != columns.decode_error]
         fields += [f for f in extra if f.name not in schema.names]
         chain.plan(pa.schema(fields))
@@ -124,7 +153,7 @@ def node_transform(
         except ConfigError as exc:
             raise SinkSchemaError(str(exc)) from exc
         except Exception as exc:  # DataFusion's errors on rows
-            raise SinkSchemaError(f"pipeline.nodes.{node.name}: {exc}") from exc
+            raise SinkSchemaError(f"pipeline.nodes.{node}: {exc}") from exc
 
     return transform
 

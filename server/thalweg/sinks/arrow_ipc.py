@@ -29,16 +29,17 @@ from thalweg.sinks.base import (
     merge_ranges,
 )
 
-_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.arrow$")
+_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
 
 
-def file_name(epoch: int, start: int, end: int) -> str:
-    return f"e{epoch:06d}-{start:020d}-{end:020d}.arrow"
+def file_name(epoch: int, start: int, end: int, suffix: str = ".arrow") -> str:
+    return f"e{epoch:06d}-{start:020d}-{end:020d}{suffix}"
 
 
 class ArrowIpcSink(BufferedSink):
     kind = "arrow_ipc"
     guarantee = "exactly-once"
+    suffix = ".arrow"
 
     def __init__(self, cfg: Any, data_dir: Path) -> None:
         super().__init__(cfg, data_dir)
@@ -69,7 +70,7 @@ class ArrowIpcSink(BufferedSink):
                             (pdir / name).unlink(missing_ok=True)
                             continue
                         m = _FILE_RE.match(name)
-                        if m:
+                        if m and name.endswith(self.suffix):
                             key = (topic, partition, int(m[1]))
                             ranges.setdefault(key, []).append((int(m[2]), int(m[3])))
         except OSError as exc:
@@ -97,10 +98,9 @@ class ArrowIpcSink(BufferedSink):
         topic, partition, epoch = key
         directory = self.partition_dir(topic, partition)
         ensure_dir(directory)
-        final = directory / file_name(epoch, start, end)
+        final = directory / file_name(epoch, start, end, self.suffix)
         tmp = directory / (final.name + TMP_MARK + str(os.getpid()))
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+        self._write_table(tmp, table)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -108,3 +108,7 @@ class ArrowIpcSink(BufferedSink):
             os.close(fd)
         os.replace(tmp, final)
         fsync_dir(directory)
+
+    def _write_table(self, path: Path, table: pa.Table) -> None:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
