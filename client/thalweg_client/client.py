@@ -145,6 +145,16 @@ class Client:
             return info.schema.empty_table()
         return pa.concat_tables(tables)
 
+    def read_node(self, node: str) -> pa.Table:
+        """A materialised pipeline node's lane as one table (docs/pipeline.md): its
+        derived rows, with the locators of the records they came from."""
+        desc = fl.FlightDescriptor.for_path("nodes", node)
+        info = self._flight.get_flight_info(desc, options=self._options)
+        tables = [
+            self._flight.do_get(e.ticket, options=self._options).read_all() for e in info.endpoints
+        ]
+        return pa.concat_tables(tables) if tables else info.schema.empty_table()
+
     def to_pandas(self, topic: str, **options: Any) -> Any:
         """:meth:`read` as a pandas DataFrame (needs pandas installed)."""
         return self.read(topic, **options).to_pandas()

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import thalweg_client
 from tests.conftest import RunningGateway
 from tests.helpers import produce_json, wait_until
 from thalweg.config import parse_config
@@ -96,6 +97,15 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
         return sorted(x for t in tables if t.num_columns for x in t.column("order_id").to_pylist())
 
     wait_until(lambda: lane_rows() == clean, 60, "the materialised node's own lane")
+    # Served over Flight like a topic: listed, described, read by the thin client.
+    gw = thalweg_client.connect(rg.flight_url)
+    served = gw.read_node("clean")
+    assert sorted(served.column("order_id").to_pylist()) == clean
+    assert "_twg_record_id" in served.column_names
+    listed = [f.descriptor.path for f in gw._flight.list_flights()]
+    assert [b"nodes", b"clean"] in listed and [b"nodes", b"lines"] not in listed
+    with pytest.raises(pa.ArrowInvalid, match="unknown node 'lines'"):
+        gw.read_node("lines")  # not materialised: not a lane
     wait_until(lambda: all(f.lag() == 0 for f in rg.gateway.feeders), 30, "every record covered")
     rg.stop()
     got = files(data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow.flight as fl
@@ -29,6 +30,7 @@ from thalweg.flight.auth import MIDDLEWARE_KEY, HandshakeOnly, TokenAuthFactory
 from thalweg.flight.errors import UnimplementedError, install, refusals
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.put.service import Puts
+from thalweg.flight.read.nodes import NodeReads, is_node_descriptor, is_node_ticket
 from thalweg.flight.read.service import Reads
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory
 from thalweg.lane.catalog import LaneCatalog
@@ -64,6 +66,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         idempotent_producer: bool = False,
         tracing: Tracing | None = None,
         put_timeout_ms: int = 30_000,
+        nodes_root: Path | None = None,
+        materialised_nodes: Callable[[], dict[str, str]] | None = None,
         **kwargs: Any,
     ) -> None:
         install()
@@ -90,6 +94,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         host = location.partition("://")[2].rsplit(":", 1)[0]
         self.url = advertise or f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
         self.reads = Reads(catalog, metrics, limits, streams, self.url)
+        self.nodes = (
+            NodeReads(nodes_root, materialised_nodes, self.url)
+            if nodes_root is not None and materialised_nodes is not None
+            else None
+        )
         self.puts = Puts(
             metrics,
             limits,
@@ -111,12 +120,16 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     ) -> Iterator[fl.FlightInfo]:
         self._called("list_flights")
         yield from self.reads.list_flights(context, criteria)
+        if self.nodes is not None and not criteria:
+            yield from self.nodes.list_flights(context)
 
     @refusals
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         self._called("get_flight_info")
+        if self.nodes is not None and is_node_descriptor(descriptor):
+            return self.nodes.get_flight_info(context, descriptor)
         return self.reads.get_flight_info(context, descriptor)
 
     @refusals
@@ -129,6 +142,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._called("do_get")
+        if self.nodes is not None and is_node_ticket(ticket.ticket):
+            return self.nodes.do_get(context, ticket.ticket)
         return self.reads.do_get(context, ticket)
 
     # -- writes ----------------------------------------------------------------------
