@@ -28,6 +28,7 @@ The wire contract this class keeps (pinned by the gateway's golden tests):
 
 from __future__ import annotations
 
+import hmac
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -43,7 +44,7 @@ class _BearerCheck(flight.ServerMiddlewareFactory):  # type: ignore[misc]
 
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> None:
         got = headers.get("authorization", [])
-        if self._expected not in got:
+        if not any(hmac.compare_digest(g.encode(), self._expected.encode()) for g in got):
             raise flight.FlightUnauthenticatedError("a valid bearer token is required")
 
 

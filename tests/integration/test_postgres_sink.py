@@ -92,3 +92,22 @@ def test_a_value_postgres_cannot_hold_degrades_the_sink_not_downs_it(
     with pytest.raises(SinkSchemaError):
         put(s, bad, 0, 1)
     assert s.health().state is SinkState.DEGRADED
+
+
+def test_a_nodes_derived_rows_keep_one_row_each_not_one_per_record(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    schema = f"n_{uuid.uuid4().hex[:8]}"
+    s = sink(postgres, tmp_path, schema)
+    asyncio.run(s.open())
+    # Record 0 unnested into three rows, record 1 into one: the key is (record id,
+    # derived index), so all four land, and a replay of them adds nothing.
+    derived = rows([0, 0, 0, 1]).append_column(
+        "_twg_derived_index", pa.array([0, 1, 2, 0], pa.int32())
+    )
+    put(s, derived, 0, 2)
+    s2 = sink(postgres, tmp_path, schema)
+    asyncio.run(s2.open())
+    put(s2, derived, 0, 2)  # a replay (the offsets table says covered, but staged anyway)
+    got = postgres.query(f'SELECT "_twg_derived_index" FROM "{schema}".orders ORDER BY 1')
+    assert len(got) == 4

@@ -145,3 +145,31 @@ def test_twg_stream_refuses_nodes_that_feed_no_sink(tmp_path: Any) -> None:
     )
     with pytest.raises(ConfigError, match="nothing is fed from this node"):
         Gateway(c)
+
+
+def test_nodes_need_a_decoded_lane_and_patterns_match_whole_names() -> None:
+    pulsar = {
+        "name": "p",
+        "kind": "pulsar",
+        "service_url": "pulsar://127.0.0.1:1",
+        "topics_pattern": "orders.*",
+    }
+    raw = {
+        "name": "r",
+        "kind": "kafka",
+        "bootstrap_servers": "127.0.0.1:1",
+        "topics": ["blobs"],
+        "format": "none",
+    }
+
+    def parse(nodes: list[dict[str, Any]]) -> Any:
+        return parse_config({"sources": [pulsar, raw], "pipeline": {"nodes": nodes}})
+
+    ok = parse([{"name": "eu", "from": "orders-eu", "query": "select * from input"}])
+    assert ok.source_of("orders-eu") is not None and ok.source_of("x-orders-eu") is None
+    with pytest.raises(ConfigError, match="from = 'ordrs-eu' is neither"):
+        parse([{"name": "eu", "from": "ordrs-eu", "query": "select * from input"}])
+    with pytest.raises(ConfigError, match="cannot share a topic's name"):
+        parse([{"name": "orders_x", "from": "orders-eu", "query": "q"}])
+    with pytest.raises(ConfigError, match="'blobs' has no decoded lane"):
+        parse([{"name": "b", "from": "blobs", "query": "select * from input", "materialise": True}])

@@ -73,6 +73,7 @@ def test_a_runaway_call_is_stopped_by_fuel_and_memory_by_its_ceiling() -> None:
         ({"export": "nope"}, "exports no function 'nope'"),
         ({"export": "ratio"}, "the configuration says"),
         ({"module": WAT / "missing.wat"}, "missing.wat"),
+        ({"module": WAT / "big.wat", "max_memory_bytes": 65536}, "cannot instantiate"),
     ],
 )
 def test_modules_that_cannot_run_as_configured_are_refused_at_load(

@@ -11,6 +11,7 @@ splitting by table would scatter the one place an operator looks up a key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -552,23 +553,32 @@ class ThalwegConfig(_Model):
 
     @model_validator(mode="after")
     def _pipeline(self) -> ThalwegConfig:
-        """Every node reads a consumed topic or a node, and feeds a configured sink."""
-        topics = {t for s in self.sources for t in s.topics}
-        patterns = any(getattr(s, "topics_pattern", None) for s in self.sources)
-        nodes = {n.name for n in self.pipeline.nodes}
+        """Every node reads a consumed topic or a node — a topic with a decoded lane —
+        and feeds a configured sink."""
+        source_of = self.source_of
+        nodes = {n.name: n for n in self.pipeline.nodes}
         sinks = {s.name for s in self.sinks}
         for node in self.pipeline.nodes:
             where = f"pipeline.nodes.{node.name}"
-            if node.name in topics:
+            if source_of(node.name) is not None:
                 raise ValueError(f"{where}: a node cannot share a topic's name")
-            if node.from_ not in nodes and node.from_ not in topics and not patterns:
+            if node.from_ not in nodes and source_of(node.from_) is None:
                 raise ValueError(
                     f"{where}: from = {node.from_!r} is neither a consumed topic nor a node"
                 )
             if node.sink is not None and node.sink not in sinks:
                 raise ValueError(f"{where}: sink = {node.sink!r} is not a [[sinks]] name")
+            root = node.from_
+            while root in nodes:
+                root = nodes[root].from_
+            source = source_of(root)
+            if source is not None and source.format == "none":
+                raise ValueError(
+                    f"{where}: topic {root!r} has no decoded lane (its source has format = "
+                    '"none"); nodes transform decoded records'
+                )
         fed: dict[str, str] = {}
-        by_name = {n.name: n for n in self.pipeline.nodes}
+        by_name = nodes
         for node in self.pipeline.nodes:
             if node.sink is None:
                 continue
@@ -602,12 +612,10 @@ class ThalwegConfig(_Model):
                 "sinks: a secondary sink needs recovery (recovery.enabled = true): without "
                 "the replay from the raw lane, a sink that is down loses what it missed"
             )
-        by_topic = {t: s for s in self.sources for t in s.topics}
-        patterns = any(getattr(s, "topics_pattern", None) for s in self.sources)
         for sink in self.sinks:
             for topic in sink.topics:
-                source = by_topic.get(topic)
-                if source is None and not patterns:
+                source = self.source_of(topic)
+                if source is None:
                     raise ValueError(
                         f"sinks.{sink.name}: topic {topic!r} is not consumed by any source"
                     )
@@ -633,6 +641,18 @@ class ThalwegConfig(_Model):
                     )
                 seen[topic] = source.name
         return self
+
+    def source_of(self, topic: str) -> SourceConfig | None:
+        """The source consuming ``topic``: one naming it, or a Pulsar source whose
+        ``topics_pattern`` matches the whole name."""
+        for s in self.sources:
+            if topic in s.topics:
+                return s
+        for s in self.sources:
+            pattern = s.topics_pattern if isinstance(s, PulsarSourceConfig) else None
+            if pattern and re.fullmatch(pattern, topic):
+                return s
+        return None
 
     def secrets(self) -> list[str]:
         """Dotted paths of every configured secret (values never shown)."""

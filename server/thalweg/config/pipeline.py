@@ -58,7 +58,10 @@ WasmType = Literal["int32", "int64", "float32", "float64"]
 class UdfConfig(_Model):
     """A WebAssembly function as a SQL scalar function (``docs/pipeline.md``)."""
 
-    name: str = Field(pattern=_NAME, description="The function's name in node SQL.")
+    name: str = Field(
+        pattern=r"^[a-z_][a-z0-9_]*$",
+        description="The function's name in node SQL (lower case: SQL folds unquoted names).",
+    )
     module: Path = Field(description="A .wasm or .wat file (no WASI: no files, sockets, clock).")
     export: str | None = Field(None, description="The exported function (default: name).")
     args: list[WasmType] = Field(min_length=1)

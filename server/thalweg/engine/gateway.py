@@ -84,7 +84,7 @@ def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
         if node.name not in feeding:
             raise ConfigError(
                 f"{where}: nothing is fed from this node (set sink = ..., or materialise = "
-                "true for its own lane); serving a node over Flight is not built yet"
+                "true for its own lane, which Flight serves)"
             )
 
 

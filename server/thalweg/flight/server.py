@@ -95,7 +95,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self.url = advertise or f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
         self.reads = Reads(catalog, metrics, limits, streams, self.url)
         self.nodes = (
-            NodeReads(nodes_root, materialised_nodes, self.url)
+            NodeReads(nodes_root, materialised_nodes, self.url, metrics=metrics, streams=streams)
             if nodes_root is not None and materialised_nodes is not None
             else None
         )
@@ -137,6 +137,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
         self._called("get_schema")
+        if self.nodes is not None and is_node_descriptor(descriptor):
+            return self.nodes.get_schema(context, descriptor)
         return self.reads.get_schema(context, descriptor)
 
     @refusals

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from datafusion import ScalarUDF, SessionConfig, SessionContext
@@ -265,7 +266,26 @@ class Chain:
         if table.num_rows > 1 and not _ascending(positions):
             order = pc.sort_indices(table, sort_keys=[(self._columns.position, "ascending")])
             table = table.take(order)
-        return table
+        return _with_derived_index(table, self._columns)
+
+
+def _with_derived_index(table: pa.Table, columns: MetadataColumns) -> pa.Table:
+    """``<prefix>derived_index``: each row's index among the rows derived from the same
+    record (0 for a 1 → 1 node). With the record id it names a derived row — what a
+    destination deduplicates a replay by — and it is deterministic: the rows come from
+    a stateless query in a stable order."""
+    name = columns.prefix + "derived_index"
+    positions = table.column(columns.position).to_numpy()
+    n = len(positions)
+    index = np.zeros(n, np.int32)
+    if n > 1:
+        starts = np.flatnonzero(np.r_[True, positions[1:] != positions[:-1]])
+        lengths = np.diff(np.r_[starts, n])
+        index = (np.arange(n) - np.repeat(starts, lengths)).astype(np.int32)
+    array = pa.array(index, pa.int32())
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, array)
+    return table.append_column(name, array)
 
 
 def _ascending(column: pa.ChunkedArray) -> bool:

@@ -71,13 +71,14 @@ class WasmUdf:
                 f"{where}: the module imports {names}; functions run with no capabilities "
                 "(no WASI: no files, sockets or clock)"
             )
-        self._store = wasmtime.Store(self._engine)
-        self._store.set_limits(memory_size=cfg.max_memory_bytes)
-        self._store.set_fuel(self._fuel)
-        instance = wasmtime.Linker(self._engine).instantiate(self._store, module)
+        self._module = module
+        self._max_memory = cfg.max_memory_bytes
         export = cfg.export or cfg.name
-        func = instance.exports(self._store).get(export)
-        if not isinstance(func, wasmtime.Func):
+        try:
+            func = self._instantiate(export)
+        except wasmtime.WasmtimeError as exc:  # a start-up memory past the ceiling, a trap
+            raise ConfigError(f"{where}: cannot instantiate: {str(exc).splitlines()[0]}") from exc
+        if func is None:
             raise ConfigError(f"{where}: the module exports no function {export!r}")
         ftype = func.type(self._store)
         want_params = [_WASM[a] for a in cfg.args]
@@ -87,12 +88,22 @@ class WasmUdf:
                 f"{list(map(str, ftype.results))}, the configuration says {cfg.args} -> "
                 f"{cfg.returns}"
             )
+        self._export = export
         self._func = func
         self._lock = threading.Lock()
         self._returns = _ARROW[cfg.returns]
         self.udf: ScalarUDF = udf(
             self._call, [_ARROW[a] for a in cfg.args], self._returns, "immutable", cfg.name
         )
+
+    def _instantiate(self, export: str) -> wasmtime.Func | None:
+        """A new store and instance (memory ceiling, fuel on); the export, if a function."""
+        self._store = wasmtime.Store(self._engine)
+        self._store.set_limits(memory_size=self._max_memory)
+        self._store.set_fuel(self._fuel)
+        instance = wasmtime.Linker(self._engine).instantiate(self._store, self._module)
+        func = instance.exports(self._store).get(export)
+        return func if isinstance(func, wasmtime.Func) else None
 
     def _call(self, *arrays: pa.Array) -> pa.Array:
         columns = [a.to_pylist() for a in arrays]
@@ -106,6 +117,11 @@ class WasmUdf:
                 try:
                     out.append(self._func(self._store, *values))
                 except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+                    # A trap can leave the instance half-unwound (a compiled language's
+                    # stack pointer in linear memory): the next call gets a fresh one.
+                    fresh = self._instantiate(self._export)
+                    assert fresh is not None
+                    self._func = fresh
                     raise UdfExhaustedError(
                         f"pipeline.udfs.{self.name}: udf_exhausted: {str(exc).splitlines()[0]}"
                     ) from exc

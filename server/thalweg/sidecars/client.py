@@ -131,6 +131,10 @@ class SidecarClient:
         return self._client
 
     def _exchange(self, table: pa.Table) -> pa.Table:
+        """Write the batches while a reader thread takes the answers: a sidecar blocked
+        writing a large answer is always being read, so neither side waits on the other
+        (writing a window ahead and reading on the same thread deadlocks once answers
+        outgrow gRPC's buffers). At most ``in_flight`` batches are unanswered."""
         batches = table.combine_chunks().to_batches(max_chunksize=self._batch_rows) or [
             pa.RecordBatch.from_pylist([], schema=table.schema)
         ]
@@ -138,16 +142,36 @@ class SidecarClient:
             timeout=self._timeout_s * len(batches), headers=self._headers
         )
         writer, reader = self._connect().do_exchange(self._descriptor, options)
+        window = threading.Semaphore(self._in_flight)
         answers: list[pa.RecordBatch] = []
+        failure: list[BaseException] = []
+
+        def read_answers() -> None:
+            try:
+                for _ in batches:
+                    answers.append(self._answer(reader))
+                    window.release()
+                self._expect_end(reader)
+            except BaseException as exc:  # handed to the writing thread
+                failure.append(exc)
+                for _ in batches:
+                    window.release()  # never leave the writer waiting on a dead reader
+
+        thread = threading.Thread(target=read_answers, name=f"sidecar-{self.node}", daemon=True)
         with writer:
             writer.begin(table.schema)
-            for i, batch in enumerate(batches):
-                writer.write_batch(batch)
-                if i + 1 - len(answers) >= self._in_flight:
-                    answers.append(self._answer(reader))
-            writer.done_writing()
-            while len(answers) < len(batches):
-                answers.append(self._answer(reader))
+            thread.start()
+            try:
+                for batch in batches:
+                    window.acquire()
+                    if failure:
+                        break
+                    writer.write_batch(batch)
+                writer.done_writing()
+            finally:
+                thread.join()
+        if failure:
+            raise failure[0]
         located = [self._locate(out, batch) for out, batch in zip(answers, batches, strict=True)]
         return pa.Table.from_batches(located) if located else table.slice(0, 0)
 
@@ -163,6 +187,18 @@ class SidecarClient:
             raise SidecarContractError(f"pipeline.nodes.{self.node}: an answer without rows")
         data: pa.RecordBatch = chunk.data
         return data
+
+    def _expect_end(self, reader: flight.FlightStreamReader) -> None:
+        """After one answer per batch the stream must end: an extra answer would pair
+        every later one with the wrong batch."""
+        try:
+            reader.read_chunk()
+        except StopIteration:
+            return
+        raise SidecarContractError(
+            f"pipeline.nodes.{self.node}: the sidecar answered more batches than it was sent "
+            "(one answer per batch)"
+        )
 
     def _locate(self, out: pa.RecordBatch, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``out`` with its records' locators: kept by the sidecar, or taken from

@@ -40,6 +40,8 @@ from thalweg.sinks.base import (
 log = logging.getLogger(__name__)
 
 COVERAGE_TABLE = "_thalweg_coverage"
+# A node's derived rows (docs/pipeline.md): the index of a row among its record's rows.
+DERIVED_INDEX = "_twg_derived_index"
 
 
 def quote_ident(name: str) -> str:
@@ -174,32 +176,35 @@ class PostgresSink(BufferedSink):
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
         target = self._qualified(self.table_name(topic))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
-        self._ensure_key(cur, target)
+        key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
+        self._ensure_key(cur, target, key)
         exact = self._evolve(cur, topic, stage)
         cols = ", ".join(quote_ident(n) for n in data.column_names)
         cur.execute(
             f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
-            f"ON CONFLICT ({quote_ident(self._record_id)}) DO NOTHING"
+            f"ON CONFLICT ({', '.join(quote_ident(k) for k in key)}) DO NOTHING"
         )
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
         if exact:
             self._staged[self.table_name(topic)] = data.schema
 
-    def _ensure_key(self, cur: Any, target: str) -> None:
-        """The record id is the table's primary key (made so on a new table); a table
+    def _ensure_key(self, cur: Any, target: str, want: list[str]) -> None:
+        """``want`` is the table's primary key (made so on a new table): the record id,
+        and for a node's rows its derived index too (one record, several rows); a table
         keyed otherwise cannot deduplicate a replay and is refused as a schema error."""
         cur.execute(
             "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
             "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary",
             parameters=(target,),
         )
-        key = [r[0] for r in cur.fetchall()]
+        key = sorted(r[0] for r in cur.fetchall())
         if not key:
-            cur.execute(f"ALTER TABLE {target} ADD PRIMARY KEY ({quote_ident(self._record_id)})")
-        elif key != [self._record_id]:
+            cols = ", ".join(quote_ident(k) for k in want)
+            cur.execute(f"ALTER TABLE {target} ADD PRIMARY KEY ({cols})")
+        elif key != sorted(want):
             raise SinkSchemaError(
-                f"postgres table {target}: its primary key is {key}, not "
-                f"[{self._record_id!r}]; a replay could not be deduplicated"
+                f"postgres table {target}: its primary key is {key}, not {sorted(want)}; a "
+                "replay could not be deduplicated"
             )
 
     def _evolve(self, cur: Any, topic: str, stage: str) -> bool:

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
 
 from thalweg.errors import TicketError
-from thalweg.flight.auth import principal_of
+from thalweg.flight.auth import caller_key, principal_of
 from thalweg.flight.descriptors import text
+from thalweg.flight.errors import refusing
+from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES
+from thalweg.ops.metrics import Metrics
 
 _FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
@@ -34,9 +38,10 @@ def is_node_ticket(raw: bytes) -> bool:
     if not raw.startswith(b"{") or len(raw) > MAX_TICKET_BYTES:
         return False
     try:
-        return "node" in json.loads(raw)
-    except ValueError:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
         return False
+    return isinstance(body, dict) and "node" in body
 
 
 class NodeReads:
@@ -48,10 +53,20 @@ class NodeReads:
         url: the location put into endpoints.
     """
 
-    def __init__(self, root: Path, nodes: Callable[[], dict[str, str]], url: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: Callable[[], dict[str, str]],
+        url: str,
+        *,
+        metrics: Metrics,
+        streams: StreamLimiter,
+    ) -> None:
         self._root = root
         self._nodes = nodes
         self._url = url
+        self._metrics = metrics
+        self._streams = streams
 
     def list_flights(self, context: fl.ServerCallContext) -> Iterator[fl.FlightInfo]:
         caller = principal_of(context)
@@ -82,13 +97,30 @@ class NodeReads:
         name = self._readable(context, name)
         files = self._files(name, parts)
         schema = _schema(files)
+        active = self._metrics.flight_active_streams
+        slot = self._streams.acquire(caller_key(context), on_release=active.dec)
+        active.inc()
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for f in files:
-                table = pq.read_table(f).replace_schema_metadata(None)
-                yield from _shaped(table, schema).to_batches(max_chunksize=64 * 1024)
+            try:
+                for f in files:
+                    table = pq.read_table(f).replace_schema_metadata(None)
+                    for batch in _shaped(table, schema).to_batches(max_chunksize=64 * 1024):
+                        self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
+                        self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
+                        yield batch
+            finally:
+                slot.release()
 
-        return fl.GeneratorStream(schema, batches())
+        gen = batches()
+        weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
+        return fl.GeneratorStream(schema, refusing(gen, "do_get"))
+
+    def get_schema(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.SchemaResult:
+        name = self._readable(context, node_of(descriptor))
+        return fl.SchemaResult(_schema(self._files(name, None)))
 
     def _readable(self, context: fl.ServerCallContext, name: str) -> str:
         topic = self._nodes().get(name)
@@ -97,16 +129,19 @@ class NodeReads:
         return name
 
     def _files(self, name: str, partitions: list[int] | None) -> list[Path]:
-        out: list[tuple[int, int, Path]] = []
-        for pdir in sorted(self._root.glob(f"{_glob_escape(name)}/topic=*/partition=*")):
+        """The node's files of the topic it derives from now (a lane left from an
+        earlier ``from`` is another topic's, not served), by partition, epoch, start."""
+        topic_dir = self._root / name / f"topic={quote(self._nodes()[name], safe='')}"
+        out: list[tuple[int, int, int, Path]] = []
+        for pdir in sorted(topic_dir.glob("partition=*")):
             partition = int(pdir.name.removeprefix("partition="))
             if partitions is not None and partition not in partitions:
                 continue
             for f in pdir.iterdir():
                 m = _FILE.match(f.name)
                 if m:
-                    out.append((partition, int(m[2]), f))
-        return [f for _, _, f in sorted(out)]
+                    out.append((partition, int(m[1]), int(m[2]), f))
+        return [f for *_, f in sorted(out)]
 
     def _info(self, name: str, partitions: list[int] | None) -> fl.FlightInfo:
         files = self._files(name, partitions)
@@ -152,7 +187,3 @@ def _shaped(table: pa.Table, schema: pa.Schema) -> pa.Table:
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[\]])", r"[\1]", unquote(name))
