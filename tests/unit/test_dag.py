@@ -135,6 +135,9 @@ def test_the_prefix_glob_expands_to_the_inputs_metadata_columns() -> None:
     q = expand_prefix_glob("select a, _twg_* from input", schema, COLS)
     assert q == 'select a, "_twg_position", "_twg_x" from input'
     assert expand_prefix_glob("select a from input", schema, COLS) == "select a from input"
+    # Not inside a string literal or a quoted identifier.
+    q = "select a, '_twg_*' as lit, \"_twg_*\" from input where b = 'it''s _twg_*'"
+    assert expand_prefix_glob(q, schema, COLS) == q
 
 
 def test_twg_stream_refuses_nodes_that_feed_no_sink(tmp_path: Any) -> None:

@@ -38,6 +38,7 @@ from thalweg.errors import ConfigError
 from thalweg.records.columns import MetadataColumns
 
 INPUT = "input"
+_MAX_PLANS = 64  # planned (node, input schema) pairs kept per chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +98,13 @@ class Dag:
 
 
 def expand_prefix_glob(query: str, schema: pa.Schema, columns: MetadataColumns) -> str:
-    """``<prefix>*`` → the input's metadata columns, quoted, comma-separated."""
-    pattern = re.compile(rf'(?<![\w"]){re.escape(columns.prefix)}\*')
-    if not pattern.search(query):
-        return query
-    names = [f'"{f.name}"' for f in schema if f.name.startswith(columns.prefix)]
-    return pattern.sub(", ".join(names), query)
+    """``<prefix>*`` → the input's metadata columns, quoted, comma-separated — outside
+    string literals and quoted identifiers, which are kept as written."""
+    pattern = re.compile(rf"(?<![\w]){re.escape(columns.prefix)}\*")
+    names = ", ".join(f'"{f.name}"' for f in schema if f.name.startswith(columns.prefix))
+    # Split into quoted runs ('...' with '' escapes, "...") and the SQL between them.
+    parts = re.split(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""", query)
+    return "".join(part if i % 2 else pattern.sub(names, part) for i, part in enumerate(parts))
 
 
 class SqlNode:
@@ -225,6 +227,8 @@ class Chain:
         key = (node.name, schema)
         planned = self._plans.get(key)
         if planned is None:
+            if len(self._plans) >= _MAX_PLANS:  # schemas that keep changing: start over
+                self._plans.clear()
             planned = SqlNode(node, schema, self._columns, self._udfs)
             self._plans[key] = planned
         return planned
