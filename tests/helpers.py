@@ -13,8 +13,10 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+import pyarrow as pa
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 
 T = TypeVar("T")
@@ -210,3 +212,20 @@ TOKENS = [
     {"name": "analyst", "token": READER, "read": ["pub-*"]},
     {"name": "ingest", "token": WRITER, "read": ["*"], "write": ["*"]},
 ]
+
+
+def arrow_files(directory: Path) -> pa.Table:
+    """Every Arrow IPC file under ``directory`` (an ``arrow_ipc`` sink's) as one table;
+    the zero-column files of spans without rows left out; an empty table when none."""
+    found = sorted(directory.rglob("*.arrow"))
+    tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
+    tables = [t for t in tables if t.num_columns]
+    return pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+
+
+def safe_count(count: Callable[[], int]) -> int:
+    """``count()``, or -1 while what it counts does not exist yet (a table not created)."""
+    try:
+        return count()
+    except Exception:
+        return -1

@@ -33,9 +33,11 @@ TOTAL = 120_000
 KILLS = 5
 
 
-def write_config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> None:
-    path.write_text(
-        f"""
+def config_text(
+    bootstrap: str, topic: str, group: str, data: Path, *, roll_rows: int = 5000, extra: str = ""
+) -> str:
+    """A crash test's gateway: fast rolls, a short session, then ``extra`` tables."""
+    return f"""
 [gateway]
 data_dir = "{data}"
 flight_listen = "grpc://127.0.0.1:0"
@@ -43,7 +45,7 @@ http_listen = "127.0.0.1:0"
 
 [raw_lane]
 roll_age_s = 0.25
-roll_rows = 5000
+roll_rows = {roll_rows}
 
 [[sources]]
 name = "crash"
@@ -54,8 +56,11 @@ group_id = "{group}"
 session_timeout_ms = 2000
 heartbeat_interval_ms = 500
 max_poll_records = 2000
-"""
-    )
+{extra}"""
+
+
+def write_config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> None:
+    path.write_text(config_text(bootstrap, topic, group, data))
 
 
 def start_gateway(config: Path, log: Path) -> subprocess.Popen[bytes]:

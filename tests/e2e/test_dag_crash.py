@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from tests.e2e.test_crash_exactness import start_gateway, wait_started
+from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
 from tests.e2e.test_sink_recovery import make_topic
-from tests.helpers import committed_offsets, seeded_rng, wait_until
+from tests.helpers import arrow_files, committed_offsets, seeded_rng, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
 
@@ -29,29 +29,9 @@ TOTAL = 30_000
 
 
 def config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> None:
-    path.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-flight_listen = "grpc://127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-
-[raw_lane]
-roll_age_s = 0.25
-roll_rows = 4000
-
+    dag = f"""
 [recovery]
 poll_interval_s = 0.2
-
-[[sources]]
-name = "dag"
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-group_id = "{group}"
-session_timeout_ms = 2000
-heartbeat_interval_ms = 500
-max_poll_records = 2000
 
 [[pipeline.nodes]]
 name = "unpacked"
@@ -77,7 +57,7 @@ kind = "arrow_ipc"
 topics = ["{topic}"]
 commit_interval_s = 0.3
 """
-    )
+    path.write_text(config_text(bootstrap, topic, group, data, roll_rows=4000, extra=dag))
 
 
 def doc(i: int) -> dict[str, object]:
@@ -85,10 +65,7 @@ def doc(i: int) -> dict[str, object]:
 
 
 def rows(data: Path, sink: str) -> pa.Table:
-    found = sorted((data / "sinks" / sink).rglob("*.arrow"))
-    tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
-    tables = [t for t in tables if t.num_columns]
-    return pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+    return arrow_files(data / "sinks" / sink)
 
 
 def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(

@@ -32,8 +32,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway, source_cfg
-from tests.e2e.test_crash_exactness import start_gateway, wait_started
-from tests.helpers import seeded_rng, wait_until
+from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
+from tests.helpers import safe_count, seeded_rng, wait_until
 from tests.postgres_server import PostgresServer
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
@@ -64,13 +64,6 @@ def iceberg(data: Path, topic: str) -> pa.Table:
 
 def pg_rows(pg: PostgresServer, topic: str) -> list[tuple[Any, ...]]:
     return pg.query(f'SELECT "{RID}", "n" FROM public."{_table(topic)}"')
-
-
-def count(f: Callable[[], int]) -> int:
-    try:
-        return f()
-    except Exception:
-        return -1
 
 
 def sinks(pg: PostgresServer, topic: str) -> list[dict[str, Any]]:
@@ -168,11 +161,11 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
             sinks=sinks(pg, topic),
         )
         producer = Paced(broker.bootstrap, topic, rate=1500)
-        wait_until(lambda: count(lambda: len(pg_rows(pg, topic))) > 0, 60, "postgres rows")
+        wait_until(lambda: safe_count(lambda: len(pg_rows(pg, topic))) > 0, 60, "postgres rows")
 
         pg.stop()
         down_at = time.monotonic()
-        before_ice = count(lambda: iceberg(data, topic).num_rows)
+        before_ice = safe_count(lambda: iceberg(data, topic).num_rows)
         committed_before = sum(rg.committed(topic, p, 0, timeout=5) for p in range(PARTITIONS))
         statuses = []
         while time.monotonic() - down_at < 22:
@@ -195,7 +188,7 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
         )
         assert committed_after > committed_before, "commits stopped while postgres was down"
         wait_until(
-            lambda: count(lambda: iceberg(data, topic).num_rows) > before_ice,
+            lambda: safe_count(lambda: iceberg(data, topic).num_rows) > before_ice,
             30,
             "iceberg progress",
         )
@@ -217,8 +210,10 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
             rg.committed(topic, p, len(range(p, n, PARTITIONS)), timeout=30)
         broker.stop()  # nothing can be re-read from the source now
         pg.start()
-        wait_until(lambda: count(lambda: len(pg_rows(pg, topic))) == n, 120, "postgres parity")
-        wait_until(lambda: count(lambda: iceberg(data, topic).num_rows) == n, 60, "iceberg parity")
+        wait_until(lambda: safe_count(lambda: len(pg_rows(pg, topic))) == n, 120, "postgres parity")
+        wait_until(
+            lambda: safe_count(lambda: iceberg(data, topic).num_rows) == n, 60, "iceberg parity"
+        )
         wait_until(lambda: metric(rg, "twg_sink_lag_records", "db") == 0, 30, "db lag 0")
         assert rg.gateway.health.state("sink:db").value == "up"
         rg.stop()
@@ -229,29 +224,9 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
 
 
 def write_config(path: Path, bootstrap: str, topic: str, data: Path, pg: PostgresServer) -> None:
-    path.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-flight_listen = "grpc://127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-
-[raw_lane]
-roll_age_s = 0.25
-roll_rows = 5000
-
+    sinks = f"""
 [recovery]
 poll_interval_s = 0.2
-
-[[sources]]
-name = "crash"
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-group_id = "g-{uuid.uuid4().hex[:8]}"
-session_timeout_ms = 2000
-heartbeat_interval_ms = 500
-max_poll_records = 2000
 
 [[sinks]]
 name = "lake"
@@ -266,7 +241,8 @@ topics = ["{topic}"]
 dsn = "{pg.dsn}"
 commit_interval_s = 0.5
 """
-    )
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    path.write_text(config_text(bootstrap, topic, group, data, extra=sinks))
 
 
 def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
@@ -292,14 +268,14 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             assert proc.poll() is None, f"gateway exited: {log.read_text()[-2000:]}"
 
         wait_until(
-            lambda: count(lambda: len(pg_rows(pg, topic))) == total,
+            lambda: safe_count(lambda: len(pg_rows(pg, topic))) == total,
             180,
             "postgres",
             check=alive,
             interval=0.5,
         )
         wait_until(
-            lambda: count(lambda: iceberg(data, topic).num_rows) == total,
+            lambda: safe_count(lambda: iceberg(data, topic).num_rows) == total,
             120,
             "iceberg",
             check=alive,

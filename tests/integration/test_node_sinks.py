@@ -18,7 +18,7 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import produce_json, wait_until
+from tests.helpers import arrow_files, produce_json, wait_until
 from thalweg.config import parse_config
 from thalweg.embedded import TansuBroker
 from thalweg.errors import ConfigError
@@ -50,10 +50,7 @@ def nodes(query: str = "select unnest(items) as line, * from input") -> list[dic
 
 
 def files(data: Path) -> pa.Table:
-    found = sorted((data / "sinks" / "files").rglob("*.arrow"))
-    tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
-    tables = [t for t in tables if t.num_columns]
-    return pa.concat_tables(tables, promote_options="permissive")
+    return arrow_files(data / "sinks" / "files")
 
 
 def docs(n: int) -> list[dict[str, Any]]:
@@ -82,13 +79,7 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     rg = gateway_factory([topic], data_dir=data, sinks=sinks, pipeline=pipeline)
     rg.wait_durable(topic, {0: n})
 
-    def landed() -> int:
-        try:
-            return files(data).num_rows
-        except Exception:
-            return -1
-
-    wait_until(lambda: landed() == len(want), 60, "the node's sink")
+    wait_until(lambda: files(data).num_rows == len(want), 60, "the node's sink")
     clean = [d["order_id"] for d in records if d["amount"] > 0]
 
     def lane_rows() -> list[int]:

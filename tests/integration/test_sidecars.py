@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import RunningGateway
-from tests.helpers import produce_json, wait_until
+from tests.helpers import arrow_files, produce_json, wait_until
 from thalweg.config.pipeline import NodeConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.records.columns import MetadataColumns
@@ -161,9 +161,7 @@ def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
         )
 
         def landed() -> int:
-            found = sorted((data / "sinks" / "files").rglob("*.arrow"))
-            tables = [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found]
-            return sum(t.num_rows for t in tables)
+            return arrow_files(data / "sinks" / "files").num_rows
 
         wait_until(lambda: landed() > 0, 60, "first enriched rows")
         os.killpg(sidecar.pid, signal.SIGKILL)  # mid-stream: more records keep coming
@@ -184,15 +182,7 @@ def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
     finally:
         if sidecar.poll() is None:
             os.killpg(sidecar.pid, signal.SIGKILL)
-    found = sorted((data / "sinks" / "files").rglob("*.arrow"))
-    table = pa.concat_tables(
-        [
-            t
-            for t in (pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in found)
-            if t.num_columns
-        ],
-        promote_options="permissive",
-    )
+    table = arrow_files(data / "sinks" / "files")
     assert sorted(table.column("n").to_pylist()) == list(range(total))  # once each
     tiers = dict(zip(table.column("n").to_pylist(), table.column("tier").to_pylist(), strict=True))
     assert all(tiers[n] == ("gold" if (n % 3000) % 200 > 100 else "basic") for n in tiers)

@@ -25,7 +25,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway
-from tests.helpers import produce_json, wait_until
+from tests.helpers import arrow_files, produce_json, safe_count, wait_until
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.config import parse_config
@@ -75,11 +75,7 @@ def postgres_rows(pg: PostgresServer, topic: str) -> list[tuple[object, ...]]:
 
 
 def ipc_rows(data_dir: Path) -> pa.Table:
-    files = sorted((data_dir / "sinks" / "files").rglob("*.arrow"))
-    return pa.concat_tables(
-        [pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in files],
-        promote_options="permissive",
-    )
+    return arrow_files(data_dir / "sinks" / "files")
 
 
 def lag(rg: RunningGateway, sink: str) -> float:
@@ -107,9 +103,9 @@ def test_three_sinks_hold_every_record_once_and_equal_the_decoded_lane(
     )
     rg = gateway_factory([topic], data_dir=data, sinks=sink_tables(data, postgres, topic))
     rg.wait_durable(topic, {0: n // 2, 1: n // 2})
-    wait_until(lambda: _safe(lambda: len(postgres_rows(postgres, topic))) == n, 60, "postgres")
-    wait_until(lambda: _safe(lambda: iceberg_rows(data, topic).num_rows) == n, 60, "iceberg")
-    wait_until(lambda: _safe(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
+    wait_until(lambda: safe_count(lambda: len(postgres_rows(postgres, topic))) == n, 60, "postgres")
+    wait_until(lambda: safe_count(lambda: iceberg_rows(data, topic).num_rows) == n, 60, "iceberg")
+    wait_until(lambda: safe_count(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
     for sink in ("lake", "db", "files"):
         wait_until(lambda s=sink: lag(rg, s) == 0, 30, f"sink {sink} lag metric at 0")
     rg.stop()
@@ -130,14 +126,6 @@ def test_three_sinks_hold_every_record_once_and_equal_the_decoded_lane(
     # /health listed each sink without gating readiness.
     health = rg.gateway.health.tree()
     assert {"sink:lake", "sink:db", "sink:files"} <= _names(health), json.dumps(health)
-
-
-def _safe(count: Callable[[], int]) -> int:
-    """A count, or -1 while the destination does not exist yet."""
-    try:
-        return count()
-    except Exception:
-        return -1
 
 
 def _names(tree: dict[str, Any]) -> set[str]:
@@ -223,8 +211,8 @@ def test_an_incompatible_schema_degrades_only_that_sink(
     n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(500)))
     rg = gateway_factory([topic], data_dir=data, sinks=sink_tables(data, postgres, topic))
     rg.wait_durable(topic, {0: n})
-    wait_until(lambda: _safe(lambda: len(postgres_rows(postgres, topic))) == n, 60, "postgres")
-    wait_until(lambda: _safe(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
+    wait_until(lambda: safe_count(lambda: len(postgres_rows(postgres, topic))) == n, 60, "postgres")
+    wait_until(lambda: safe_count(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
     health = rg.gateway.health
     wait_until(
         lambda: (
@@ -266,7 +254,9 @@ def test_a_recovery_role_gateway_drains_while_an_ingest_role_gateway_ingests(
         partition=lambda i: i % 2,
     )
     total = backfill + more
-    wait_until(lambda: _safe(lambda: ipc_rows(data).num_rows) == total, 120, "the backfill drained")
+    wait_until(
+        lambda: safe_count(lambda: ipc_rows(data).num_rows) == total, 120, "the backfill drained"
+    )
     drain_s = time.monotonic() - t1
     ingest.wait_durable(topic, {0: total // 2, 1: total // 2})
     print(
@@ -276,48 +266,26 @@ def test_a_recovery_role_gateway_drains_while_an_ingest_role_gateway_ingests(
     rows = ipc_rows(data)
     assert sorted(rows.column("n").to_pylist()) == list(range(total))
     # One feeder per sink: a twg recover beside the recovery-role gateway is refused.
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thalweg.cli.main",
-            "--output",
-            "json",
-            "recover",
-            "--config",
-            str(_config_file(tmp_path, recovery)),
-            "--sink",
-            "files",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = twg_recover(_config_file(tmp_path, recovery), "files")
     assert out.returncode == 2 and "already fed by pid" in out.stderr, out.stderr
     recovery.stop()
     ingest.stop()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thalweg.cli.main",
-            "--output",
-            "json",
-            "recover",
-            "--config",
-            str(_config_file(tmp_path, recovery)),
-            "--sink",
-            "files",
-        ],
+    out = twg_recover(_config_file(tmp_path, recovery), "files")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["rows"] == 0 and summary["lag_after"] == 0
+
+
+def twg_recover(config: Path, sink: str) -> subprocess.CompletedProcess[str]:
+    """``twg --output json recover --config CONFIG --sink SINK`` as a process."""
+    cmd = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "recover"]
+    return subprocess.run(
+        [*cmd, "--config", str(config), "--sink", sink],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert out.returncode == 0, out.stderr
-    summary = json.loads(out.stdout)
-    assert summary["rows"] == 0 and summary["lag_after"] == 0
 
 
 def _config_file(tmp_path: Path, rg: RunningGateway) -> Path:
@@ -376,7 +344,7 @@ def test_an_iceberg_sink_on_an_s3_warehouse(
             load_catalog("s3lake", **props).load_table(f"thalweg.{name}").scan().to_arrow().num_rows
         )
 
-    wait_until(lambda: _safe(rows) == n, 60, "rows in the S3 warehouse")
+    wait_until(lambda: safe_count(rows) == n, 60, "rows in the S3 warehouse")
     rg.stop()
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]  # type: ignore[attr-defined]
     assert any(k.endswith(".parquet") for k in keys) and any("metadata" in k for k in keys)

@@ -30,6 +30,37 @@ QUARANTINE = "quarantine"
 log = logging.getLogger(__name__)
 
 
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted half-open ranges, overlapping and adjacent ones merged, empty ones dropped."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def subtract_ranges(
+    ranges: list[tuple[int, int]], held: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of ``ranges`` outside ``held`` (both sorted and merged)."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        pos = a
+        for c, d in held:
+            if d <= pos or c >= b:
+                continue
+            if c > pos:
+                out.append((pos, c))
+            pos = max(pos, d)
+            if pos >= b:
+                break
+        if pos < b:
+            out.append((pos, b))
+    return out
+
+
 @dataclass(slots=True)
 class Coverage:
     """Merged, sorted ``[from, to)`` ranges of one partition."""
@@ -38,13 +69,7 @@ class Coverage:
 
     def add(self, start: int, end: int) -> None:
         """Record ``[start, end)``; adjacent and overlapping ranges merge."""
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self.ranges, (start, end)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        self.ranges = merged
+        self.ranges = merge_ranges([*self.ranges, (start, end)])
 
     @property
     def end(self) -> int | None:

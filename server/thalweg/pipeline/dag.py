@@ -176,9 +176,11 @@ class SqlNode:
 class StageObserver(Protocol):
     """Where a chain reports each node's work (``ops.stats.PipelineStats`` fits)."""
 
-    def queued(self, stage: str, depth: int) -> None: ...
+    def queued(self, stage: str, depth: int) -> None:
+        """``depth`` rows wait in ``stage`` now."""
 
-    def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None: ...
+    def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None:
+        """``stage`` returned ``records`` rows (``nbytes``) after ``seconds``."""
 
 
 class Chain:

@@ -24,7 +24,7 @@ from typing import IO
 from urllib.parse import quote
 
 from thalweg.errors import ConfigError, LaneError
-from thalweg.lane.coverage import Coverage
+from thalweg.lane.coverage import Coverage, subtract_ranges
 from thalweg.lane.layout import ensure_dir, write_json_durably
 from thalweg.sinks.base import CoverageKey, Ranges
 
@@ -117,21 +117,7 @@ class CoverageStore:
 
     def gaps(self, key: CoverageKey, lane: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """What the raw lane covers (``lane``: its ranges) and this sink does not."""
-        held = self.covered(key)
-        out: list[tuple[int, int]] = []
-        for a, b in lane:
-            pos = a
-            for c, d in held:
-                if d <= pos or c >= b:
-                    continue
-                if c > pos:
-                    out.append((pos, c))
-                pos = max(pos, d)
-                if pos >= b:
-                    break
-            if pos < b:
-                out.append((pos, b))
-        return out
+        return subtract_ranges(lane, self.covered(key))
 
     def flush(self) -> bool:
         """Write the store durably if it changed; True when it wrote.

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
-from thalweg.lane.coverage import Coverage, scan_coverage
+from thalweg.lane.coverage import Coverage, scan_coverage, subtract_ranges
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.writer import SegmentWriter
@@ -195,7 +195,8 @@ class SinkFeeder:
         began = time.monotonic()
         summary = PassSummary()
         await self._settle()  # the gaps below must not include a commit in flight
-        work = await asyncio.to_thread(self._work, topic, start, end)
+        lanes = await asyncio.to_thread(self._lane_ranges, topic, start, end)
+        work = self._work(lanes)
         summary.lag_before = sum(b - a for _, gaps in work for a, b in gaps)
         for key, gaps in work:
             for a, b in gaps:
@@ -229,24 +230,28 @@ class SinkFeeder:
             await self.flush()
             summary.flushes += 1
         self.reader.forget()
-        summary.lag_after = await asyncio.to_thread(self.lag, topic, start, end)
+        summary.lag_after = self._lag_of(
+            lanes, whole=topic is None and start is None and end is None
+        )
         summary.seconds = time.monotonic() - began
         return summary
 
-    def lag(
-        self, topic: str | None = None, start: int | None = None, end: int | None = None
+    def lag(self) -> int:
+        """Positions the lane covers and the sink has not landed durably (reading the
+        lane's coverage now); sets the metric and the /health entry."""
+        return self._lag_of(self._lane_ranges(None, None, None), whole=True)
+
+    def _lag_of(
+        self, lanes: list[tuple[CoverageKey, list[tuple[int, int]]]], *, whole: bool
     ) -> int:
-        """Positions the lane covers and the sink has not landed durably (in the given
-        topic and window; the metric and /health take the whole sink's)."""
-        total = 0
-        for key, lane in self._lane_ranges(topic, start, end):
-            total += sum(b - a for a, b in self.store.gaps(key, lane))
-        if topic is not None or start is not None or end is not None:
-            return total
-        if self.metrics is not None:
-            self.metrics.sink_lag.labels(self.sink.name).set(total)
-        if self.health is not None:
-            self.health.annotate(self.component, lag_records=total, kind=self.sink.kind)
+        """The lag against lane ranges already read (a pass reads them once); the metric
+        and /health take only the whole sink's."""
+        total = sum(b - a for key, lane in lanes for a, b in self.store.gaps(key, lane))
+        if whole:
+            if self.metrics is not None:
+                self.metrics.sink_lag.labels(self.sink.name).set(total)
+            if self.health is not None:
+                self.health.annotate(self.component, lag_records=total, kind=self.sink.kind)
         return total
 
     def _lane_ranges(
@@ -265,16 +270,16 @@ class SinkFeeder:
         return out
 
     def _work(
-        self, topic: str | None, start: int | None, end: int | None
+        self, lanes: list[tuple[CoverageKey, list[tuple[int, int]]]]
     ) -> list[tuple[CoverageKey, list[tuple[int, int]]]]:
         """Per partition, the lane's ranges that neither the store nor the unflushed
         writes hold."""
         out = []
-        for key, lane in self._lane_ranges(topic, start, end):
+        for key, lane in lanes:
             gaps = self.store.gaps(key, lane)
             pending = self._pending.get(key)
             if pending is not None:
-                gaps = _minus(gaps, pending.ranges)
+                gaps = subtract_ranges(gaps, pending.ranges)
             if gaps:
                 out.append((key, gaps))
         return out
@@ -337,21 +342,6 @@ class SinkFeeder:
     def _report(self, state: SinkState, detail: str) -> None:
         if self.health is not None:
             self.health.set(self.component, _HEALTH[state], detail)
-
-
-def _minus(ranges: list[tuple[int, int]], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in ranges:
-        pos = a
-        for c, d in held:
-            if d <= pos or c >= b:
-                continue
-            if c > pos:
-                out.append((pos, c))
-            pos = max(pos, d)
-        if pos < b:
-            out.append((pos, b))
-    return out
 
 
 async def _sleep(stop: asyncio.Event | None, seconds: float) -> None:

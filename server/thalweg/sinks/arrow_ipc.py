@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 
 import pyarrow as pa
 
+from thalweg.lane.coverage import merge_ranges
 from thalweg.lane.layout import TMP_MARK, ensure_dir, fsync_dir
 from thalweg.sinks.base import (
     BufferedSink,
@@ -26,7 +27,6 @@ from thalweg.sinks.base import (
     Ranges,
     SinkUnavailableError,
     Span,
-    merge_ranges,
 )
 
 _FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")

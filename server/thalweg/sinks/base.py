@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from thalweg.errors import ThalwegError
+from thalweg.lane.coverage import merge_ranges
 
 # (topic, partition, epoch): an epoch's positions are names in one broker log only.
 CoverageKey = tuple[str, int, int]
@@ -126,17 +127,6 @@ class Landed:
         for s in spans:
             out.setdefault(s.key, []).append((s.start, s.end))
         return Landed({k: merge_ranges(v) for k, v in out.items()})
-
-
-def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, with overlapping and adjacent ranges merged."""
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
 
 
 class Sink(ABC):

@@ -95,8 +95,9 @@ class FlightSink(BufferedSink):
             writer.done_writing()
             # A server may answer with application metadata; it is not needed (close()
             # carries the status), but it is read so the server never blocks on it.
-            while acks.read() is not None:
-                pass
+            ack = acks.read()
+            while ack is not None:
+                ack = acks.read()
         finally:
             # Raises the server's error if the put failed: the acknowledgement is this
             # returning cleanly.

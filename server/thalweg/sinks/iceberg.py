@@ -52,13 +52,13 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
+from thalweg.lane.coverage import merge_ranges
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
     Ranges,
     SinkSchemaError,
     SinkUnavailableError,
-    merge_ranges,
 )
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from typing import Any
 import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
+from thalweg.lane.coverage import merge_ranges
 from thalweg.records.columns import RECORD_ID_TYPE
 from thalweg.sinks.base import (
     BufferedSink,
@@ -34,7 +35,6 @@ from thalweg.sinks.base import (
     SinkError,
     SinkSchemaError,
     SinkUnavailableError,
-    merge_ranges,
 )
 
 log = logging.getLogger(__name__)
