@@ -12,7 +12,9 @@ Run it, then point a pipeline node at it (docs/sidecars.md):
     sink = "lake"
 
 The locator columns come in with every batch and go back out untouched: appending a
-column keeps each row tied to its record.
+column keeps each row tied to its record. A batch holding an order with a negative
+amount is refused with an error: the gateway retries it, then finds the refused orders
+and writes them to the node's dead-letter lane (reason ``transform``); the rest go on.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Enrich(Sidecar):
         if command != "tier":
             raise ValueError(f"unknown command {command!r}; this sidecar offers 'tier'")
         amount = pc.cast(batch.column("amount"), pa.float64())
+        if pc.any(pc.less(amount, 0)).as_py():
+            raise ValueError("an order's amount cannot be negative")
         tier = pc.if_else(pc.greater(amount, 100), "gold", "basic")
         return batch.append_column("tier", tier)
 

@@ -18,14 +18,21 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import RunningGateway
 from tests.helpers import arrow_files, produce_json, wait_until
-from thalweg.config.pipeline import NodeConfig
+from thalweg.config.pipeline import NodeConfig, PipelineConfig
 from thalweg.embedded import TansuBroker, free_port
+from thalweg.pipeline.dag import Chain, Dag
 from thalweg.records.columns import MetadataColumns
-from thalweg.sidecars import SidecarClient, SidecarContractError, SidecarUnavailableError
+from thalweg.sidecars import (
+    SidecarClient,
+    SidecarContractError,
+    SidecarRefusedError,
+    SidecarUnavailableError,
+)
 from thalweg_client.sidecar import ROW_INDEX, Sidecar
 
 pytestmark = pytest.mark.integration
@@ -44,6 +51,8 @@ def records(n: int) -> pa.Table:
 class Shapes(Sidecar):
     """One command per shape of the contract."""
 
+    asked = 0
+
     def transform(self, command: str, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
         if command == "append":  # locators kept: a computed column
             return batch.append_column("double", pc.multiply(batch.column("amount"), 2))
@@ -54,6 +63,11 @@ class Shapes(Sidecar):
             return batch.filter(pc.equal(pc.bit_wise_and(batch.column("_twg_position"), 1), 0))
         if command == "lose":  # breaks the contract: neither locators nor an index
             return pa.table({"amount": batch.column("amount")})
+        if command == "picky":  # refuses any batch holding amount 30 (position 3)
+            self.asked += 1
+            if 30 in batch.column("amount").to_pylist():
+                raise ValueError("amount 30 is not allowed")
+            return batch
         raise ValueError(f"unknown command {command}")
 
 
@@ -109,6 +123,26 @@ def test_a_wrong_token_or_a_dead_sidecar_is_unavailable_and_opens_the_circuit(
     assert time.monotonic() - started < 0.5  # failed at once, no connection tried
 
 
+def test_rows_the_sidecar_refuses_are_retried_then_isolated_and_named(shapes: Shapes) -> None:
+    picky = client(shapes.port, "picky", retries=2)
+    started = shapes.asked
+    with pytest.raises(SidecarRefusedError, match="refused 20 rows 3 times: amount 30"):
+        picky(records(20))
+    assert shapes.asked - started >= 3  # each try reached the sidecar (batches of 7)
+    assert picky(records(3).slice(0, 3)).num_rows == 3  # not counted towards the breaker
+    dag = Dag.of(
+        PipelineConfig.model_validate(
+            {"nodes": [{"name": "n", "from": "t", "sidecar": "grpc://x:1", "command": "picky"}]}
+        )
+    )
+    chain = Chain(dag, "n", COLS, sidecar_for=lambda _: picky)
+    out = chain.apply(records(20))
+    assert out.rows.column("_twg_position").to_pylist() == [p for p in range(20) if p != 3]
+    (rejected,) = out.rejected
+    assert rejected.positions.tolist() == [3] and rejected.reason == "transform"
+    assert "amount 30 is not allowed" in rejected.error
+
+
 def start_example(port: int, log: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
@@ -125,6 +159,11 @@ def start_example(port: int, log: Path) -> subprocess.Popen[bytes]:
     line = proc.stdout.readline()
     assert line.startswith(b"sidecar listening"), line
     return proc
+
+
+def poison(n: int) -> bool:
+    """The orders the example sidecar refuses (a negative amount)."""
+    return n % 1000 == 7
 
 
 def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
@@ -152,12 +191,13 @@ def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
     rg = gateway_factory(
         [topic], data_dir=data, sinks=sinks, pipeline=pipeline, recovery={"retry_max_s": 1}
     )
+
+    def order(n: int) -> dict[str, int]:
+        return {"n": n, "amount": -1 if poison(n) else n % 200}
+
     try:
         first = produce_json(
-            broker.bootstrap,
-            topic,
-            ({"n": i, "amount": i % 200} for i in range(3000)),
-            partition=lambda i: i % 2,
+            broker.bootstrap, topic, (order(i) for i in range(3000)), partition=lambda i: i % 2
         )
 
         def landed() -> int:
@@ -169,23 +209,41 @@ def test_the_example_sidecar_killed_mid_stream_transforms_every_record_once(
         more = produce_json(
             broker.bootstrap,
             topic,
-            ({"n": first + i, "amount": i % 200} for i in range(3000)),
+            (order(first + i) for i in range(3000)),
             partition=lambda i: i % 2,
         )
         total = first + more
+        refused = [n for n in range(total) if poison(n)]
         rg.wait_durable(topic, {0: total // 2, 1: total // 2})
         wait_until(lambda: rg.gateway.health.state("sink:files").value == "down", 30, "sink down")
         assert rg.gateway.health.ready()  # the raw lane and commits go on
         sidecar = start_example(port, tmp_path / "sidecar.log")
-        wait_until(lambda: landed() == total, 120, "every record enriched after the restart")
+        wait_until(
+            lambda: landed() == total - len(refused), 120, "every record enriched after the restart"
+        )
+        wait_until(lambda: all(f.lag() == 0 for f in rg.gateway.feeders), 60, "all covered")
         rg.stop()
     finally:
         if sidecar.poll() is None:
             os.killpg(sidecar.pid, signal.SIGKILL)
     table = arrow_files(data / "sinks" / "files")
-    assert sorted(table.column("n").to_pylist()) == list(range(total))  # once each
+    good = [n for n in range(total) if not poison(n)]
+    assert sorted(table.column("n").to_pylist()) == good  # once each
     tiers = dict(zip(table.column("n").to_pylist(), table.column("tier").to_pylist(), strict=True))
     assert all(tiers[n] == ("gold" if (n % 3000) % 200 > 100 else "basic") for n in tiers)
+    # The refused orders: in the node's dead-letter lane once each, as raw records with
+    # their locators and why — after the sidecar refused them on every try.
+    dead = pa.concat_tables(
+        [pq.read_table(f) for f in sorted((data / "nodes" / "tiered" / "dlq").rglob("*.parquet"))]
+    )
+    ns = [json.loads(p)["n"] for p in dead.column("_twg_source_value").to_pylist()]
+    assert sorted(ns) == refused
+    assert set(dead.column("_twg_dlq_reason").to_pylist()) == {"transform"}
+    assert set(dead.column("_twg_dlq_stage").to_pylist()) == {"node:tiered"}
+    assert all("amount cannot be negative" in e for e in dead.column("_twg_dlq_error").to_pylist())
+    assert all("times" in e for e in dead.column("_twg_dlq_error").to_pylist())
+    assert dead.column("_twg_source_offset").null_count == 0
+    assert dead.column("_twg_source_topic").to_pylist() == [topic] * len(refused)
 
 
 class Hang(Sidecar):

@@ -203,6 +203,13 @@ class Metrics:
         self.node_rows = Counter(
             "twg_node_rows", "Rows a pipeline node returned (derived rows).", ["node"], registry=r
         )
+        self.node_dead_letters = Counter(
+            "twg_node_dead_letters",
+            "Records a pipeline node refused, written to its dead-letter lane, by reason "
+            "(transform, udf_exhausted); a replay of the same segment counts them again.",
+            ["node", "reason"],
+            registry=r,
+        )
 
     def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
         """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""

@@ -15,8 +15,9 @@ A :class:`Chain` is the SQL nodes from a topic down to one node, applied in orde
 segment's rows: how a sink attached to a node is fed (``recovery.build``) — its spans are
 the topic's positions, so a record is covered for the node only once all its derived rows
 landed. Sidecar nodes enter as functions (``sidecar_for``), WebAssembly functions as
-DataFusion UDFs (``thalweg.pipeline.udf``). Not built yet (docs/status.md): node lanes
-(materialised nodes), serving nodes over Flight.
+DataFusion UDFs (``thalweg.pipeline.udf``). A node that fails on some records — not on
+the batch's shape — refuses them: the chain isolates them and hands them back as
+:class:`Rejected` beside the rows (``Derived``), for the caller to dead-letter.
 """
 
 from __future__ import annotations
@@ -34,11 +35,41 @@ import pyarrow.compute as pc
 from datafusion import ScalarUDF, SessionConfig, SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, ThalwegError
 from thalweg.records.columns import MetadataColumns
 
 INPUT = "input"
 _MAX_PLANS = 64  # planned (node, input schema) pairs kept per chain
+# How a WebAssembly function's failure (thalweg.pipeline.udf) reads through DataFusion.
+_UDF_ERROR = re.compile(r"pipeline\.udfs\.\w+: udf_exhausted: [^'\"\\]*")
+
+
+class RowsRefusedError(ThalwegError):
+    """A node refused the rows it was given — a runtime error of its SQL, a WebAssembly
+    function out of fuel or memory, a sidecar's error answer. Unlike a sidecar that is
+    down, trying again later gives the same answer: the records that cause it are
+    dead-lettered (:class:`Rejected`) and the rest go on."""
+
+    reason = "transform"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Records one node refused: their positions (each once), why, and the error."""
+
+    node: str
+    reason: str
+    error: str
+    positions: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """What a chain made of a batch: the derived rows, and the records refused on the
+    way (no row of a refused record reaches the nodes below the one that refused it)."""
+
+    rows: pa.Table
+    rejected: tuple[Rejected, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +204,14 @@ class SqlNode:
         return out
 
 
+class NodeFunction(Protocol):
+    """A sidecar node as the chain calls it (``thalweg.sidecars.SidecarClient`` fits):
+    the rows derived from ``table``, raising :class:`RowsRefusedError` for rows it
+    refuses — after its own retries, or at once with ``retry_refused`` false."""
+
+    def __call__(self, table: pa.Table, *, retry_refused: bool = True) -> pa.Table: ...
+
+
 class StageObserver(Protocol):
     """Where a chain reports each node's work (``ops.stats.PipelineStats`` fits)."""
 
@@ -200,7 +239,7 @@ class Chain:
         dag: Dag,
         leaf: str,
         columns: MetadataColumns,
-        sidecar_for: Callable[[NodeConfig], Callable[[pa.Table], pa.Table]] | None = None,
+        sidecar_for: Callable[[NodeConfig], NodeFunction] | None = None,
         udfs: Sequence[ScalarUDF] = (),
         observer: StageObserver | None = None,
     ) -> None:
@@ -216,7 +255,7 @@ class Chain:
         self.leaf = leaf
         self.nodes = tuple(reversed(path))
         self._columns = columns
-        self._sidecars: dict[str, Callable[[pa.Table], pa.Table]] = {}
+        self._sidecars: dict[str, NodeFunction] = {}
         for node in self.nodes:
             if node.query is not None:
                 continue
@@ -235,25 +274,84 @@ class Chain:
             self._plans[key] = planned
         return planned
 
-    def _run(self, node: NodeConfig, table: pa.Table) -> pa.Table:
+    def _call(self, node: NodeConfig, table: pa.Table, *, isolating: bool = False) -> pa.Table:
+        if node.query is None:
+            return self._sidecars[node.name](table, retry_refused=not isolating)
+        return self._sql(node, table.schema).run(table)
+
+    def _run(self, node: NodeConfig, table: pa.Table) -> tuple[pa.Table, list[Rejected]]:
         """One node over ``table``, reported as stage ``node:<name>``: rows waiting
         while it runs (a sidecar that stops answering shows as a stalled stage), rows
-        out and time when it returns."""
+        out and time when it returns. Refused rows are isolated (:meth:`_isolate`)."""
         stage = f"node:{node.name}"
         if self._observer is not None:
             self._observer.queued(stage, table.num_rows)
         started = time.monotonic()
+        rejected: list[Rejected] = []
         try:
-            if node.query is None:
-                out = self._sidecars[node.name](table)
-            else:
-                out = self._sql(node, table.schema).run(table)
+            try:
+                out = self._call(node, table)
+            except Exception as exc:
+                refusal = _refusal(exc)
+                if refusal is None:
+                    raise
+                out, rejected = self._isolate(node, table, refusal)
         finally:
             if self._observer is not None:
                 self._observer.queued(stage, 0)
         if self._observer is not None:
             self._observer.done(stage, out.num_rows, out.nbytes, time.monotonic() - started)
-        return out
+        return out, rejected
+
+    def _isolate(
+        self, node: NodeConfig, table: pa.Table, first: tuple[str, str]
+    ) -> tuple[pa.Table, list[Rejected]]:
+        """The records of ``table`` that ``node`` refuses, found by halving, and what it
+        derives from the others.
+
+        A record's rows stay together (a node below an ``unnest`` sees several rows per
+        record). One bad record among n costs about 2·log2(n) calls; the calls are
+        bounded, so a batch where most records fail is refused in a few large pieces
+        rather than record by record — each refused record is named either way."""
+        pos = self._columns.position
+        order = pc.sort_indices(table, sort_keys=[(pos, "ascending")])
+        table = table.take(order)
+        positions = table.column(pos).to_numpy()
+        starts = np.flatnonzero(np.r_[True, positions[1:] != positions[:-1]])
+        bounds = np.r_[starts, len(positions)]
+        records = len(starts)
+        budget = 4 * int(np.ceil(np.log2(records + 1))) + 16
+        good: list[pa.Table] = []
+        rejected: list[Rejected] = []
+        pending: list[tuple[int, int, tuple[str, str]]] = [(0, records, first)]
+        while pending:
+            lo, hi, why = pending.pop()
+            if hi - lo > 1 and budget > 0:
+                mid = (lo + hi) // 2
+                for a, b in ((mid, hi), (lo, mid)):  # popped lo half first: order kept
+                    part = table.slice(bounds[a], bounds[b] - bounds[a])
+                    budget -= 1
+                    try:
+                        good.append(self._call(node, part, isolating=True))
+                    except Exception as exc:
+                        refusal = _refusal(exc)
+                        if refusal is None:
+                            raise
+                        pending.append((a, b, refusal))
+                continue
+            refused = positions[bounds[lo] : bounds[hi]]
+            rejected.append(Rejected(node.name, why[0], why[1], np.unique(refused)))
+        if good:
+            out = pa.concat_tables(good, promote_options="permissive")
+        else:
+            out = self._empty_output(node, table)
+        return out, rejected
+
+    def _empty_output(self, node: NodeConfig, table: pa.Table) -> pa.Table:
+        """No rows, with the node's output schema where it is known (a SQL node's)."""
+        if node.query is not None:
+            return self._sql(node, table.schema).schema.empty_table()
+        return table.slice(0, 0)
 
     def plan(self, schema: pa.Schema) -> None:
         """Plan the SQL nodes down to the first sidecar (whose output is known only
@@ -263,16 +361,36 @@ class Chain:
                 return
             schema = self._sql(node, schema).schema
 
-    def apply(self, table: pa.Table) -> pa.Table:
+    def apply(self, table: pa.Table) -> Derived:
         """``table`` through every node, derived rows in their records' position order
-        (neither a query nor a sidecar need keep row order; the lane's readers need it)."""
+        (neither a query nor a sidecar need keep row order; the lane's readers need it),
+        and the records a node refused."""
+        rejected: list[Rejected] = []
         for node in self.nodes:
-            table = self._run(node, table)
+            table, refused = self._run(node, table)
+            rejected += refused
         positions = table.column(self._columns.position)
         if table.num_rows > 1 and not _ascending(positions):
             order = pc.sort_indices(table, sort_keys=[(self._columns.position, "ascending")])
             table = table.take(order)
-        return _with_derived_index(table, self._columns)
+        return Derived(_with_derived_index(table, self._columns), tuple(rejected))
+
+
+def _refusal(exc: Exception) -> tuple[str, str] | None:
+    """(reason, error) when ``exc`` is a node refusing its rows: a
+    :class:`RowsRefusedError`, or DataFusion's error running a planned query (a
+    WebAssembly function's failure reaches here inside DataFusion's text). None for
+    what is not about the rows — a query that no longer plans, a sidecar that is down,
+    a bug — which fails the batch instead (its sink waits, degraded or down)."""
+    if isinstance(exc, RowsRefusedError):
+        return exc.reason, str(exc)
+    text = str(exc).strip()
+    if type(exc) is not Exception or not text.startswith("DataFusion error"):
+        return None
+    udf = _UDF_ERROR.search(text)
+    if udf is not None:
+        return "udf_exhausted", udf[0].strip()
+    return RowsRefusedError.reason, " ".join(text.split())[:500]
 
 
 def _with_derived_index(table: pa.Table, columns: MetadataColumns) -> pa.Table:

@@ -5,7 +5,9 @@ with DataFusion under the configured name — nothing is rebuilt. It runs with n
 capabilities: the module is linked against nothing, so one that imports anything (WASI's
 files, sockets or clock included) is refused at start. Each call gets ``fuel``
 instructions and the instance at most ``max_memory_bytes`` of linear memory; a call past
-either fails its batch with :class:`UdfExhaustedError` and the gateway stays up.
+either raises :class:`UdfExhaustedError`: the record is dead-lettered with reason
+``udf_exhausted`` (the chain isolates it from the rest of its batch) and the gateway
+stays up.
 
 Numbers only (``int32``, ``int64``, ``float32``, ``float64``): that is what a core wasm
 function takes and returns without a memory protocol. A null argument gives a null.
@@ -21,7 +23,8 @@ import wasmtime
 from datafusion import ScalarUDF, udf
 
 from thalweg.config.pipeline import UdfConfig
-from thalweg.errors import ConfigError, ThalwegError
+from thalweg.errors import ConfigError
+from thalweg.pipeline.dag import RowsRefusedError
 
 _ARROW = {
     "int32": pa.int32(),
@@ -37,8 +40,10 @@ _WASM = {
 }
 
 
-class UdfExhaustedError(ThalwegError):
-    """A WebAssembly function ran out of fuel or memory, or trapped, on a batch."""
+class UdfExhaustedError(RowsRefusedError):
+    """A WebAssembly function ran out of fuel or memory, or trapped, on a value: its
+    record is dead-lettered with this reason (the error crosses DataFusion as text;
+    ``thalweg.pipeline.dag`` reads it back)."""
 
     reason = "udf_exhausted"
 

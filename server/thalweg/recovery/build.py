@@ -11,7 +11,7 @@ from datafusion import ScalarUDF
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.models import ThalwegConfig
 from thalweg.errors import ConfigError
-from thalweg.lane.layout import LaneLayout
+from thalweg.lane.layout import LaneLayout, Segment
 from thalweg.lane.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
@@ -19,7 +19,9 @@ from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.dag import Chain, Dag, StageObserver
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
+from thalweg.recovery.dead_letters import NodeDeadLetters
 from thalweg.recovery.feeder import SinkFeeder
+from thalweg.recovery.reading import Transform
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
 from thalweg.sinks.base import Sink, SinkSchemaError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
@@ -46,17 +48,17 @@ def build_feeders(
             that another process on this ``data_dir`` already feeds, or nothing named
             ``only``.
     """
-    sinks: list[tuple[Any, Sink, Callable[[pa.Table], pa.Table] | None]] = []
+    sinks: list[tuple[Any, Sink, Transform | None]] = []
     for s in cfg.sinks:
         if only is None or s.name == only:
-            transform = node_transform(cfg, s.name, layout, columns, observer)
+            transform = node_transform(cfg, s.name, layout, columns, observer, metrics)
             sinks.append((s, load_sink_class(s.kind)(s, cfg.gateway.data_dir), transform))
     dag = Dag.of(cfg.pipeline)
     for node in dag.nodes:
         lane = node_lane_config(node.name, dag.source_topic(node.name))
         if dag.materialised(node.name) and (only is None or lane.name == only):
             transform = chain_transform(
-                cfg, node.name, lane.topics[0], lane.metadata, layout, columns, observer
+                cfg, node.name, lane.topics[0], lane.metadata, layout, columns, observer, metrics
             )
             sinks.append((lane, NodeLaneSink(lane, cfg.gateway.data_dir), transform))
     if only is not None and not sinks:
@@ -95,7 +97,8 @@ def node_transform(
     layout: LaneLayout,
     columns: MetadataColumns,
     observer: StageObserver | None = None,
-) -> Callable[[pa.Table], pa.Table] | None:
+    metrics: Metrics | None = None,
+) -> Transform | None:
     """For a sink attached to a node, the node chain as a function of a segment's rows
     (None for a sink of a topic's lane)."""
     node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
@@ -103,7 +106,7 @@ def node_transform(
         return None
     sink_cfg = next(s for s in cfg.sinks if s.name == sink)
     return chain_transform(
-        cfg, node.name, sink_cfg.topics[0], sink_cfg.metadata, layout, columns, observer
+        cfg, node.name, sink_cfg.topics[0], sink_cfg.metadata, layout, columns, observer, metrics
     )
 
 
@@ -115,14 +118,18 @@ def chain_transform(
     layout: LaneLayout,
     columns: MetadataColumns,
     observer: StageObserver | None = None,
-) -> Callable[[pa.Table], pa.Table]:
+    metrics: Metrics | None = None,
+) -> Transform:
     """The chain from ``topic`` down to ``node`` as a function of a segment's rows.
 
     Planned now against the topic's decoded schema when the lane already has one (a
     query that does not plan is refused at start, naming the node); otherwise on the
-    first rows. A failure on rows (a schema the query no longer plans against, a runtime
-    error of the SQL, a sidecar's contract breach) degrades the sink — nothing of the
-    batch lands — naming the node; a sidecar that is down makes it ``down`` (retried
+    first rows. Records a node refuses (a runtime error of its SQL, a WebAssembly
+    function out of fuel, a sidecar's error answer after its retries) go to that node's
+    dead-letter lane (``recovery.dead_letters``) before the rest is handed on, so they
+    are covered without a row. A failure that is not about the rows — a schema the query
+    no longer plans against, a sidecar's contract breach — degrades the sink (nothing of
+    the batch lands), naming the node; a sidecar that is down makes it ``down`` (retried
     with backoff; the node's coverage does not advance).
 
     Raises:
@@ -145,9 +152,13 @@ def chain_transform(
         fields += [f for f in extra if f.name not in schema.names]
         chain.plan(pa.schema(fields))
 
-    def transform(rows: pa.Table) -> pa.Table:
+    dead = NodeDeadLetters(cfg.gateway.data_dir, [n.name for n in chain.nodes], columns, metrics)
+
+    def transform(rows: pa.Table, topic: str, partition: int, seg: Segment) -> pa.Table:
         try:
-            return chain.apply(rows)
+            derived = chain.apply(rows)
+            dead.record(topic, partition, seg, derived.rejected)
+            return derived.rows
         except SidecarUnavailableError as exc:  # the sink is down while its sidecar is
             raise SinkUnavailableError(str(exc)) from exc
         except ConfigError as exc:

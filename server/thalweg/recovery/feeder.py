@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import pyarrow as pa
-
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
 from thalweg.lane.coverage import Coverage, scan_coverage, subtract_ranges
@@ -36,7 +34,7 @@ from thalweg.ops.metrics import Metrics
 from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
-from thalweg.recovery.reading import SpanReader
+from thalweg.recovery.reading import SpanReader, Transform
 from thalweg.sinks.base import (
     CoverageKey,
     Sink,
@@ -90,7 +88,7 @@ class SinkFeeder:
         health: Health | None = None,
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
-        transform: Callable[[pa.Table], pa.Table] | None = None,
+        transform: Transform | None = None,
     ) -> None:
         self.sink = sink
         self.store = store

@@ -26,6 +26,8 @@ from thalweg.pipeline.redecode import redecode
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.base import CoverageKey, Span
 
+Transform = Callable[[pa.Table, str, int, Segment], pa.Table]
+
 
 class SpanReader:
     """Reads windows of one sink's lane (not thread-safe: one feeder's worker at a time).
@@ -34,8 +36,9 @@ class SpanReader:
         raw: read the raw lane instead of the decoded lane.
         metadata: raw-lane metadata columns (without the prefix) added to decoded rows.
         decoder_for, writer: rebuild a missing decoded twin (None: wait for it).
-        transform: applied to each segment's rows (a node chain: the rows it derives,
-            with their records' locators, in position order).
+        transform: applied to each segment's rows with where they come from (topic,
+            partition, raw segment) — a node chain: the rows it derives, with their
+            records' locators, in position order.
     """
 
     def __init__(
@@ -47,7 +50,7 @@ class SpanReader:
         metadata: list[str],
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
-        transform: Callable[[pa.Table], pa.Table] | None = None,
+        transform: Transform | None = None,
     ) -> None:
         self.layout = layout
         self.columns = columns
@@ -119,7 +122,7 @@ class SpanReader:
             table = self._with_metadata(pq.read_table(twin).replace_schema_metadata(None), seg)
             table = _without_dead_letters(table, self.columns.decode_error)
             if self._transform is not None:
-                table = self._transform(table)
+                table = self._transform(table, topic, partition, seg)
         self._last = (seg.path, table)
         return table
 

@@ -6,6 +6,16 @@ Flight and receives a sidecar as a function of a table.
 
 from __future__ import annotations
 
-from thalweg.sidecars.client import SidecarClient, SidecarContractError, SidecarUnavailableError
+from thalweg.sidecars.client import (
+    SidecarClient,
+    SidecarContractError,
+    SidecarRefusedError,
+    SidecarUnavailableError,
+)
 
-__all__ = ["SidecarClient", "SidecarContractError", "SidecarUnavailableError"]
+__all__ = [
+    "SidecarClient",
+    "SidecarContractError",
+    "SidecarRefusedError",
+    "SidecarUnavailableError",
+]

@@ -6,11 +6,20 @@ of them unanswered, and reads exactly one answer per batch, in order. Each answe
 are tied to their records: by the locator columns they kept, or by an ``_twg_row`` index
 into their input batch, from which the gateway takes the locators itself.
 
-Failures: a call that fails (the sidecar down, a timeout — ``timeout_s`` per batch) is
-retried with backoff; after ``retries`` it raises :class:`SidecarUnavailableError`, and
-after ``breaker_failures`` failed calls in a row the circuit opens for ``breaker_open_s``
-(calls fail at once instead of waiting on a dead peer). A sidecar that breaks the
-contract raises :class:`SidecarContractError` (not retried: the answer would be the same).
+Failures come in three kinds, told apart by the gRPC status:
+
+* The sidecar cannot be reached or does not answer in time (UNAVAILABLE, DEADLINE_EXCEEDED,
+  a refused token; ``timeout_s`` per batch): retried with backoff; after ``retries`` it
+  raises :class:`SidecarUnavailableError` — the node waits, its coverage does not move.
+  After ``breaker_failures`` such calls in a row the circuit opens for
+  ``breaker_open_s`` (calls fail at once instead of waiting on a dead peer).
+* The sidecar answered the call with an error (its transform raised: INVALID_ARGUMENT,
+  INTERNAL, UNKNOWN): retried with backoff too, then raised as
+  :class:`SidecarRefusedError` — the chain finds the records it refuses and dead-letters
+  them with reason ``transform`` (``thalweg.pipeline.dag``). It does not count towards
+  the breaker: the peer is alive.
+* The sidecar broke the contract: :class:`SidecarContractError`, not retried (the answer
+  would be the same).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from pyarrow import flight
 
 from thalweg.config.pipeline import NodeConfig
 from thalweg.errors import ThalwegError
+from thalweg.pipeline.dag import RowsRefusedError
 from thalweg.records.columns import MetadataColumns
 
 log = logging.getLogger(__name__)
@@ -36,6 +46,21 @@ class SidecarUnavailableError(ThalwegError):
     """The sidecar could not be called (down, timed out, circuit open); retriable."""
 
     retriable = True
+
+
+class SidecarRefusedError(RowsRefusedError):
+    """The sidecar answered these rows with an error, every time it was asked."""
+
+
+# The statuses that say the sidecar was not reached or did not answer: waiting may help.
+_UNREACHED = (
+    flight.FlightUnavailableError,
+    flight.FlightTimedOutError,
+    flight.FlightUnauthenticatedError,
+    flight.FlightUnauthorizedError,
+    flight.FlightCancelledError,
+    OSError,
+)
 
 
 class SidecarContractError(ThalwegError):
@@ -79,8 +104,11 @@ class SidecarClient:
         self._client: flight.FlightClient | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, table: pa.Table) -> pa.Table:
+    def __call__(self, table: pa.Table, *, retry_refused: bool = True) -> pa.Table:
         """The rows the sidecar derives from ``table``, with their records' locators.
+
+        With ``retry_refused`` false an error answer is raised at once: the chain asks
+        that way while it isolates the refused records of a batch already tried in full.
 
         Raises:
             SidecarUnavailableError: every try failed, or the circuit is open.
@@ -98,23 +126,34 @@ class SidecarClient:
                     out = self._exchange(table)
                 except SidecarContractError:
                     raise
-                except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                except _UNREACHED as exc:
                     self._failed()
                     if attempt == self._retries or time.monotonic() < self._open_until:
                         raise SidecarUnavailableError(
                             f"pipeline.nodes.{self.node}: sidecar {self.location}: {_one_line(exc)}"
                         ) from exc
-                    time.sleep(random.uniform(0.05, 0.2) * 2**attempt)
-                    continue
-                self._failures = 0
-                return out
+                except (flight.FlightError, pa.ArrowException) as exc:  # it answered: no
+                    self._failures = 0
+                    self._drop_connection()
+                    if attempt == self._retries or not retry_refused:
+                        raise SidecarRefusedError(
+                            f"pipeline.nodes.{self.node}: sidecar {self.location} refused "
+                            f"{table.num_rows} rows {attempt + 1} times: {_one_line(exc)}"
+                        ) from exc
+                else:
+                    self._failures = 0
+                    return out
+                time.sleep(random.uniform(0.05, 0.2) * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _failed(self) -> None:
-        self._failures += 1
+    def _drop_connection(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+
+    def _failed(self) -> None:
+        self._failures += 1
+        self._drop_connection()
         if self._failures >= self._breaker_failures:
             self._open_until = time.monotonic() + self._breaker_open_s
             log.warning(

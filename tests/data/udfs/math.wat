@@ -10,6 +10,15 @@
   (func (export "spin") (param i64) (result i64)
     (loop br 0)
     i64.const 0)
+;; spin_neg(x) = x, but never returns for a negative x (one bad record in a batch)
+  (func (export "spin_neg") (param i64) (result i64)
+    (block
+      local.get 0
+      i64.const 0
+      i64.ge_s
+      br_if 0
+      (loop br 0))
+    local.get 0)
   ;; hog grows memory by x pages (64 KiB each) and returns the old size in pages, or -1
   (func (export "hog") (param i32) (result i32)
     local.get 0

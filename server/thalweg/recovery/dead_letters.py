@@ -1,0 +1,123 @@
+"""Records a node refused, kept beside its lane — the dead-letter lane of a node.
+
+``data_dir/nodes/<node>/dlq/topic=<t>/partition=<p>/<raw segment name>``: for each raw
+segment a node refused records of, one Parquet file in the dead-letter lane's schema —
+the whole raw record (payload bytes and every metadata column, so it can be replayed)
+plus ``dlq_reason`` (``transform``, ``udf_exhausted``), ``dlq_error``, ``dlq_stage``
+(``node:<name>``) and ``dlq_ts``.
+
+Written before the sink's rows are handed over, so by the time the sink's coverage
+advances over a refused record that record is durably somewhere. Named after the raw
+segment and replaced whole, so it is exactly-once by construction: a replay of the
+segment derives again and writes the same file over it — or removes it, when the records
+are no longer refused (a sidecar that was fixed), since they then land in the sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, Segment, ensure_dir, fsync_dir
+from thalweg.ops.metrics import Metrics
+from thalweg.pipeline.dag import Rejected
+from thalweg.records.columns import TIMESTAMP_US, MetadataColumns
+from thalweg.sinks.node_lane import NODES_DIR
+
+
+def node_dlq_layout(data_dir: Path, node: str) -> LaneLayout:
+    """The node's dead letters as a lane layout (its ``dlq`` lane only)."""
+    return LaneLayout(Path(data_dir) / NODES_DIR / node)
+
+
+class NodeDeadLetters:
+    """Writes the refusals of the nodes of one chain, segment by segment."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: Iterable[str],
+        columns: MetadataColumns,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.columns = columns
+        self.metrics = metrics
+        self._layouts = {n: node_dlq_layout(data_dir, n) for n in nodes}
+
+    def path(self, node: str, topic: str, partition: int, seg: Segment) -> Path:
+        return self._layouts[node].partition_dir(Lane.DLQ, topic, partition) / seg.path.name
+
+    def record(
+        self, topic: str, partition: int, seg: Segment, rejected: Iterable[Rejected]
+    ) -> None:
+        """Make each node's file for ``seg`` say exactly what it refused this time."""
+        by_node: dict[str, list[Rejected]] = {}
+        for r in rejected:
+            by_node.setdefault(r.node, []).append(r)
+        raw: pa.Table | None = None
+        for node in self._layouts:
+            path = self.path(node, topic, partition, seg)
+            refused = by_node.get(node)
+            if not refused:
+                if path.exists():  # refused on an earlier derivation, not now: it landed
+                    path.unlink()
+                    fsync_dir(path.parent)
+                continue
+            if raw is None:
+                raw = pq.read_table(seg.path).replace_schema_metadata(None)
+            self._write(path, self._rows(raw, node, refused))
+            if self.metrics is not None:
+                for r in refused:
+                    self.metrics.node_dead_letters.labels(node, r.reason).inc(len(r.positions))
+
+    def _rows(self, raw: pa.Table, node: str, refused: list[Rejected]) -> pa.Table:
+        """The refused records' raw rows, in position order, with why."""
+        positions = raw.column(self.columns.position).to_numpy()
+        index: list[np.ndarray] = []
+        reasons: list[str] = []
+        errors: list[str] = []
+        for r in refused:
+            take = np.flatnonzero(np.isin(positions, r.positions))
+            index.append(take)
+            reasons += [r.reason] * len(take)
+            errors += [r.error] * len(take)
+        flat = np.concatenate(index)
+        order = np.argsort(flat, kind="stable")
+        rows = raw.take(pa.array(flat[order]))
+        n = rows.num_rows
+        stamp = datetime.now(UTC)
+        c = self.columns
+        why = {
+            "dlq_reason": pa.array(np.array(reasons, dtype=object)[order], pa.string()),
+            "dlq_error": pa.array(np.array(errors, dtype=object)[order], pa.string()),
+            "dlq_stage": pa.array([f"node:{node}"] * n, pa.string()),
+            "dlq_ts": pa.array([stamp] * n, TIMESTAMP_US),
+        }
+        for name, array in why.items():
+            rows = rows.append_column(c.stamped(name), array)
+        return rows
+
+    @staticmethod
+    def _write(path: Path, table: pa.Table) -> None:
+        """temp → fsync → rename → directory fsync: whole or absent."""
+        ensure_dir(path.parent)
+        tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+        try:
+            pq.write_table(table, tmp, compression="zstd", compression_level=1)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        fsync_dir(path.parent)
