@@ -22,6 +22,7 @@ class defined outside this module names its module in parentheses)::
     ├── PositionOverflowError (thalweg.records.position)
     ├── UnsupportedSchemaError (thalweg.codecs.typemap)
     ├── RuleError (thalweg.contracts.checks)
+    ├── ContractStopError (thalweg.pipeline.quality)
     ├── RegistryError (thalweg.registry.errors)
     │   └── RegistryUnavailableError (thalweg.registry.errors)
     ├── RowsRefusedError (thalweg.pipeline.dag)
@@ -32,6 +33,7 @@ class defined outside this module names its module in parentheses)::
     ├── SinkError (thalweg.sinks.base)
     │   ├── SinkUnavailableError (thalweg.sinks.base)
     │   ├── SinkSchemaError (thalweg.sinks.base)
+    │   │   └── SinkStoppedError (thalweg.sinks.base)
     │   └── SinkBackpressureError (thalweg.sinks.base)
     └── FollowLagError (thalweg.flight.read.stream)
 

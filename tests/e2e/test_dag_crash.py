@@ -1,8 +1,11 @@
-"""A three-level DAG under SIGKILL (the plan's Phase 9 exit, on what is built): the raw
-lane; an unpacking node (a filter) with its own sink; an unnest node below it with its
-own sink. ``twg stream`` is SIGKILLed four times while records stream in; afterwards each
-node's sink holds every derived row exactly once (Arrow IPC files: exactly-once by their
-names), and the source's commits never led the raw lane."""
+"""A three-level DAG under SIGKILL (the plan's Phase 9 exit): the raw lane; an unpacking
+node (a filter) with its own sink and data-quality leaves — a quarantining contract
+node with a sink, and its audit with a sink; an unnest node below it with its own sink.
+``twg stream`` is SIGKILLed four times while records stream in; afterwards each node's
+sink holds every derived row exactly once (Arrow IPC files: exactly-once by their
+names), each quarantined record is in the contract node's dead-letter lane once, the
+audit judged every record in exactly one batch, and the source's commits never led the
+raw lane."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 
@@ -28,10 +33,48 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOTAL = 30_000
 
 
+CONTRACT = """
+apiVersion: v3.0.2
+kind: DataContract
+id: unpacked-orders
+version: 2.0.0
+schema:
+  - name: orders
+    quality:
+      - name: not a multiple of seven plus three
+        type: custom
+        engine: datafusion
+        implementation: "n % 7 <> 3"
+      - name: some rows
+        type: library
+        metric: rowCount
+        mustBeGreaterThan: 0
+"""
+
+
+def quarantined(n: int) -> bool:
+    return n % 7 == 3
+
+
 def config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> None:
+    contract = path.parent / "unpacked.yaml"
+    contract.write_text(CONTRACT)
     dag = f"""
 [recovery]
 poll_interval_s = 0.2
+
+[[pipeline.nodes]]
+name = "unpacked_dq"
+from = "unpacked"
+contract = "{contract}"
+mode = "quarantine"
+sink = "dq_files"
+
+[[pipeline.nodes]]
+name = "unpacked_audit"
+from = "unpacked_dq"
+audit = true
+sink = "audit_files"
 
 [[pipeline.nodes]]
 name = "unpacked"
@@ -53,6 +96,18 @@ commit_interval_s = 0.3
 
 [[sinks]]
 name = "line_files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+commit_interval_s = 0.3
+
+[[sinks]]
+name = "dq_files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+commit_interval_s = 0.3
+
+[[sinks]]
+name = "audit_files"
 kind = "arrow_ipc"
 topics = ["{topic}"]
 commit_interval_s = 0.3
@@ -110,13 +165,24 @@ def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(
         def alive() -> None:
             assert proc.poll() is None, log.read_text()[-2000:]
 
+        want_dq = [i for i in want_unpacked if not quarantined(i)]
+
+        def audited() -> int:
+            audit = rows(data, "audit_files")
+            if not audit.num_rows:
+                return 0
+            some = pc.equal(audit.column("rule"), "some rows")
+            return int(pc.sum(audit.filter(some).column("batch_rows")).as_py())
+
         wait_until(
             lambda: (
                 rows(data, "line_files").num_rows == len(want_lines)
                 and rows(data, "unpacked_files").num_rows == len(want_unpacked)
+                and rows(data, "dq_files").num_rows == len(want_dq)
+                and audited() == len(want_unpacked)
             ),
             120,
-            "both node sinks complete",
+            "every node sink complete",
             interval=0.5,
             check=alive,
         )
@@ -136,3 +202,26 @@ def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(
     offsets = lines.column("_twg_source_offset").to_pylist()
     parts = lines.column("_twg_source_partition").to_pylist()
     assert all(o == i // 2 and p == i % 2 for i, o, p in zip(n, offsets, parts, strict=True))
+    # The quality leaves: passing records once in its sink, the others once in its
+    # dead-letter lane (raw records with their locators), every record judged once.
+    assert sorted(rows(data, "dq_files").column("n").to_pylist()) == want_dq
+    dead = pa.concat_tables(
+        pq.read_table(f)
+        for f in sorted((data / "nodes" / "unpacked_dq" / "dlq").rglob("*.parquet"))
+    )
+    dead_n = sorted(json.loads(v)["n"] for v in dead.column("_twg_source_value").to_pylist())
+    assert dead_n == [i for i in want_unpacked if quarantined(i)]
+    assert set(dead.column("_twg_dlq_reason").to_pylist()) == {"quality"}
+    audit = rows(data, "audit_files")
+    keys = list(
+        zip(
+            audit.column("_twg_source_partition").to_pylist(),
+            audit.column("batch_first_position").to_pylist(),
+            audit.column("rule").to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(keys) == len(set(keys))  # one verdict per rule and batch
+    custom = audit.filter(pc.equal(audit.column("rule"), "not a multiple of seven plus three"))
+    assert int(pc.sum(custom.column("value")).as_py()) == len(dead_n)
+    assert all(v.startswith("2.0.0#") for v in audit.column("rule_version").to_pylist())

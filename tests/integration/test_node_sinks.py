@@ -8,6 +8,9 @@ the lane's schema is refused at start naming the node."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,3 +145,66 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     )
     with pytest.raises(ConfigError, match=r"pipeline\.nodes\.lines: the query does not plan"):
         build_feeders(cfg_bad, LaneLayout(data), MetadataColumns("_twg_"))
+
+
+STRICT = """
+apiVersion: v3.0.2
+kind: DataContract
+version: 1.0.0
+schema:
+  - name: orders
+    properties:
+      - name: amount
+        logicalType: integer
+        logicalTypeOptions: {minimum: 0}
+"""
+
+
+def test_a_strict_quality_node_stops_its_sink_and_nothing_else(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    contract = tmp_path / "orders.yaml"
+    contract.write_text(STRICT)
+    pipeline = {
+        "nodes": [
+            {
+                "name": "dq",
+                "from": topic,
+                "contract": str(contract),
+                "mode": "strict",
+                "sink": "files",
+            }
+        ]
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    rg = gateway_factory([topic], data_dir=data, sinks=sinks, pipeline=pipeline)
+    good = produce_json(broker.bootstrap, topic, ({"n": i, "amount": 1} for i in range(200)))
+    rg.wait_durable(topic, {0: good})
+    wait_until(lambda: files(data).num_rows == good, 60, "the good records land")
+    more = produce_json(
+        broker.bootstrap, topic, ({"n": good + i, "amount": -1 if i == 5 else 1} for i in range(50))
+    )
+    rg.wait_durable(topic, {0: good + more})  # the raw lane and the commits go on
+    health = rg.gateway.health
+
+    def stopped() -> bool:
+        return health.state("sink:files").value == "degraded"
+
+    wait_until(stopped, 30, "the sink stopped by its strict node")
+    assert health.ready()
+    detail = json.loads(urllib.request.urlopen(f"{rg.admin_url}/health").read())
+    text = json.dumps(detail)
+    assert "strict" in text and f"stopped at position {good + 5}" in text
+    metrics = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+    assert 'twg_sink_errors_total{reason="contract",sink="files"}' in metrics
+    time.sleep(1.0)
+    landed = sorted(files(data).column("n").to_pylist())
+    # Nothing skipped: a prefix, stopped at the batch holding the bad record.
+    assert good <= len(landed) <= good + 5 and landed == list(range(len(landed)))
+    assert rg.gateway.feeders[0].lag() >= more
+    rg.stop()

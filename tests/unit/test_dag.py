@@ -62,7 +62,7 @@ def orders() -> pa.Table:
         ([CLEAN, CLEAN], "two nodes share a name"),
         ([{**CLEAN, "from": "lines"}, LINES], "a cycle: clean -> lines -> clean"),
         ([{**CLEAN, "sink": "lake"}], "sink = 'lake' is not a \\[\\[sinks\\]\\] name"),
-        ([{"name": "x", "from": "orders"}], "give either query or sidecar"),
+        ([{"name": "x", "from": "orders"}], "give one of query, sidecar, contract or audit"),
         ([{"name": "x", "from": "orders", "sidecar": "grpc://127.0.0.1:9"}], "needs a command"),
     ],
 )

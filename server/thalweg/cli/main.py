@@ -172,6 +172,18 @@ def config_validate(ctx: click.Context, path: Path) -> None:
             fail(ctx, f"sources.{source.name}.{exc}", EXIT_CONFIG)
         for obj in contract.schema_:
             unenforced += [f"{source.contract}: {u}" for u in compile_object(obj).unenforced]
+    from thalweg.pipeline.dag import Dag
+    from thalweg.pipeline.quality import QualityNode
+    from thalweg.records.columns import MetadataColumns
+
+    dag = Dag.of(cfg.pipeline)
+    for node in cfg.pipeline.nodes:
+        if node.contract is not None:
+            try:
+                columns = MetadataColumns(cfg.gateway.metadata_prefix)
+                QualityNode(node, dag.source_topic(node.name), columns)
+            except ConfigError as exc:
+                fail(ctx, str(exc), EXIT_CONFIG)
     from thalweg.sinks.loader import load_sink_class
 
     for sink in cfg.sinks:

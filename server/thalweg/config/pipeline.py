@@ -1,7 +1,9 @@
 """``[[pipeline.nodes]]``: the transform DAG's nodes (issue 16; ``docs/pipeline.md``).
 
-A node reads a topic's decoded lane or another node and is either a DataFusion SQL
-query over each micro-batch or a sidecar transform over Flight ``do_exchange``. The
+A node reads a topic's decoded lane or another node and is a DataFusion SQL query over
+each micro-batch, a sidecar transform over Flight ``do_exchange``, a data-quality node
+enforcing an ODCS contract (``strict``, ``quarantine`` or ``annotate``), or the audit of
+such a node (its per-rule verdicts as rows). The
 graph's shape — names, ``from``, cycles, sinks — is checked here, with the file; whether
 a query plans against its input's schema is checked at start, when the schemas are
 known (``thalweg.pipeline.dag``).
@@ -32,6 +34,17 @@ class NodeConfig(_Model):
     )
     command: str | None = Field(None, description="The sidecar's command (its transform).")
     token: SecretStr | None = Field(None, description="Bearer token sent to the sidecar.")
+    contract: Path | None = Field(
+        None, description="An ODCS v3 contract this node enforces on its input (DQ node)."
+    )
+    mode: Literal["strict", "quarantine", "annotate"] = Field(
+        "quarantine",
+        description="A DQ node: strict stops the node at a broken rule (nothing skipped); "
+        "quarantine dead-letters breaking records; annotate adds a verdict column.",
+    )
+    audit: bool = Field(
+        False, description="The per-rule verdicts of the DQ node in `from`, as rows."
+    )
     timeout_s: float = Field(30.0, gt=0, description="Per batch, for a sidecar.")
     sink: str | None = Field(None, description="A [[sinks]] name fed from this node.")
     materialise: bool | None = Field(
@@ -40,10 +53,22 @@ class NodeConfig(_Model):
         "dependent (derived once, not per dependent).",
     )
 
+    @property
+    def kind(self) -> str:
+        """``sql``, ``sidecar``, ``quality`` or ``audit``."""
+        if self.query is not None:
+            return "sql"
+        if self.sidecar is not None:
+            return "sidecar"
+        return "quality" if self.contract is not None else "audit"
+
     @model_validator(mode="after")
     def _one_kind(self) -> NodeConfig:
-        if (self.query is None) == (self.sidecar is None):
-            raise ValueError(f"pipeline.nodes.{self.name}: give either query or sidecar")
+        given = [self.query is not None, self.sidecar is not None, self.contract is not None]
+        if sum(given) + self.audit != 1:
+            raise ValueError(
+                f"pipeline.nodes.{self.name}: give one of query, sidecar, contract or audit = true"
+            )
         if self.sidecar is not None:
             if not self.sidecar.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
                 raise ValueError(f"pipeline.nodes.{self.name}: sidecar must be grpc[+tls]://")
@@ -86,6 +111,11 @@ class PipelineConfig(_Model):
             raise ValueError("pipeline.udfs: two functions share a name")
         by_name = {n.name: n for n in self.nodes}
         for node in self.nodes:
+            if node.audit and (node.from_ not in by_name or by_name[node.from_].contract is None):
+                raise ValueError(
+                    f"pipeline.nodes.{node.name}: an audit node reads a node with a "
+                    f"contract, not {node.from_!r}"
+                )
             seen = [node.name]
             up = node.from_
             while up in by_name:

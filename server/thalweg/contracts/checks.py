@@ -125,6 +125,19 @@ class CompiledContract:
             remaining &= ~hit
         return failures
 
+    def judge(self, table: pa.Table) -> list[tuple[RowCheck, Mask, str | None]]:
+        """Every check over every row — not only the first a row breaks — for a
+        pipeline's quality node, which reports each rule's count: (check, rows breaking
+        it, None) or, for a rule that cannot be judged, (check, every row, why)."""
+        out: list[tuple[RowCheck, Mask, str | None]] = []
+        for check in self.checks:
+            try:
+                out.append((check, check.bad(table), None))
+            except (RuleError, pa.ArrowException, ValueError, TypeError) as exc:
+                message = f"{check.label}: cannot be evaluated: {exc}"
+                out.append((check, np.ones(len(table), np.bool_), message))
+        return out
+
 
 def compile_object(obj: SchemaObject) -> CompiledContract:
     """Every row check the object implies, and what it asks that is not checked here."""

@@ -36,6 +36,7 @@ from datafusion import ScalarUDF, SessionConfig, SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
 from thalweg.errors import ConfigError, ThalwegError
+from thalweg.pipeline.quality import QualityNode, verdict_schema
 from thalweg.records.columns import MetadataColumns
 
 INPUT = "input"
@@ -55,12 +56,14 @@ class RowsRefusedError(ThalwegError):
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """Records one node refused: their positions (each once), why, and the error."""
+    """Records one node refused: their positions (each once), why, and the error — one
+    for all, or one per position in ``errors`` (a quality node's messages)."""
 
     node: str
     reason: str
     error: str
     positions: np.ndarray
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,12 +259,16 @@ class Chain:
         self.nodes = tuple(reversed(path))
         self._columns = columns
         self._sidecars: dict[str, NodeFunction] = {}
+        self._quality: dict[str, QualityNode] = {}
+        self._verdicts: dict[str, pa.Table] = {}  # a quality node's, for its audit
+        topic = dag.source_topic(leaf)
         for node in self.nodes:
-            if node.query is not None:
-                continue
-            if sidecar_for is None:
-                raise ConfigError(f"pipeline.nodes.{node.name}: no sidecar client here")
-            self._sidecars[node.name] = sidecar_for(node)
+            if node.kind == "quality":
+                self._quality[node.name] = QualityNode(node, topic, columns)
+            elif node.kind == "sidecar":
+                if sidecar_for is None:
+                    raise ConfigError(f"pipeline.nodes.{node.name}: no sidecar client here")
+                self._sidecars[node.name] = sidecar_for(node)
         self._plans: dict[tuple[str, pa.Schema], SqlNode] = {}
 
     def _sql(self, node: NodeConfig, schema: pa.Schema) -> SqlNode:
@@ -275,9 +282,25 @@ class Chain:
         return planned
 
     def _call(self, node: NodeConfig, table: pa.Table, *, isolating: bool = False) -> pa.Table:
-        if node.query is None:
+        if node.kind == "sidecar":
             return self._sidecars[node.name](table, retry_refused=not isolating)
         return self._sql(node, table.schema).run(table)
+
+    def _judge(self, node: NodeConfig, table: pa.Table) -> tuple[pa.Table, list[Rejected]]:
+        """A quality node: its rows and refusals; its verdicts kept for its audit. An
+        audit node: the verdicts of the quality node it reads."""
+        if node.kind == "audit":
+            verdicts = self._verdicts.pop(node.from_, None)
+            return (
+                verdict_schema(self._columns).empty_table() if verdicts is None else verdicts
+            ), []
+        judged = self._quality[node.name].judge(table)
+        self._verdicts[node.name] = judged.verdicts
+        rejected = [
+            Rejected(node.name, reason, errors[0], positions, tuple(errors))
+            for reason, positions, errors in judged.refused
+        ]
+        return judged.rows, rejected
 
     def _run(self, node: NodeConfig, table: pa.Table) -> tuple[pa.Table, list[Rejected]]:
         """One node over ``table``, reported as stage ``node:<name>``: rows waiting
@@ -289,13 +312,16 @@ class Chain:
         started = time.monotonic()
         rejected: list[Rejected] = []
         try:
-            try:
-                out = self._call(node, table)
-            except Exception as exc:
-                refusal = _refusal(exc)
-                if refusal is None:
-                    raise
-                out, rejected = self._isolate(node, table, refusal)
+            if node.kind in ("quality", "audit"):
+                out, rejected = self._judge(node, table)
+            else:
+                try:
+                    out = self._call(node, table)
+                except Exception as exc:
+                    refusal = _refusal(exc)
+                    if refusal is None:
+                        raise
+                    out, rejected = self._isolate(node, table, refusal)
         finally:
             if self._observer is not None:
                 self._observer.queued(stage, 0)
@@ -349,7 +375,7 @@ class Chain:
 
     def _empty_output(self, node: NodeConfig, table: pa.Table) -> pa.Table:
         """No rows, with the node's output schema where it is known (a SQL node's)."""
-        if node.query is not None:
+        if node.kind == "sql":
             return self._sql(node, table.schema).schema.empty_table()
         return table.slice(0, 0)
 
@@ -357,9 +383,14 @@ class Chain:
         """Plan the SQL nodes down to the first sidecar (whose output is known only
         from its answers) against ``schema``."""
         for node in self.nodes:
-            if node.query is None:
+            if node.kind == "sidecar":
                 return
-            schema = self._sql(node, schema).schema
+            if node.kind == "quality":
+                schema = self._quality[node.name].output_schema(schema)
+            elif node.kind == "audit":
+                schema = verdict_schema(self._columns)
+            else:
+                schema = self._sql(node, schema).schema
 
     def apply(self, table: pa.Table) -> Derived:
         """``table`` through every node, derived rows in their records' position order

@@ -17,13 +17,14 @@ from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.dag import Chain, Dag, StageObserver
+from thalweg.pipeline.quality import ContractStopError
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.dead_letters import NodeDeadLetters
 from thalweg.recovery.feeder import SinkFeeder
 from thalweg.recovery.reading import Transform
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
-from thalweg.sinks.base import Sink, SinkSchemaError, SinkUnavailableError
+from thalweg.sinks.base import Sink, SinkSchemaError, SinkStoppedError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
 from thalweg.sinks.node_lane import NodeLaneSink, node_lane_config
 
@@ -159,6 +160,8 @@ def chain_transform(
             derived = chain.apply(rows)
             dead.record(topic, partition, seg, derived.rejected)
             return derived.rows
+        except ContractStopError as exc:  # a strict quality node: stop, nothing skipped
+            raise SinkStoppedError(str(exc)) from exc
         except SidecarUnavailableError as exc:  # the sink is down while its sidecar is
             raise SinkUnavailableError(str(exc)) from exc
         except ConfigError as exc:

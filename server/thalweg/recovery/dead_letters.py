@@ -80,23 +80,28 @@ class NodeDeadLetters:
     def _rows(self, raw: pa.Table, node: str, refused: list[Rejected]) -> pa.Table:
         """The refused records' raw rows, in position order, with why."""
         positions = raw.column(self.columns.position).to_numpy()
-        index: list[np.ndarray] = []
-        reasons: list[str] = []
-        errors: list[str] = []
-        for r in refused:
-            take = np.flatnonzero(np.isin(positions, r.positions))
-            index.append(take)
-            reasons += [r.reason] * len(take)
-            errors += [r.error] * len(take)
-        flat = np.concatenate(index)
-        order = np.argsort(flat, kind="stable")
-        rows = raw.take(pa.array(flat[order]))
+        wanted = np.concatenate([r.positions for r in refused])
+        reasons = np.concatenate([np.full(len(r.positions), r.reason, object) for r in refused])
+        errors = np.concatenate(
+            [
+                np.array(r.errors, object)
+                if r.errors
+                else np.full(len(r.positions), r.error, object)
+                for r in refused
+            ]
+        )
+        # Raw positions ascend; a refused position is one of them.
+        at = np.searchsorted(positions, wanted)
+        found = (at < len(positions)) & (positions[np.minimum(at, len(positions) - 1)] == wanted)
+        order = np.argsort(at[found], kind="stable")
+        take = at[found][order]
+        rows = raw.take(pa.array(take))
         n = rows.num_rows
         stamp = datetime.now(UTC)
         c = self.columns
         why = {
-            "dlq_reason": pa.array(np.array(reasons, dtype=object)[order], pa.string()),
-            "dlq_error": pa.array(np.array(errors, dtype=object)[order], pa.string()),
+            "dlq_reason": pa.array(reasons[found][order], pa.string()),
+            "dlq_error": pa.array(errors[found][order], pa.string()),
             "dlq_stage": pa.array([f"node:{node}"] * n, pa.string()),
             "dlq_ts": pa.array([stamp] * n, TIMESTAMP_US),
         }

@@ -66,6 +66,13 @@ class SinkSchemaError(SinkError):
     reason = "schema"
 
 
+class SinkStoppedError(SinkSchemaError):
+    """A strict data-quality node above the sink stopped at a broken rule: the sink is
+    ``degraded`` and nothing moves until the contract or the data is fixed."""
+
+    reason = "contract"
+
+
 class SinkBackpressureError(SinkError):
     """The destination cannot take more now; retry the same batch after
     ``retry_after_s`` (nothing of it was written)."""
