@@ -101,6 +101,11 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     with pytest.raises(pa.ArrowInvalid, match="unknown node 'lines'"):
         gw.read_node("lines")  # not materialised: not a lane
     wait_until(lambda: all(f.lag() == 0 for f in rg.gateway.feeders), 30, "every record covered")
+    # Derived once: the sink below the materialised node reads its lane, so the node ran
+    # once per record, not once for its lane and again for the sink's chain.
+    metrics = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+    assert f'twg_node_rows_total{{node="clean"}} {float(len(clean))}' in metrics
+    assert f'twg_node_rows_total{{node="lines"}} {float(len(want))}' in metrics
     rg.stop()
     got = files(data)
     pairs = sorted(

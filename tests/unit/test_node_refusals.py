@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.config.pipeline import PipelineConfig, UdfConfig
-from thalweg.lane.layout import Segment, segment_name
+from thalweg.lane.layout import Lane, LaneLayout, Segment, segment_name
 from thalweg.pipeline.dag import Chain, Dag
 from thalweg.pipeline.udf import WasmUdf
 from thalweg.records.columns import MetadataColumns
@@ -113,8 +113,8 @@ def test_when_every_record_fails_the_calls_stay_bounded_and_all_are_named() -> N
 
 
 def test_dead_letters_hold_the_raw_records_and_a_replay_replaces_them(tmp_path: Path) -> None:
-    raw_dir = tmp_path / "raw"
-    raw_dir.mkdir()
+    raw_dir = LaneLayout(tmp_path).partition_dir(Lane.RAW, "t", 0)
+    raw_dir.mkdir(parents=True)
     raw = pa.table(
         {
             "_twg_source_value": pa.array([b"a", b"b", b"c", b"d"]),
@@ -123,7 +123,7 @@ def test_dead_letters_hold_the_raw_records_and_a_replay_replaces_them(tmp_path: 
     )
     seg = Segment(100, 103, raw_dir / segment_name(100, 103))
     pq.write_table(raw, seg.path)
-    dead = NodeDeadLetters(tmp_path, ["ratio", "other"], COLS)
+    dead = NodeDeadLetters(LaneLayout(tmp_path), ["ratio", "other"], COLS)
     out = chain(DIVIDE).apply(records([1, 0, 2, 0]))
     dead.record("t", 0, seg, out.rejected)
     path = dead.path("ratio", "t", 0, seg)

@@ -122,6 +122,25 @@ class Dag:
             return node.materialise
         return len(self.dependents(name)) > 1
 
+    def materialised_above(self, name: str, *, include_self: bool) -> str | None:
+        """The nearest materialised node on ``name``'s chain up to the topic (``name``
+        itself too, with ``include_self``): whose lane whatever is below it reads,
+        rather than deriving it again. None when the chain must start at the topic."""
+        names = {n.name for n in self.nodes}
+        node = self.node(name)
+        # An audit node is its quality node's verdicts, made while that node runs: a
+        # chain holding the audit must run the quality node, not read its lane.
+        skip = {node.from_} if node.audit and not include_self else set()
+        up = name if include_self else node.from_
+        while up in names:
+            above = self.node(up)
+            if self.materialised(up) and up not in skip:
+                return up
+            if above.audit:
+                skip.add(above.from_)
+            up = above.from_
+        return None
+
     def source_topic(self, name: str) -> str:
         """The topic at the root of ``name``'s chain."""
         names = {n.name for n in self.nodes}
@@ -226,7 +245,8 @@ class StageObserver(Protocol):
 
 
 class Chain:
-    """The nodes from a topic down to ``leaf``, as one function of a batch.
+    """The nodes from a topic — or from below the materialised node ``below``, whose
+    lane is its input — down to ``leaf``, as one function of a batch.
 
     SQL nodes are planned per input schema (a topic's decoded schema can widen), each
     against the output of the one before it; a sidecar node is the function
@@ -245,13 +265,14 @@ class Chain:
         sidecar_for: Callable[[NodeConfig], NodeFunction] | None = None,
         udfs: Sequence[ScalarUDF] = (),
         observer: StageObserver | None = None,
+        below: str | None = None,
     ) -> None:
         self._udfs = tuple(udfs)
         self._observer = observer
         path: list[NodeConfig] = []
         names = {n.name for n in dag.nodes}
         name = leaf
-        while name in names:
+        while name in names and name != below:
             node = dag.node(name)
             path.append(node)
             name = node.from_

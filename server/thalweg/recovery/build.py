@@ -1,11 +1,19 @@
-"""The sinks of a configuration, each with its coverage store and feeder."""
+"""The sinks of a configuration, each with its coverage store and feeder.
+
+A sink below a node is fed through the node chain from the topic's decoded lane — or,
+when a node on its chain is materialised, from the nearest such node's lane, running
+only the nodes below it: a node read by several things is derived once
+(``Dag.materialised_above``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from datafusion import ScalarUDF
 
 from thalweg.codecs.base import ArrowDecoder
@@ -26,7 +34,7 @@ from thalweg.recovery.reading import Transform
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
 from thalweg.sinks.base import Sink, SinkSchemaError, SinkStoppedError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
-from thalweg.sinks.node_lane import NodeLaneSink, node_lane_config
+from thalweg.sinks.node_lane import NodeLaneSink, node_files, node_lane_config
 
 
 def build_feeders(
@@ -49,26 +57,33 @@ def build_feeders(
             that another process on this ``data_dir`` already feeds, or nothing named
             ``only``.
     """
-    sinks: list[tuple[Any, Sink, Transform | None]] = []
+    dag = Dag.of(cfg.pipeline)
+    sinks: list[tuple[Any, Sink, Transform | None, str | None]] = []
     for s in cfg.sinks:
         if only is None or s.name == only:
-            transform = node_transform(cfg, s.name, layout, columns, observer, metrics)
-            sinks.append((s, load_sink_class(s.kind)(s, cfg.gateway.data_dir), transform))
-    dag = Dag.of(cfg.pipeline)
+            leaf = next((n.name for n in dag.nodes if n.sink == s.name), None)
+            above = dag.materialised_above(leaf, include_self=True) if leaf else None
+            transform = node_transform(cfg, s.name, layout, columns, observer, metrics, above)
+            sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir)
+            sinks.append((s, sink, transform, above))
     for node in dag.nodes:
-        lane = node_lane_config(node.name, dag.source_topic(node.name))
-        if dag.materialised(node.name) and (only is None or lane.name == only):
+        if not dag.materialised(node.name):
+            continue
+        topic = dag.source_topic(node.name)
+        lane = node_lane_config(node.name, topic, metadata=_metadata_below(cfg, dag, node.name))
+        if only is None or lane.name == only:
+            above = dag.materialised_above(node.name, include_self=False)
             transform = chain_transform(
-                cfg, node.name, lane.topics[0], lane.metadata, layout, columns, observer, metrics
+                cfg, node.name, topic, lane.metadata, layout, columns, observer, metrics, above
             )
-            sinks.append((lane, NodeLaneSink(lane, cfg.gateway.data_dir), transform))
+            sinks.append((lane, NodeLaneSink(lane, cfg.gateway.data_dir), transform, above))
     if only is not None and not sinks:
         known = [s.name for s in cfg.sinks]
         known += [f"node:{n.name}" for n in dag.nodes if dag.materialised(n.name)]
         raise ConfigError(f"no sink named {only!r} (sinks: {', '.join(known) or 'none'})")
     feeders: list[SinkFeeder] = []
     try:
-        for sink_cfg, sink, transform in sinks:
+        for sink_cfg, sink, transform, above in sinks:
             store = CoverageStore(cfg.gateway.data_dir, sink_cfg.name)
             store.claim()
             feeders.append(
@@ -83,6 +98,7 @@ def build_feeders(
                     decoder_for=decoder_for,
                     writer=writer,
                     transform=transform,
+                    node=above,
                 )
             )
     except BaseException:
@@ -99,15 +115,24 @@ def node_transform(
     columns: MetadataColumns,
     observer: StageObserver | None = None,
     metrics: Metrics | None = None,
+    above: str | None = None,
 ) -> Transform | None:
     """For a sink attached to a node, the node chain as a function of a segment's rows
-    (None for a sink of a topic's lane)."""
+    (None for a sink of a topic's lane, or one reading its own node's lane as it is)."""
     node = next((n for n in cfg.pipeline.nodes if n.sink == sink), None)
-    if node is None:
+    if node is None or above == node.name:
         return None
     sink_cfg = next(s for s in cfg.sinks if s.name == sink)
     return chain_transform(
-        cfg, node.name, sink_cfg.topics[0], sink_cfg.metadata, layout, columns, observer, metrics
+        cfg,
+        node.name,
+        sink_cfg.topics[0],
+        sink_cfg.metadata,
+        layout,
+        columns,
+        observer,
+        metrics,
+        above,
     )
 
 
@@ -120,18 +145,22 @@ def chain_transform(
     columns: MetadataColumns,
     observer: StageObserver | None = None,
     metrics: Metrics | None = None,
+    above: str | None = None,
 ) -> Transform:
-    """The chain from ``topic`` down to ``node`` as a function of a segment's rows.
+    """The chain from ``topic`` — or from below the materialised node ``above``, whose
+    lane it then reads — down to ``node``, as a function of a segment's rows.
 
-    Planned now against the topic's decoded schema when the lane already has one (a
-    query that does not plan is refused at start, naming the node); otherwise on the
-    first rows. Records a node refuses (a runtime error of its SQL, a WebAssembly
-    function out of fuel, a sidecar's error answer after its retries) go to that node's
-    dead-letter lane (``recovery.dead_letters``) before the rest is handed on, so they
-    are covered without a row. A failure that is not about the rows — a schema the query
-    no longer plans against, a sidecar's contract breach — degrades the sink (nothing of
-    the batch lands), naming the node; a sidecar that is down makes it ``down`` (retried
-    with backoff; the node's coverage does not advance).
+    Planned now against the input's schema when the lane read already has one (a query
+    that does not plan is refused at start, naming the node); otherwise on the first
+    rows. Records a node refuses (a runtime error of its SQL, a WebAssembly function
+    out of fuel, a sidecar's error answer after its retries, a quarantining quality
+    node's verdict) go to that node's dead-letter lane (``recovery.dead_letters``)
+    before the rest is handed on, so they are covered without a row. A failure that is
+    not about the rows — a schema the query no longer plans against, a sidecar's
+    contract breach — degrades the sink (nothing of the batch lands), naming the node;
+    a strict quality node's stop degrades it with reason ``contract``; a sidecar that
+    is down makes it ``down`` (retried with backoff; the node's coverage does not
+    advance).
 
     Raises:
         ConfigError: a query that does not plan, or a WebAssembly function that cannot
@@ -144,16 +173,22 @@ def chain_transform(
         sidecar_for=lambda n: SidecarClient(n, columns),
         udfs=_udfs(cfg),
         observer=observer,
+        below=above,
     )
-    schema = LaneReader(layout, columns).decoded_schema(topic)
-    if schema is not None:
-        raw = columns.raw_schema
-        extra = [raw.field(columns.prefix + m) for m in metadata]
-        fields = [f for f in schema if f.name != columns.decode_error]
-        fields += [f for f in extra if f.name not in schema.names]
-        chain.plan(pa.schema(fields))
+    if above is not None:
+        lane_schema = _node_lane_schema(cfg.gateway.data_dir, above, topic, layout)
+        if lane_schema is not None:
+            chain.plan(lane_schema)
+    else:
+        schema = LaneReader(layout, columns).decoded_schema(topic)
+        if schema is not None:
+            raw = columns.raw_schema
+            extra = [raw.field(columns.prefix + m) for m in metadata]
+            fields = [f for f in schema if f.name != columns.decode_error]
+            fields += [f for f in extra if f.name not in schema.names]
+            chain.plan(pa.schema(fields))
 
-    dead = NodeDeadLetters(cfg.gateway.data_dir, [n.name for n in chain.nodes], columns, metrics)
+    dead = NodeDeadLetters(layout, [n.name for n in chain.nodes], columns, metrics)
 
     def transform(rows: pa.Table, topic: str, partition: int, seg: Segment) -> pa.Table:
         try:
@@ -170,6 +205,33 @@ def chain_transform(
             raise SinkSchemaError(f"pipeline.nodes.{node}: {exc}") from exc
 
     return transform
+
+
+def _metadata_below(cfg: ThalwegConfig, dag: Dag, node: str) -> list[str]:
+    """The raw metadata columns the sinks fed through ``node``'s lane ask for: its lane
+    keeps them, since those sinks read it rather than the raw lane."""
+    names = {n.name for n in dag.nodes}
+    wanted: set[str] = set()
+    for s in cfg.sinks:
+        up = next((n.name for n in dag.nodes if n.sink == s.name), None)
+        while up is not None and up in names:
+            if up == node:
+                wanted.update(s.metadata)
+                break
+            up = dag.node(up).from_
+    return sorted(wanted)
+
+
+def _node_lane_schema(
+    data_dir: Path, node: str, topic: str, layout: LaneLayout
+) -> pa.Schema | None:
+    """The schema of a materialised node's newest file of ``topic``, if it has one."""
+    newest: tuple[int, Path] | None = None
+    for p in layout.partitions(topic):
+        files = node_files(data_dir, node, topic, p)
+        if files and (newest is None or files[-1][1] > newest[0]):
+            newest = (files[-1][1], files[-1][3])
+    return None if newest is None else pq.read_schema(newest[1]).remove_metadata()
 
 
 def _udfs(cfg: ThalwegConfig) -> list[ScalarUDF]:

@@ -38,18 +38,20 @@ def node_dlq_layout(data_dir: Path, node: str) -> LaneLayout:
 
 
 class NodeDeadLetters:
-    """Writes the refusals of the nodes of one chain, segment by segment."""
+    """Writes the refusals of the nodes of one chain, batch by batch (a raw segment, or
+    a file of the materialised node's lane the chain reads)."""
 
     def __init__(
         self,
-        data_dir: Path,
+        layout: LaneLayout,
         nodes: Iterable[str],
         columns: MetadataColumns,
         metrics: Metrics | None = None,
     ) -> None:
+        self.layout = layout
         self.columns = columns
         self.metrics = metrics
-        self._layouts = {n: node_dlq_layout(data_dir, n) for n in nodes}
+        self._layouts = {n: node_dlq_layout(layout.root, n) for n in nodes}
 
     def path(self, node: str, topic: str, partition: int, seg: Segment) -> Path:
         return self._layouts[node].partition_dir(Lane.DLQ, topic, partition) / seg.path.name
@@ -61,7 +63,6 @@ class NodeDeadLetters:
         by_node: dict[str, list[Rejected]] = {}
         for r in rejected:
             by_node.setdefault(r.node, []).append(r)
-        raw: pa.Table | None = None
         for node in self._layouts:
             path = self.path(node, topic, partition, seg)
             refused = by_node.get(node)
@@ -70,12 +71,23 @@ class NodeDeadLetters:
                     path.unlink()
                     fsync_dir(path.parent)
                 continue
-            if raw is None:
-                raw = pq.read_table(seg.path).replace_schema_metadata(None)
+            wanted = np.concatenate([r.positions for r in refused])
+            raw = self._raw(topic, partition, int(wanted.min()), int(wanted.max()))
             self._write(path, self._rows(raw, node, refused))
             if self.metrics is not None:
                 for r in refused:
                     self.metrics.node_dead_letters.labels(node, r.reason).inc(len(r.positions))
+
+    def _raw(self, topic: str, partition: int, low: int, high: int) -> pa.Table:
+        """The raw lane's rows of the segments holding positions ``low..high``."""
+        parts = [
+            pq.read_table(s.path).replace_schema_metadata(None)
+            for s in self.layout.segments(Lane.RAW, topic, partition)
+            if s.last >= low and s.first <= high
+        ]
+        if not parts:
+            return self.columns.raw_schema.empty_table()
+        return pa.concat_tables(parts, promote_options="permissive")
 
     def _rows(self, raw: pa.Table, node: str, refused: list[Rejected]) -> pa.Table:
         """The refused records' raw rows, in position order, with why."""

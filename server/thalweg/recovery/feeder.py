@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
-from thalweg.lane.coverage import Coverage, scan_coverage, subtract_ranges
+from thalweg.lane.coverage import Coverage, subtract_ranges
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.writer import SegmentWriter
@@ -74,6 +74,9 @@ class SinkFeeder:
             decoded twin (None in a recovery-only process: the gap then waits for the
             ingesting gateway to rebuild it on its next assignment).
         writer: where a rebuilt twin is written (with ``decoder_for``).
+        transform: a node chain applied to each segment's rows (``recovery.reading``).
+        node: read this materialised node's lane, not the topic's: a sink or lane below
+            it (its gaps are then what that lane holds and this sink does not).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class SinkFeeder:
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
         transform: Transform | None = None,
+        node: str | None = None,
     ) -> None:
         self.sink = sink
         self.store = store
@@ -106,6 +110,7 @@ class SinkFeeder:
             decoder_for=decoder_for,
             writer=writer,
             transform=transform,
+            node=node,
         )
         self._pending: dict[CoverageKey, Coverage] = {}
         self._buffered = 0
@@ -260,11 +265,12 @@ class SinkFeeder:
             if topic is not None and t != topic:
                 continue
             for p in self.layout.partitions(t):
-                lane = scan_coverage(self.layout, t, p).ranges
+                epoch = current_epoch(self.layout, t, p)
+                lane = self.reader.lane_ranges(t, p, epoch)
                 lo = start if start is not None else 0
                 hi = end if end is not None else 1 << 62
                 clipped = [(max(a, lo), min(b, hi)) for a, b in lane if min(b, hi) > max(a, lo)]
-                out.append(((t, p, current_epoch(self.layout, t, p)), clipped))
+                out.append(((t, p, epoch), clipped))
         return out
 
     def _work(

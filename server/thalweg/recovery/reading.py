@@ -3,9 +3,11 @@
 Rows come from the decoded lane (each decoded segment is its raw twin decoded; a twin
 missing after a failed write is decoded again from raw first, when a decoder is at
 hand), with the raw lane's metadata columns a sink asks for (``metadata``) matched by
-position — or from the raw lane for ``raw = true``. A span counts every position the
-lane accounts for: a dead-lettered record, a transaction marker, an offset compaction
-removed is covered without a row.
+position — or from the raw lane for ``raw = true`` — or, for a sink below a
+materialised node, from that node's lane (``node``): the node's rows as it wrote them,
+its files standing for segments. A span counts every position the lane accounts for: a
+dead-lettered record, a transaction marker, an offset compaction removed, a record a
+node filtered out is covered without a row.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.codecs.base import ArrowDecoder
+from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.lane.reader import offset_slice
 from thalweg.lane.writer import SegmentWriter
 from thalweg.pipeline.redecode import redecode
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.base import CoverageKey, Span
+from thalweg.sinks.node_lane import node_files, node_ranges
 
 Transform = Callable[[pa.Table, str, int, Segment], pa.Table]
 
@@ -37,8 +41,10 @@ class SpanReader:
         metadata: raw-lane metadata columns (without the prefix) added to decoded rows.
         decoder_for, writer: rebuild a missing decoded twin (None: wait for it).
         transform: applied to each segment's rows with where they come from (topic,
-            partition, raw segment) — a node chain: the rows it derives, with their
+            partition, segment) — a node chain: the rows it derives, with their
             records' locators, in position order.
+        node: read this materialised node's lane (under ``data_dir``, by default the
+            layout's root) instead of the topic's.
     """
 
     def __init__(
@@ -51,7 +57,11 @@ class SpanReader:
         decoder_for: Callable[[str], ArrowDecoder | None] | None = None,
         writer: SegmentWriter | None = None,
         transform: Transform | None = None,
+        node: str | None = None,
+        data_dir: Path | None = None,
     ) -> None:
+        self.node = node
+        self._data_dir = data_dir if data_dir is not None else layout.root
         self.layout = layout
         self.columns = columns
         self.raw = raw
@@ -60,6 +70,18 @@ class SpanReader:
         self._writer = writer
         self._transform = transform
         self._last: tuple[Path, pa.Table] | None = None
+
+    def lane_ranges(self, topic: str, partition: int, epoch: int) -> list[tuple[int, int]]:
+        """What the lane this reader reads holds of a partition's ``epoch``."""
+        if self.node is not None:
+            return node_ranges(self._data_dir, self.node, topic, partition, epoch)
+        return scan_coverage(self.layout, topic, partition).ranges
+
+    def _segments(self, topic: str, partition: int, epoch: int) -> list[Segment]:
+        if self.node is None:
+            return self.layout.segments(Lane.RAW, topic, partition)
+        files = node_files(self._data_dir, self.node, topic, partition)
+        return [Segment(a, b - 1, path) for e, a, b, path in files if e == epoch and b > a]
 
     def forget(self) -> None:
         """Drop the segment kept between windows (at the end of a pass)."""
@@ -81,7 +103,7 @@ class SpanReader:
         items: list[tuple[pa.Table, Span]] = []
         pos = start
         skip_to = gap_end
-        for seg in self.layout.segments(Lane.RAW, topic, partition):
+        for seg in self._segments(topic, partition, epoch):
             if seg.last < pos:
                 continue
             if seg.first >= limit:
@@ -110,7 +132,11 @@ class SpanReader:
         segment would otherwise read it twice."""
         if self._last is not None and self._last[0] == seg.path:
             return self._last[1]
-        if self.raw:
+        if self.node is not None:
+            table = pq.read_table(seg.path).replace_schema_metadata(None)
+            if self._transform is not None:
+                table = self._transform(table, topic, partition, seg)
+        elif self.raw:
             table = pq.read_table(seg.path).replace_schema_metadata(None)
         else:
             twin = self.layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name

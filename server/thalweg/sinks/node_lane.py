@@ -5,20 +5,62 @@ file per flushed range of the topic's positions, named by that range and renamed
 place whole — the Arrow IPC sink's exactly-once scheme in Parquet (zstd), so DuckDB,
 Spark or pyarrow read a node's lane like the raw one. It is re-derivable: delete it and
 the node's feeder writes it again from the raw lane.
+
+The nodes and sinks below a materialised node read its lane rather than derive it again
+(``recovery.reading``): the node is derived once, whatever reads it.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from thalweg.lane.coverage import merge_ranges
 from thalweg.sinks.arrow_ipc import ArrowIpcSink
 
 NODES_DIR = "nodes"
+DEFAULT_METADATA = ("source_timestamp", "source_key", "ingest_ts")
+_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
+
+
+def node_files(
+    data_dir: Path, node: str, topic: str, partition: int
+) -> list[tuple[int, int, int, Path]]:
+    """A node lane's files of one partition as (epoch, start, end exclusive, path), in
+    order — what the lane covers is their names."""
+    directory = (
+        Path(data_dir)
+        / NODES_DIR
+        / node
+        / f"topic={quote(topic, safe='')}"
+        / f"partition={partition}"
+    )
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _FILE.match(name)
+        if m:
+            out.append((int(m[1]), int(m[2]), int(m[3]), directory / name))
+    out.sort()
+    return out
+
+
+def node_ranges(
+    data_dir: Path, node: str, topic: str, partition: int, epoch: int
+) -> list[tuple[int, int]]:
+    """The positions of ``epoch`` a node's lane holds, merged."""
+    files = node_files(data_dir, node, topic, partition)
+    return merge_ranges([(a, b) for e, a, b, _ in files if e == epoch])
 
 
 class NodeLaneSink(ArrowIpcSink):
@@ -33,9 +75,16 @@ class NodeLaneSink(ArrowIpcSink):
         pq.write_table(table, path, compression="zstd", compression_level=1)
 
 
-def node_lane_config(node: str, topic: str, commit_interval_s: float = 5.0) -> SimpleNamespace:
+def node_lane_config(
+    node: str,
+    topic: str,
+    commit_interval_s: float = 5.0,
+    metadata: list[str] | None = None,
+) -> SimpleNamespace:
     """The settings a node's lane is fed with (not a ``[[sinks]]`` table: the lane is
-    the node's own, named ``node:<name>`` in /health, metrics and the coverage store)."""
+    the node's own, named ``node:<name>`` in /health, metrics and the coverage store).
+    ``metadata``: the raw lane's metadata columns it keeps — what the sinks fed from it
+    ask for, beside the defaults."""
     return SimpleNamespace(
         name=f"node:{node}",
         node=node,
@@ -44,5 +93,5 @@ def node_lane_config(node: str, topic: str, commit_interval_s: float = 5.0) -> S
         path=None,
         commit_interval_s=commit_interval_s,
         max_buffered_rows=500_000,
-        metadata=["source_timestamp", "source_key", "ingest_ts"],
+        metadata=sorted({*DEFAULT_METADATA, *(metadata or [])}),
     )
