@@ -104,10 +104,18 @@ class Client:
 
     def topics(self) -> list[str]:
         """Topics the gateway can serve."""
+        return self._listed("topics")
+
+    def nodes(self) -> list[str]:
+        """Pipeline nodes the gateway can serve (read them like topics)."""
+        return self._listed("nodes")
+
+    def _listed(self, kind: str) -> list[str]:
         names = []
         for info in self._flight.list_flights(options=self._options):
             path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
-            names.append(path[1])
+            if len(path) == 2 and path[0] == kind:
+                names.append(path[1])
         return sorted(names)
 
     def schema(self, topic: str, **options: Any) -> pa.Schema:
@@ -146,8 +154,9 @@ class Client:
         return pa.concat_tables(tables)
 
     def read_node(self, node: str) -> pa.Table:
-        """A materialised pipeline node's lane as one table (docs/pipeline.md): its
-        derived rows, with the locators of the records they came from."""
+        """A pipeline node's rows as one table (docs/pipeline.md), with the locators of
+        the records they came from — the same as ``read(node)``; ``stream(node,
+        end="follow")`` follows it."""
         desc = fl.FlightDescriptor.for_path("nodes", node)
         info = self._flight.get_flight_info(desc, options=self._options)
         tables = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyarrow import flight
 
 import thalweg_client
 from tests.conftest import RunningGateway
@@ -96,10 +98,18 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     served = gw.read_node("clean")
     assert sorted(served.column("order_id").to_pylist()) == clean
     assert "_twg_record_id" in served.column_names
-    listed = [f.descriptor.path for f in gw._flight.list_flights()]
-    assert [b"nodes", b"clean"] in listed and [b"nodes", b"lines"] not in listed
-    with pytest.raises(pa.ArrowInvalid, match="unknown node 'lines'"):
-        gw.read_node("lines")  # not materialised: not a lane
+    assert gw.nodes() == ["clean", "lines"] and topic in gw.topics()
+    assert sorted(gw.read("clean").column("order_id").to_pylist()) == clean  # like a topic
+    # Not materialised: derived from clean's lane at read time, the same rows its sink has.
+    lines = gw.read_node("lines")
+    pairs = zip(lines.column("order_id").to_pylist(), lines.column("line").to_pylist(), strict=True)
+    assert sorted(pairs) == sorted(want)
+    ticket = json.dumps({"topic": topic, "lane": "node:lines", "partitions": [0]}).encode()
+    assert gw._flight.do_get(flight.Ticket(ticket)).read_all().num_rows == len(want)
+    with pytest.raises(pa.ArrowInvalid, match="unknown node 'nope'"):
+        gw.read_node("nope")
+    with pytest.raises(pa.ArrowInvalid, match="a node read starts at the earliest"):
+        gw.read("lines", start={"offset": 3})
     wait_until(lambda: all(f.lag() == 0 for f in rg.gateway.feeders), 30, "every record covered")
     # Derived once: the sink below the materialised node reads its lane, so the node ran
     # once per record, not once for its lane and again for the sink's chain.
@@ -213,3 +223,51 @@ def test_a_strict_quality_node_stops_its_sink_and_nothing_else(
     assert good <= len(landed) <= good + 5 and landed == list(range(len(landed)))
     assert rg.gateway.feeders[0].lag() >= more
     rg.stop()
+
+
+def test_a_node_is_followed_across_history_and_the_live_edge(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(partitions=2)
+    pipeline = {
+        "nodes": [{**x, "from": topic if x["from"] == "TOPIC" else x["from"]} for x in nodes()],
+        "udfs": [UDF],
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.3}]
+    rg = gateway_factory([topic], data_dir=tmp_path / "lane", sinks=sinks, pipeline=pipeline)
+    records = docs(400)
+    first = produce_json(broker.bootstrap, topic, records[:200], partition=lambda i: i % 2)
+    rg.wait_durable(topic, {0: first // 2, 1: first // 2})
+    gw = thalweg_client.connect(rg.flight_url)
+    got: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            for batch in gw.stream("lines", end="follow"):
+                got.extend(
+                    zip(
+                        batch.column("order_id").to_pylist(),
+                        batch.column("line").to_pylist(),
+                        strict=True,
+                    )
+                )
+        except BaseException as exc:  # ended by close(); anything else is reported
+            errors.append(exc)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    want_first = [(d["order_id"], i) for d in records[:200] if d["amount"] > 0 for i in d["items"]]
+    wait_until(lambda: len(got) >= len(want_first), 60, "the history")
+    produce_json(broker.bootstrap, topic, records[200:], partition=lambda i: i % 2)
+    want = [(d["order_id"], i) for d in records if d["amount"] > 0 for i in d["items"]]
+    wait_until(lambda: len(got) >= len(want), 60, "the live edge")
+    time.sleep(1.0)  # nothing more, nothing twice
+    gw.close()
+    reader.join(10)
+    rg.stop()
+    assert sorted(got) == sorted(want)
+    assert all("Cancelled" in type(e).__name__ or "cancel" in str(e).lower() for e in errors)

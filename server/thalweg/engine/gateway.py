@@ -30,7 +30,7 @@ from thalweg.ops.tracing import Tracing
 from thalweg.pipeline.dag import Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
-from thalweg.sinks.node_lane import NODES_DIR
+from thalweg.recovery.views import NodeViews
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,7 @@ class Gateway:
                 idempotent_producer=g.idempotent_producer,
                 tracing=self.tracing,
                 put_timeout_ms=g.put_timeout_ms,
-                nodes_root=g.data_dir / NODES_DIR,
-                materialised_nodes=self._materialised_nodes,
+                nodes=NodeViews(cfg, self.layout, self.columns) if cfg.pipeline.nodes else None,
             )
         except (pa.ArrowException, OSError) as exc:
             why = clean(str(exc)).split(". Detail:", 1)[0]
@@ -227,11 +226,6 @@ class Gateway:
             if schema is not None:
                 return schema
         return None
-
-    def _materialised_nodes(self) -> dict[str, str]:
-        """Materialised nodes, each with the topic it derives from (served over Flight)."""
-        dag = Dag.of(self.cfg.pipeline)
-        return {n.name: dag.source_topic(n.name) for n in dag.nodes if dag.materialised(n.name)}
 
     def _decoder(self, topic: str) -> ArrowDecoder | None:
         for r in self.runners:

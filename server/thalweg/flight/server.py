@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow.flight as fl
@@ -30,12 +29,13 @@ from thalweg.flight.auth import MIDDLEWARE_KEY, HandshakeOnly, TokenAuthFactory
 from thalweg.flight.errors import UnimplementedError, install, refusals
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.put.service import Puts
-from thalweg.flight.read.nodes import NodeReads, is_node_descriptor, is_node_ticket
+from thalweg.flight.read.nodes import NodeReads
 from thalweg.flight.read.service import Reads
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import Tracing
+from thalweg.recovery.views import NodeViews
 
 
 class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
@@ -66,8 +66,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         idempotent_producer: bool = False,
         tracing: Tracing | None = None,
         put_timeout_ms: int = 30_000,
-        nodes_root: Path | None = None,
-        materialised_nodes: Callable[[], dict[str, str]] | None = None,
+        nodes: NodeViews | None = None,
         **kwargs: Any,
     ) -> None:
         install()
@@ -95,8 +94,8 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self.url = advertise or f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
         self.reads = Reads(catalog, metrics, limits, streams, self.url)
         self.nodes = (
-            NodeReads(nodes_root, materialised_nodes, self.url, metrics=metrics, streams=streams)
-            if nodes_root is not None and materialised_nodes is not None
+            NodeReads(nodes, self.url, metrics=metrics, streams=streams)
+            if nodes is not None
             else None
         )
         self.puts = Puts(
@@ -128,7 +127,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         self._called("get_flight_info")
-        if self.nodes is not None and is_node_descriptor(descriptor):
+        if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
             return self.nodes.get_flight_info(context, descriptor)
         return self.reads.get_flight_info(context, descriptor)
 
@@ -137,14 +136,14 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
         self._called("get_schema")
-        if self.nodes is not None and is_node_descriptor(descriptor):
+        if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
             return self.nodes.get_schema(context, descriptor)
         return self.reads.get_schema(context, descriptor)
 
     @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._called("do_get")
-        if self.nodes is not None and is_node_ticket(ticket.ticket):
+        if self.nodes is not None and self.nodes.is_node_ticket(ticket.ticket):
             return self.nodes.do_get(context, ticket.ticket)
         return self.reads.do_get(context, ticket)
 
@@ -197,4 +196,6 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     def shutdown(self) -> None:
         """End follow streams, then stop (gRPC waits for open calls to finish)."""
         self.reads.close()
+        if self.nodes is not None:
+            self.nodes.close()
         super().shutdown()

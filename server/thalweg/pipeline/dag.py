@@ -400,18 +400,23 @@ class Chain:
             return self._sql(node, table.schema).schema.empty_table()
         return table.slice(0, 0)
 
-    def plan(self, schema: pa.Schema) -> None:
+    def plan(self, schema: pa.Schema) -> pa.Schema | None:
         """Plan the SQL nodes down to the first sidecar (whose output is known only
-        from its answers) against ``schema``."""
+        from its answers) against ``schema``; the chain's output schema (with
+        ``<prefix>derived_index``) when every node could be planned, else None."""
         for node in self.nodes:
             if node.kind == "sidecar":
-                return
+                return None
             if node.kind == "quality":
                 schema = self._quality[node.name].output_schema(schema)
             elif node.kind == "audit":
                 schema = verdict_schema(self._columns)
             else:
                 schema = self._sql(node, schema).schema
+        index = self._columns.prefix + "derived_index"
+        if index in schema.names:
+            return schema.set(schema.get_field_index(index), pa.field(index, pa.int32()))
+        return schema.append(pa.field(index, pa.int32()))
 
     def apply(self, table: pa.Table) -> Derived:
         """``table`` through every node, derived rows in their records' position order

@@ -171,7 +171,7 @@ def chain_transform(
         node,
         columns,
         sidecar_for=lambda n: SidecarClient(n, columns),
-        udfs=_udfs(cfg),
+        udfs=configured_udfs(cfg),
         observer=observer,
         below=above,
     )
@@ -234,7 +234,7 @@ def _node_lane_schema(
     return None if newest is None else pq.read_schema(newest[1]).remove_metadata()
 
 
-def _udfs(cfg: ThalwegConfig) -> list[ScalarUDF]:
+def configured_udfs(cfg: ThalwegConfig) -> list[ScalarUDF]:
     """The configured WebAssembly functions (wasmtime imported only when there are any).
 
     Raises:

@@ -1,22 +1,27 @@
-"""Materialised nodes over Flight: a node's own lane, read like a topic's history.
+"""Pipeline nodes over Flight, read like topics (``docs/flight-api.md``, "Nodes").
 
-A node is named by the path descriptor ``["nodes", <name>]`` and read with the JSON
-ticket ``{"node": "<name>"}`` (optionally ``"partitions": [..]``): every row of its lane
-(``data_dir/nodes/<name>/``, docs/pipeline.md), partition by partition in position
-order, with the ``_twg_`` locators of the records it derives from. A caller may read a
-node when it may read the topic the node derives from; otherwise the node is unknown to
-it. History only: a node has no live tail (``follow`` is refused), and binary tickets do
-not name nodes yet.
+Every node is listed as the path descriptor ``["nodes", <name>]`` and read with a JSON
+ticket in any of three spellings: ``{"node": "<name>"}``; a topic ticket whose lane
+names the node, ``{"topic": "orders", "lane": "node:<name>"}``; or a topic ticket whose
+topic is the node's name (``gw.read("orders_clean")`` — node and topic names never
+collide). Optional: ``"partitions": [..]`` and ``"end": "follow"`` (or
+``"follow": true``), which streams history and then keeps following the node as its
+input lane grows (each partition resumes at the position it reached: no gap, no
+duplicate). The rows are the node's (``thalweg.recovery.views``): a materialised node's
+own lane, any other node derived from the lanes at read time, with the ``_twg_``
+locators of the records they came from.
+
+A caller may read a node when it may read the topic the node derives from; otherwise
+the node does not exist for it. Binary (protobuf) tickets do not name nodes.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import time
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from urllib.parse import quote
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -29,82 +34,149 @@ from thalweg.flight.errors import refusing
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES
 from thalweg.ops.metrics import Metrics
+from thalweg.recovery.views import NodeInfo, NodeView, NodeViews
+from thalweg.sinks.node_lane import node_files
 
-_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
+FOLLOW_POLL_S = 0.2  # how often a follow stream looks for new positions
+_KEYS = {"node", "topic", "lane", "partitions", "start", "end", "follow", "metadata", "v"}
 
 
-def is_node_ticket(raw: bytes) -> bool:
-    """A JSON ticket with a ``node`` key (every other ticket is a topic read)."""
+@dataclass(frozen=True, slots=True)
+class NodeTicket:
+    name: str
+    partitions: list[int] | None
+    follow: bool
+
+
+def node_ticket(raw: bytes, nodes: dict[str, NodeInfo]) -> NodeTicket | None:
+    """The node read ``raw`` asks for, or None when it is not a node read.
+
+    Raises:
+        TicketError: a node read with options a node does not take.
+    """
     if not raw.startswith(b"{") or len(raw) > MAX_TICKET_BYTES:
-        return False
+        return None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
-        return False
-    return isinstance(body, dict) and "node" in body
+        return None
+    if not isinstance(body, dict):
+        return None
+    lane = body.get("lane")
+    if "node" in body:
+        name = body["node"]
+    elif isinstance(lane, str) and lane.startswith("node:"):
+        name = lane[5:]
+    elif isinstance(body.get("topic"), str) and body["topic"] in nodes:
+        name = body["topic"]
+    else:
+        return None
+    if not isinstance(name, str):
+        raise TicketError('a node ticket is {"node": "<name>"}')
+    unknown = sorted(set(body) - _KEYS)
+    if unknown:
+        raise TicketError(f"a node read does not take {unknown}")
+    if lane not in (None, "decoded") and lane != f"node:{name}":
+        raise TicketError(f"a node read takes lane 'node:{name}', not {lane!r}")
+    if body.get("start", "earliest") != "earliest":
+        raise TicketError("a node read starts at the earliest position (start is not supported)")
+    end = body.get("end", "now")
+    if end not in ("now", "follow"):
+        raise TicketError("a node read ends 'now' or 'follow'")
+    parts = body.get("partitions")
+    if parts is not None and (
+        not isinstance(parts, list) or not all(isinstance(p, int) for p in parts)
+    ):
+        raise TicketError("partitions is a list of integers")
+    return NodeTicket(name, parts, end == "follow" or body.get("follow") is True)
 
 
 class NodeReads:
-    """Serves materialised nodes' lanes.
+    """Serves the pipeline's nodes.
 
     Args:
-        root: ``data_dir/nodes``.
-        nodes: the materialised nodes now, name → the topic each derives from.
+        views: the configuration's nodes, each readable.
         url: the location put into endpoints.
     """
 
     def __init__(
         self,
-        root: Path,
-        nodes: Callable[[], dict[str, str]],
+        views: NodeViews,
         url: str,
         *,
         metrics: Metrics,
         streams: StreamLimiter,
     ) -> None:
-        self._root = root
-        self._nodes = nodes
+        self._views = views
         self._url = url
         self._metrics = metrics
         self._streams = streams
+        self._closing = False
+
+    def close(self) -> None:
+        """Ends follow streams (the server is shutting down)."""
+        self._closing = True
+
+    def is_node_ticket(self, raw: bytes) -> bool:
+        try:
+            return node_ticket(raw, self._views.nodes()) is not None
+        except TicketError:
+            return True  # a node read, refused when it is served
+
+    def is_node_descriptor(self, descriptor: fl.FlightDescriptor) -> bool:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            return len(descriptor.path) >= 1 and text(descriptor.path[0]) == "nodes"
+        return self.is_node_ticket(descriptor.command)
 
     def list_flights(self, context: fl.ServerCallContext) -> Iterator[fl.FlightInfo]:
         caller = principal_of(context)
-        for name, topic in sorted(self._nodes().items()):
-            if caller.may("read", topic):
-                yield self._info(name, None)
+        for name, info in sorted(self._views.nodes().items()):
+            if caller.may("read", info.topic):
+                yield self._info(NodeTicket(name, None, False))
 
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
-        name = self._readable(context, node_of(descriptor))
-        return self._info(name, None)
+        return self._info(self._readable(context, self._ticket_of(descriptor)))
+
+    def get_schema(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.SchemaResult:
+        read = self._readable(context, self._ticket_of(descriptor))
+        return fl.SchemaResult(self._views.open(read.name).schema() or pa.schema([]))
 
     def do_get(self, context: fl.ServerCallContext, raw: bytes) -> fl.FlightDataStream:
-        try:
-            body = json.loads(raw)
-            name = body["node"]
-            parts = body.get("partitions")
-            unknown = set(body) - {"node", "partitions", "v"}
-            if not isinstance(name, str) or unknown:
-                raise ValueError(f"unknown keys {sorted(unknown)}" if unknown else "node")
-            if parts is not None and not all(isinstance(p, int) for p in parts):
-                raise ValueError("partitions")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TicketError(
-                f'a node ticket is {{"node": "<name>", "partitions": [..]}}: {exc}'
-            ) from exc
-        name = self._readable(context, name)
-        files = self._files(name, parts)
-        schema = _schema(files)
+        read = node_ticket(raw, self._views.nodes())
+        if read is None:  # is_node_ticket said it was
+            raise TicketError("not a node ticket")
+        read = self._readable(context, read)
+        view = self._views.open(read.name)
+
+        def parts() -> list[int]:
+            return [p for p in view.partitions() if read.partitions is None or p in read.partitions]
+
+        def stopped() -> bool:
+            return self._closing or bool(context.is_cancelled())
+
+        rows = _node_rows(view, parts, read.follow, stopped)
+        schema = view.schema()
+        first: pa.Table | None = None
+        if schema is None:  # a sidecar's output is known from its answers only
+            first = next(rows, None)
+            if first is None:
+                raise TicketError(
+                    f"node {read.name!r} has no rows yet, so its schema is not known "
+                    "(a sidecar's output); read it again once records arrived"
+                )
+            schema = first.schema
         active = self._metrics.flight_active_streams
         slot = self._streams.acquire(caller_key(context), on_release=active.dec)
         active.inc()
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
-                for f in files:
-                    table = pq.read_table(f).replace_schema_metadata(None)
+                tables = rows if first is None else _chain_first(first, rows)
+                for table in tables:
                     for batch in _shaped(table, schema).to_batches(max_chunksize=64 * 1024):
                         self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                         self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
@@ -116,66 +188,78 @@ class NodeReads:
         weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
         return fl.GeneratorStream(schema, refusing(gen, "do_get"))
 
-    def get_schema(
-        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
-    ) -> fl.SchemaResult:
-        name = self._readable(context, node_of(descriptor))
-        return fl.SchemaResult(_schema(self._files(name, None)))
+    def _ticket_of(self, descriptor: fl.FlightDescriptor) -> NodeTicket:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            path = [text(p) for p in descriptor.path]
+            if len(path) != 2 or path[0] != "nodes" or not path[1]:
+                raise TicketError(f"unknown descriptor path {path!r}; use ['nodes', <node>]")
+            return NodeTicket(str(path[1]), None, False)
+        read = node_ticket(descriptor.command, self._views.nodes())
+        if read is None:
+            raise TicketError("not a node read")
+        return read
 
-    def _readable(self, context: fl.ServerCallContext, name: str) -> str:
-        topic = self._nodes().get(name)
-        if topic is None or not principal_of(context).may("read", topic):
-            raise TicketError(f"unknown node {name!r}")
-        return name
+    def _readable(self, context: fl.ServerCallContext, read: NodeTicket) -> NodeTicket:
+        info = self._views.nodes().get(read.name)
+        if info is None or not principal_of(context).may("read", info.topic):
+            raise TicketError(f"unknown node {read.name!r}")
+        return read
 
-    def _files(self, name: str, partitions: list[int] | None) -> list[Path]:
-        """The node's files of the topic it derives from now (a lane left from an
-        earlier ``from`` is another topic's, not served), by partition, epoch, start."""
-        topic_dir = self._root / name / f"topic={quote(self._nodes()[name], safe='')}"
-        out: list[tuple[int, int, int, Path]] = []
-        for pdir in sorted(topic_dir.glob("partition=*")):
-            partition = int(pdir.name.removeprefix("partition="))
-            if partitions is not None and partition not in partitions:
-                continue
-            for f in pdir.iterdir():
-                m = _FILE.match(f.name)
-                if m:
-                    out.append((partition, int(m[1]), int(m[2]), f))
-        return [f for *_, f in sorted(out)]
-
-    def _info(self, name: str, partitions: list[int] | None) -> fl.FlightInfo:
-        files = self._files(name, partitions)
-        schema = _schema(files)
-        rows = sum(pq.read_metadata(f).num_rows for f in files)
-        ticket = json.dumps({"node": name}).encode()
-        endpoint = fl.FlightEndpoint(ticket, [self._url])
-        descriptor = fl.FlightDescriptor.for_path("nodes", name)
+    def _info(self, read: NodeTicket) -> fl.FlightInfo:
+        info = self._views.nodes()[read.name]
+        view = self._views.open(read.name)
+        schema = view.schema() or pa.schema([])
+        rows = -1
+        if info.materialised:
+            rows = sum(
+                pq.read_metadata(path).num_rows
+                for p in view.partitions()
+                if read.partitions is None or p in read.partitions
+                for *_, path in node_files(view.layout.root, read.name, info.topic, p)
+            )
+        body: dict[str, object] = {"node": read.name}
+        if read.partitions is not None:
+            body["partitions"] = read.partitions
+        if read.follow:
+            body["end"] = "follow"
+        endpoint = fl.FlightEndpoint(json.dumps(body).encode(), [self._url])
+        descriptor = fl.FlightDescriptor.for_path("nodes", read.name)
         return fl.FlightInfo(schema, descriptor, [endpoint], rows, -1)
 
 
-def node_of(descriptor: fl.FlightDescriptor) -> str:
-    path = [text(p) for p in descriptor.path]
-    if len(path) != 2 or path[0] != "nodes" or not path[1]:
-        raise TicketError(f"unknown descriptor path {path!r}; use ['nodes', <node>]")
-    return str(path[1])
+def _node_rows(
+    view: NodeView,
+    partitions: Callable[[], list[int]],
+    follow: bool,
+    stopped: Callable[[], bool],
+) -> Iterator[pa.Table]:
+    """History partition by partition in position order; with ``follow``, then every
+    position that becomes readable, each once (a partition resumes where it stopped; a
+    partition that appears is read from its start)."""
+    reached: dict[int, int] = {}
+    while True:
+        for p in partitions():
+            epoch, ranges = view.ranges(p)
+            for low, b in ranges:
+                a = max(low, reached.get(p, 0))
+                if a >= b:
+                    continue
+                yield from view.rows(p, epoch, a, b, stopped)
+                if stopped():
+                    return
+                reached[p] = b
+        if not follow:
+            return
+        deadline = time.monotonic() + FOLLOW_POLL_S
+        while time.monotonic() < deadline:
+            if stopped():
+                return
+            time.sleep(0.05)
 
 
-def is_node_descriptor(descriptor: fl.FlightDescriptor) -> bool:
-    return (
-        descriptor.descriptor_type == fl.DescriptorType.PATH
-        and len(descriptor.path) >= 1
-        and text(descriptor.path[0]) == "nodes"
-    )
-
-
-def _schema(files: list[Path]) -> pa.Schema:
-    if not files:
-        return pa.schema([])
-    schemas = [pq.read_schema(f).remove_metadata() for f in files]
-    schemas = [s for s in schemas if len(s)]
-    if not schemas:
-        return pa.schema([])
-    return pa.unify_schemas(schemas, promote_options="permissive")
+def _chain_first(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    yield first
+    yield from rest
 
 
 def _shaped(table: pa.Table, schema: pa.Schema) -> pa.Table:
