@@ -305,3 +305,64 @@ def test_a_stalled_sidecar_is_named_by_stats_and_metrics_alone(
         hang.release.set()
         rg.stop()
         hang.shutdown()
+
+
+def test_a_lag_bound_holds_the_source_until_the_node_below_catches_up(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    hang = Hang()
+    topic = topic_factory(partitions=1)
+    pipeline = {
+        "nodes": [
+            {
+                "name": "slow",
+                "from": topic,
+                "sidecar": f"grpc://127.0.0.1:{hang.port}",
+                "command": "x",
+                "sink": "files",
+                "timeout_s": 60,
+            }
+        ]
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    rg = gateway_factory(
+        [topic],
+        data_dir=tmp_path / "lane",
+        sinks=sinks,
+        pipeline=pipeline,
+        recovery={"max_lag_records": 300, "poll_interval_s": 0.2},
+    )
+    try:
+        first = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(500)))
+        rg.wait_durable(topic, {0: first})
+        health = rg.gateway.health
+
+        def paused() -> bool:
+            text = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+            return any(
+                ln.startswith("twg_source_paused") and ln.endswith(" 1.0")
+                for ln in text.splitlines()
+            )
+
+        wait_until(paused, 30, "the source paused by the node's lag")
+        why = urllib.request.urlopen(f"{rg.admin_url}/health").read().decode()
+        assert "files lags" in why and "max_lag_records = 300" in why  # says why
+        more = produce_json(broker.bootstrap, topic, ({"n": first + i} for i in range(1500)))
+        time.sleep(3.0)
+        assert rg.gateway.catalog.durable_end(topic, 0) == first  # held: nothing fetched
+        assert health.ready()  # waiting on purpose is not a failure
+        hang.release.set()  # the node answers again: it catches up, the source resumes
+        rg.wait_durable(topic, {0: first + more}, timeout=60)
+        wait_until(
+            lambda: arrow_files(tmp_path / "lane" / "sinks" / "files").num_rows == first + more,
+            60,
+            "every record through the node",
+        )
+        assert not paused()
+    finally:
+        hang.release.set()
+        rg.stop()
+        hang.shutdown()

@@ -167,3 +167,10 @@ class RecoveryConfig(_Model):
         1.0, gt=0, description="How often a sink looks for new durable segments."
     )
     retry_max_s: float = Field(30.0, gt=0, description="Longest wait between tries of a down sink.")
+    max_lag_records: int | None = Field(
+        None,
+        gt=0,
+        description="Backpressure through the DAG: a source pauses while a sink or node lane "
+        "fed from its topics lags by more than this many positions (resumes under 80 %); "
+        "default: never (sinks fall behind visibly, the raw lane keeps the backlog).",
+    )

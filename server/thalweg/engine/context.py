@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.fence import OwnershipFence
+from thalweg.engine.lag_gate import LagGate
 from thalweg.lane.epochs import Divergence
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
@@ -45,6 +46,8 @@ class LaneContext:
     raw_cfg: RawLaneConfig
     stats: PipelineStats = field(default_factory=PipelineStats)
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
+    # Backpressure through the DAG (recovery.max_lag_records), when configured.
+    gate: LagGate | None = None
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext
+from thalweg.engine.lag_gate import LagGate
 from thalweg.engine.runner import SourceRunner
 from thalweg.errors import ConfigError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
@@ -123,6 +124,9 @@ class Gateway:
         )
         self.health.register(RAW_LANE, "raw_lane", gates_readiness=True)
         self.health.register("flight", "flight", gates_readiness=False)
+        limit = cfg.recovery.max_lag_records
+        # Backpressure through the DAG: only where the feeders run beside the sources.
+        self.gate = LagGate([], limit) if limit is not None and g.role == "both" else None
         ctx = LaneContext(
             layout=self.layout,
             writer=SegmentWriter(self.layout, self.columns, cfg.raw_lane, self.segment_cache),
@@ -133,6 +137,7 @@ class Gateway:
             raw_cfg=cfg.raw_lane,
             stats=self.stats,
             tracing=self.tracing,
+            gate=self.gate,
         )
         ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
         self.runners = [SourceRunner(s, ctx) for s in cfg.sources] if ingest else []
@@ -151,6 +156,8 @@ class Gateway:
             if feed
             else []
         )
+        if self.gate is not None:
+            self.gate.feeders = self.feeders
         self.catalog = LaneCatalog(
             self.layout,
             self.columns,
@@ -265,6 +272,8 @@ class Gateway:
 
         tasks = [asyncio.create_task(r.run(stop)) for r in self.runners]
         tasks += [asyncio.create_task(f.run(stop)) for f in self.feeders]
+        if self.gate is not None:
+            tasks.append(asyncio.create_task(self.gate.run(stop)))
         tasks.append(asyncio.create_task(beat()))
         stopped = asyncio.create_task(stop.wait())
         failure: BaseException | None = None

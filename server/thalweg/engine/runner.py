@@ -293,19 +293,28 @@ class SourceRunner:
         return False
 
     async def _backpressure(self) -> bool:
-        """Pause fetching while more than ``max_buffered_bytes`` is not yet durable."""
+        """Pause fetching while more than ``max_buffered_bytes`` is not yet durable, or
+        — with ``recovery.max_lag_records`` — while a sink or node lane below one of
+        this source's topics lags too far (``engine.lag_gate``)."""
         s = self.state
         total = sum(b.held_bytes for b in s.parts.values())
-        if total < self.ctx.raw_cfg.max_buffered_bytes:
+        gate = self.ctx.gate
+        waiting = gate.holding({t for t, _ in s.parts}) if gate is not None else None
+        if total < self.ctx.raw_cfg.max_buffered_bytes and waiting is None:
             if s.paused:
                 self.source.resume([k for k in s.parts if k not in s.held])
                 s.paused = False
                 self.ctx.metrics.paused.labels(self.cfg.name).set(0)
+                self.ctx.health.annotate(self.component, paused_by=None)
             return False
         if not s.paused:
             self.source.pause(list(s.parts))
             s.paused = True
             self.ctx.metrics.paused.labels(self.cfg.name).set(1)
+        if total < self.ctx.raw_cfg.max_buffered_bytes:  # held by what is below it
+            self.ctx.health.annotate(self.component, paused_by=waiting)
+            await asyncio.sleep(0.1)
+            return True
         # Roll everything now, then wait for a write to finish.
         self._schedule(float("inf"))
         await self.checkpoint.wait_any()

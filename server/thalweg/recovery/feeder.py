@@ -244,6 +244,14 @@ class SinkFeeder:
         lane's coverage now); sets the metric and the /health entry."""
         return self._lag_of(self._lane_ranges(None, None, None), whole=True)
 
+    def lag_by_topic(self) -> dict[str, int]:
+        """The lag of each of the sink's topics now (the lag gate's view)."""
+        out: dict[str, int] = {}
+        for (topic, _p, _e), lane in self._lane_ranges(None, None, None):
+            gaps = self.store.gaps((topic, _p, _e), lane)
+            out[topic] = out.get(topic, 0) + sum(b - a for a, b in gaps)
+        return out
+
     def _lag_of(
         self, lanes: list[tuple[CoverageKey, list[tuple[int, int]]]], *, whole: bool
     ) -> int:
