@@ -205,6 +205,14 @@ def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(
     # The quality leaves: passing records once in its sink, the others once in its
     # dead-letter lane (raw records with their locators), every record judged once.
     assert sorted(rows(data, "dq_files").column("n").to_pylist()) == want_dq
+    # The materialised nodes' own lanes (unpacked has three dependents, unpacked_dq two):
+    # each derived row once, and the sinks below them read those lanes.
+    for node, want in (("unpacked", want_unpacked), ("unpacked_dq", want_dq)):
+        lane = [
+            pq.read_table(f)
+            for f in sorted((data / "nodes" / node).glob("topic=*/partition=*/*.parquet"))
+        ]
+        assert sorted(n for t in lane if t.num_rows for n in t.column("n").to_pylist()) == want
     dead = pa.concat_tables(
         pq.read_table(f)
         for f in sorted((data / "nodes" / "unpacked_dq" / "dlq").rglob("*.parquet"))

@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from pyarrow import flight
 
 from tests.conftest import RunningGateway
 from tests.helpers import arrow_files, produce_json, wait_until
+from tests.tls_certs import make_pki
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.pipeline.dag import Chain, Dag
@@ -141,6 +143,40 @@ def test_rows_the_sidecar_refuses_are_retried_then_isolated_and_named(shapes: Sh
     (rejected,) = out.rejected
     assert rejected.positions.tolist() == [3] and rejected.reason == "transform"
     assert "amount 30 is not allowed" in rejected.error
+
+
+def test_a_tls_sidecar_is_trusted_through_its_private_ca(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    server = Shapes(
+        "grpc+tls://127.0.0.1:0",
+        tls_certificates=[flight.CertKeyPair(pki.pem("server_cert"), pki.pem("server_key"))],
+    )
+    try:
+        location = f"grpc+tls://127.0.0.1:{server.port}"
+
+        def tls_client(**kw: Any) -> SidecarClient:
+            node = NodeConfig.model_validate(
+                {"name": "n", "from": "t", "sidecar": location, "command": "append", **kw}
+            )
+            return SidecarClient(node, COLS, retries=0)
+
+        out = tls_client(tls_root_certs=str(pki.ca))(records(5))
+        assert out.column("double").to_pylist() == [i * 20 for i in range(5)]
+        for untrusted in ({}, {"tls_root_certs": str(pki.other_ca)}):  # system roots, a stranger
+            with pytest.raises(SidecarUnavailableError):
+                tls_client(**untrusted)(records(5))
+        with pytest.raises(ValueError, match="tls_root_certs needs a grpc\\+tls:// sidecar"):
+            NodeConfig.model_validate(
+                {
+                    "name": "n",
+                    "from": "t",
+                    "sidecar": "grpc://127.0.0.1:1",
+                    "command": "x",
+                    "tls_root_certs": str(pki.ca),
+                }
+            )
+    finally:
+        server.shutdown()
 
 
 def start_example(port: int, log: Path) -> subprocess.Popen[bytes]:

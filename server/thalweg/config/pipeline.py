@@ -34,6 +34,11 @@ class NodeConfig(_Model):
     )
     command: str | None = Field(None, description="The sidecar's command (its transform).")
     token: SecretStr | None = Field(None, description="Bearer token sent to the sidecar.")
+    tls_root_certs: Path | None = Field(
+        None,
+        description="PEM of the CA(s) a grpc+tls:// sidecar's certificate is checked "
+        "against (default: the system's roots).",
+    )
     contract: Path | None = Field(
         None, description="An ODCS v3 contract this node enforces on its input (DQ node)."
     )
@@ -74,6 +79,10 @@ class NodeConfig(_Model):
                 raise ValueError(f"pipeline.nodes.{self.name}: sidecar must be grpc[+tls]://")
             if not self.command:
                 raise ValueError(f"pipeline.nodes.{self.name}: a sidecar node needs a command")
+            if self.tls_root_certs is not None and not self.sidecar.startswith("grpc+tls://"):
+                raise ValueError(
+                    f"pipeline.nodes.{self.name}: tls_root_certs needs a grpc+tls:// sidecar"
+                )
         return self
 
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from thalweg.config.pipeline import NodeConfig
-from thalweg.errors import ThalwegError
+from thalweg.errors import ConfigError, ThalwegError
 from thalweg.pipeline.dag import RowsRefusedError
 from thalweg.records.columns import MetadataColumns
 
@@ -93,6 +93,7 @@ class SidecarClient:
             else []
         )
         self._timeout_s = node.timeout_s
+        self._root_certs = _read_pem(node) if node.tls_root_certs is not None else None
         self._locators = [f.name for f in columns.locator_fields]
         self._batch_rows = batch_rows
         self._in_flight = in_flight
@@ -166,7 +167,10 @@ class SidecarClient:
 
     def _connect(self) -> flight.FlightClient:
         if self._client is None:
-            self._client = flight.connect(self.location)
+            if self._root_certs is not None:
+                self._client = flight.connect(self.location, tls_root_certs=self._root_certs)
+            else:
+                self._client = flight.connect(self.location)
         return self._client
 
     def _exchange(self, table: pa.Table) -> pa.Table:
@@ -269,6 +273,17 @@ class SidecarClient:
                 batch.schema.field(name), batch.column(name).take(index)
             )
         return located
+
+
+def _read_pem(node: NodeConfig) -> bytes:
+    """The node's CA bundle, read once (a missing file is a configuration error)."""
+    assert node.tls_root_certs is not None
+    try:
+        return node.tls_root_certs.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"pipeline.nodes.{node.name}: tls_root_certs {node.tls_root_certs}: {exc}"
+        ) from exc
 
 
 def _one_line(exc: BaseException) -> str:
