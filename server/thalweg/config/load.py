@@ -1,4 +1,5 @@
-"""Read a TOML file into :class:`ThalwegConfig`, with errors that name the key."""
+"""Read a TOML file into :class:`ThalwegConfig`, with errors that name the key;
+``${NAME}`` in its strings comes from the environment (``config.env``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from thalweg.config.env import expand_env
 from thalweg.config.models import ThalwegConfig
 from thalweg.errors import ConfigError
 
@@ -31,6 +33,10 @@ def load_config(path: str | Path) -> ThalwegConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+    try:
+        data = expand_env(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc
     return parse_config(data, origin=str(p))
 
 
