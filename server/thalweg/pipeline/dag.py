@@ -426,11 +426,16 @@ class Chain:
         for node in self.nodes:
             table, refused = self._run(node, table)
             rejected += refused
-        positions = table.column(self._columns.position)
-        if table.num_rows > 1 and not _ascending(positions):
+        positions = table.column(self._columns.position).to_numpy()
+        step = np.diff(positions)
+        if len(step) and (step < 0).any():
             order = pc.sort_indices(table, sort_keys=[(self._columns.position, "ascending")])
             table = table.take(order)
-        return Derived(_with_derived_index(table, self._columns), tuple(rejected))
+            positions = table.column(self._columns.position).to_numpy()
+            step = np.diff(positions)
+        # Strictly ascending (a 1 → 1 or 1 → 0 node, the common case): every index is 0.
+        unique = not len(step) or bool((step > 0).all())
+        return Derived(_with_derived_index(table, self._columns, unique), tuple(rejected))
 
 
 def _refusal(exc: Exception) -> tuple[str, str] | None:
@@ -450,16 +455,18 @@ def _refusal(exc: Exception) -> tuple[str, str] | None:
     return RowsRefusedError.reason, " ".join(text.split())[:500]
 
 
-def _with_derived_index(table: pa.Table, columns: MetadataColumns) -> pa.Table:
+def _with_derived_index(
+    table: pa.Table, columns: MetadataColumns, unique: bool = False
+) -> pa.Table:
     """``<prefix>derived_index``: each row's index among the rows derived from the same
     record (0 for a 1 → 1 node). With the record id it names a derived row — what a
     destination deduplicates a replay by — and it is deterministic: the rows come from
     a stateless query in a stable order."""
     name = columns.prefix + "derived_index"
-    positions = table.column(columns.position).to_numpy()
-    n = len(positions)
+    n = table.num_rows
     index = np.zeros(n, np.int32)
-    if n > 1:
+    if n > 1 and not unique:
+        positions = table.column(columns.position).to_numpy()
         starts = np.flatnonzero(np.r_[True, positions[1:] != positions[:-1]])
         lengths = np.diff(np.r_[starts, n])
         index = (np.arange(n) - np.repeat(starts, lengths)).astype(np.int32)
@@ -467,8 +474,3 @@ def _with_derived_index(table: pa.Table, columns: MetadataColumns) -> pa.Table:
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, array)
     return table.append_column(name, array)
-
-
-def _ascending(column: pa.ChunkedArray) -> bool:
-    values = column.to_numpy()
-    return bool((values[1:] >= values[:-1]).all())
