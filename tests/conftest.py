@@ -319,6 +319,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         sinks: list[dict[str, Any]] | None = None,
         recovery: dict[str, Any] | None = None,
         pipeline: dict[str, Any] | None = None,
+        retention: dict[str, Any] | None = None,
         **source: Any,
     ) -> RunningGateway:
         """Run a gateway over ``topics`` of the session's Kafka broker, or over exactly
@@ -338,6 +339,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
                 "sinks": sinks or [],
                 "recovery": {"poll_interval_s": 0.2, **(recovery or {})},
                 "pipeline": pipeline or {},
+                "retention": retention or {},
             }
         )
         gw = Gateway(cfg)

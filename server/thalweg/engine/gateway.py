@@ -14,6 +14,7 @@ from thalweg.config.checks import data_dir_error, data_dir_problem, listen_probl
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
+from thalweg.engine.retention import RetentionJob
 from thalweg.engine.runner import SourceRunner
 from thalweg.errors import ConfigError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
@@ -274,6 +275,9 @@ class Gateway:
         tasks += [asyncio.create_task(f.run(stop)) for f in self.feeders]
         if self.gate is not None:
             tasks.append(asyncio.create_task(self.gate.run(stop)))
+        if self.cfg.retention.enabled and self.runners:  # the lanes' writer keeps them
+            job = RetentionJob(self.cfg, self.layout, self.metrics)
+            tasks.append(asyncio.create_task(job.run(stop)))
         tasks.append(asyncio.create_task(beat()))
         stopped = asyncio.create_task(stop.wait())
         failure: BaseException | None = None

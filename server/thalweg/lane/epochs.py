@@ -152,6 +152,11 @@ def close_epoch(layout: LaneLayout, topic: str, partition: int) -> int:
                 layout.partition_dir(lane, topic, partition),
                 target.partition_dir(lane, topic, partition),
             )
+        floor = layout.floor_path(topic, partition)
+        if floor.exists():  # the closed epoch keeps its retention floor; the new one has none
+            ensure_dir(target.floor_path(topic, partition).parent)
+            os.rename(floor, target.floor_path(topic, partition))
+            fsync_dir(floor.parent)
         src = layout.partition_dir(Lane.RAW, topic, partition)
         dst = target.partition_dir(Lane.RAW, topic, partition)
         closed = {**marker.info(), "closed_at": time.time()}

@@ -43,17 +43,54 @@ def segment_name(first: int, last: int) -> str:
     return f"{first:020d}-{last:020d}.parquet"
 
 
+RETENTION_DIR = "retention"
+
+
 class LaneLayout:
-    """Where everything lives under one ``data_dir``."""
+    """Where everything lives under one ``data_dir``.
+
+    A partition's segments below its retention floor (``lane.retention``) are not
+    listed unless asked for: retention raises the floor first and deletes the files
+    after a grace period, so a read planned before the floor rose still finds its files
+    (reads by position range list every file), and nothing planned after it — coverage,
+    ``earliest``, the sinks' work — sees them.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._floors: dict[tuple[str, int], tuple[int, int]] = {}  # → (mtime_ns, floor)
+
+    def floor_path(self, topic: str, partition: int) -> Path:
+        return self.root / RETENTION_DIR / f"topic={quote(topic, safe='')}" / f"{partition}.json"
+
+    def floor(self, topic: str, partition: int) -> int:
+        """The first position retention keeps (0: nothing removed); read again only when
+        the marker file changed."""
+        path = self.floor_path(topic, partition)
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+        cached = self._floors.get((topic, partition))
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        try:
+            value = int(json.loads(path.read_text(encoding="utf-8"))["floor"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LaneError(f"{path}: unreadable retention floor: {exc}") from exc
+        self._floors[(topic, partition)] = (mtime, value)
+        return value
 
     def partition_dir(self, lane: Lane, topic: str, partition: int) -> Path:
         return self.root / lane.value / f"topic={quote(topic, safe='')}" / f"partition={partition}"
 
-    def segments(self, lane: Lane, topic: str, partition: int) -> list[Segment]:
-        """The durable segments of a partition, sorted by first offset."""
+    def segments(
+        self, lane: Lane, topic: str, partition: int, *, retained: bool = True
+    ) -> list[Segment]:
+        """The durable segments of a partition, sorted by first offset — with
+        ``retained``, those at or above its retention floor; without, every file still
+        on disk (a read planned before the floor rose reads the files below it until
+        they are deleted)."""
         directory = self.partition_dir(lane, topic, partition)
         try:
             names = os.listdir(directory)
@@ -65,7 +102,8 @@ class LaneLayout:
             if match:
                 out.append(Segment(int(match[1]), int(match[2]), directory / name))
         out.sort(key=lambda s: s.first)
-        return out
+        floor = self.floor(topic, partition) if retained else 0
+        return [s for s in out if s.last >= floor] if floor else out
 
     def topics(self) -> list[str]:
         base = self.root / Lane.RAW.value

@@ -39,9 +39,11 @@ class LaneReader:
         self._cache = cache
 
     def segments_between(self, topic: str, partition: int, start: int, end: int) -> list[Segment]:
+        """Raw segments overlapping ``[start, end)`` — below the retention floor too while
+        their files exist: the read's plan decided its range (``flight.read.plan``)."""
         return [
             s
-            for s in self._layout.segments(Lane.RAW, topic, partition)
+            for s in self._layout.segments(Lane.RAW, topic, partition, retained=False)
             if s.last >= start and s.first < end
         ]
 

@@ -203,6 +203,28 @@ class Metrics:
         self.node_rows = Counter(
             "twg_node_rows", "Rows a pipeline node returned (derived rows).", ["node"], registry=r
         )
+        self.retention_removed_files = Counter(
+            "twg_retention_removed_files",
+            "Lane files retention deleted (every lane, node lanes included).",
+            ["topic"],
+            registry=r,
+        )
+        self.retention_removed_bytes = Counter(
+            "twg_retention_removed_bytes", "Bytes retention deleted.", ["topic"], registry=r
+        )
+        self.retention_held = Gauge(
+            "twg_retention_held",
+            "1 while a sink that has not landed a partition's oldest records holds its "
+            "retention back (wait_for_sinks).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.lane_floor = Gauge(
+            "twg_lane_floor",
+            "A partition's first position kept by retention (0: nothing removed).",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.node_dead_letters = Counter(
             "twg_node_dead_letters",
             "Records a pipeline node refused, written to its dead-letter lane, by reason "

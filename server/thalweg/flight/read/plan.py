@@ -150,14 +150,38 @@ def start_of_new_partition(catalog: LaneCatalog, ticket: ReadTicket, p: int) -> 
 
 def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int) -> int:
     if start == "earliest":
-        return 0
+        return catalog.layout.floor(topic, p)  # what retention keeps
     if start == "latest":
         return catalog.high_water(topic, p)
     if isinstance(start, OffsetPosition):
+        _check_retained(catalog, topic, p, start.offset)
         return start.offset
     assert isinstance(start, TimestampPosition)
     found = catalog.reader.offset_for_timestamp(topic, p, start.timestamp_ms, durable)
     return durable if found is None else found
+
+
+def _check_retained(catalog: LaneCatalog, topic: str, p: int, offset: int) -> None:
+    """An offset below the retention floor is read only while its file is still on disk
+    (an endpoint planned before the floor rose); once it is gone, the read is refused
+    rather than answered from the floor on.
+
+    Raises:
+        TicketError: the offset's segment was removed by retention.
+    """
+    floor = catalog.layout.floor(topic, p)
+    if offset >= floor:
+        return
+    below = [
+        s
+        for s in catalog.layout.segments(Lane.RAW, topic, p, retained=False)
+        if s.first < floor and s.last >= offset
+    ]
+    if not below or below[0].first > offset:
+        raise TicketError(
+            f"{topic}[{p}]: offset {offset} was removed by retention; the earliest "
+            f"available is {floor}"
+        )
 
 
 def _end(catalog: LaneCatalog, topic: str, p: int, end: End, durable: int) -> int | None:

@@ -161,7 +161,9 @@ def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBat
     off = catalog.columns.position
     for r in plan.ranges:
         end = r.end if r.end is not None else catalog.durable_end(plan.ticket.topic, r.partition)
-        for seg in catalog.layout.segments(Lane.DLQ, plan.ticket.topic, r.partition):
+        for seg in catalog.layout.segments(
+            Lane.DLQ, plan.ticket.topic, r.partition, retained=False
+        ):
             if seg.last < r.start or seg.first >= end:
                 continue
             table = pq.read_table(seg.path).replace_schema_metadata(None)
