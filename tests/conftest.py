@@ -320,6 +320,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
         recovery: dict[str, Any] | None = None,
         pipeline: dict[str, Any] | None = None,
         retention: dict[str, Any] | None = None,
+        compaction: dict[str, Any] | None = None,
         **source: Any,
     ) -> RunningGateway:
         """Run a gateway over ``topics`` of the session's Kafka broker, or over exactly
@@ -340,6 +341,7 @@ def gateway_factory(broker: TansuBroker, tmp_path: Path) -> Iterator[Callable[..
                 "recovery": {"poll_interval_s": 0.2, **(recovery or {})},
                 "pipeline": pipeline or {},
                 "retention": retention or {},
+                "compaction": compaction or {},
             }
         )
         gw = Gateway(cfg)

@@ -18,7 +18,7 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import produce_json, wait_until
+from tests.helpers import arrow_files, produce_json, wait_until
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane import LaneLayout
 from thalweg.lane.layout import Lane
@@ -134,4 +134,78 @@ def test_a_sink_that_has_not_landed_holds_retention_back(
     layout = LaneLayout(data)
     assert layout.floor(topic, 0) == 0
     assert sorted(s.first for s in layout.segments(Lane.RAW, topic, 0))[0] == 0
+    rg.stop()
+
+
+def test_compaction_under_four_readers_and_a_sink_loses_and_repeats_nothing(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    rg = gateway_factory(
+        [topic],
+        data_dir=data,
+        raw_lane={"roll_rows": 100},
+        sinks=sinks,
+        compaction={
+            "enabled": True,
+            "min_age_s": 0.5,
+            "min_files": 4,
+            "grace_s": 1.0,
+            "interval_s": 0.3,
+        },
+    )
+    layout = LaneLayout(data)
+    gw = thalweg_client.connect(rg.flight_url)
+    total = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(100)))
+    rg.wait_durable(topic, {0: total})
+    stop = threading.Event()
+    reads: list[int] = []
+    failures: list[BaseException] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                table = gw.read(topic)
+            except BaseException as exc:  # any failure fails the test
+                failures.append(exc)
+                return
+            got = table.column("n").to_pylist()
+            if got != list(range(len(got))) or table.column("_twg_position").to_pylist() != got:
+                failures.append(AssertionError(f"not exact: {len(got)} rows"))
+                return
+            reads.append(len(got))
+
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(30):  # small fetches: many small segments for compaction to merge
+        total += produce_json(broker.bootstrap, topic, ({"n": total + i} for i in range(100)))
+        time.sleep(0.1)
+    rg.wait_durable(topic, {0: total}, timeout=60)
+
+    def files() -> int:
+        return len(sorted(layout.partition_dir(Lane.RAW, topic, 0).glob("*.parquet")))
+
+    wait_until(lambda: files() <= 6, 60, lambda: f"compaction (now {files()} raw files)")
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert failures == [], failures[:1]
+    assert len(reads) >= 8
+    table = gw.read(topic)
+    assert table.column("n").to_pylist() == list(range(total))  # exact after the merges
+    wait_until(
+        lambda: arrow_files(data / "sinks" / "files").num_rows == total, 60, "the sink complete"
+    )
+    assert sorted(arrow_files(data / "sinks" / "files").column("n").to_pylist()) == list(
+        range(total)
+    )
+    metrics = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+    assert f'twg_compaction_merged_files_total{{topic="{topic}"}}' in metrics
+    gw.close()
     rg.stop()

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from thalweg.config.pipeline import PipelineConfig
-from thalweg.config.retention import RetentionConfig
+from thalweg.config.retention import CompactionConfig, RetentionConfig
 from thalweg.config.sinks import (
     FlightSinkConfig,
     IcebergSinkConfig,
@@ -552,6 +552,7 @@ class ThalwegConfig(_Model):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
 
     @model_validator(mode="after")
     def _pipeline(self) -> ThalwegConfig:

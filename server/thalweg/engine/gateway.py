@@ -12,6 +12,7 @@ import pyarrow as pa
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
+from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
 from thalweg.engine.retention import RetentionJob
@@ -235,6 +236,10 @@ class Gateway:
                 return schema
         return None
 
+    def _owned(self) -> list[tuple[str, int]]:
+        """The partitions this gateway ingests now."""
+        return [key for r in self.runners for key in list(r.state.parts)]
+
     def _decoder(self, topic: str) -> ArrowDecoder | None:
         for r in self.runners:
             decoder = r.decoders.get(topic)
@@ -275,6 +280,9 @@ class Gateway:
         tasks += [asyncio.create_task(f.run(stop)) for f in self.feeders]
         if self.gate is not None:
             tasks.append(asyncio.create_task(self.gate.run(stop)))
+        if self.cfg.compaction.enabled and self.runners:  # only the owner merges
+            compaction = CompactionJob(self.cfg, self.layout, self.metrics, self._owned)
+            tasks.append(asyncio.create_task(compaction.run(stop)))
         if self.cfg.retention.enabled and self.runners:  # the lanes' writer keeps them
             job = RetentionJob(self.cfg, self.layout, self.metrics)
             tasks.append(asyncio.create_task(job.run(stop)))

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
@@ -84,6 +85,42 @@ class Coverage:
         return None
 
 
+META_COMPACTED = b"thalweg.compacted"
+
+
+def is_compacted(segment: Segment) -> bool:
+    """Whether a raw segment was written by compaction (merging smaller ones)."""
+    try:
+        meta = pq.read_schema(segment.path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return False
+    return meta.get(META_COMPACTED) == b"1"
+
+
+def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[Segment]) -> int:
+    """Delete segments a compaction merged — their twins in every lane and the nodes'
+    dead letters named after them; the files removed."""
+    removed = 0
+    names = {s.path.name for s in merged}
+    dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
+    nodes = layout.root / "nodes"
+    if nodes.is_dir():
+        quoted = layout.partition_dir(Lane.DLQ, topic, partition)
+        for node in os.listdir(nodes):
+            dirs.append(nodes / node / Lane.DLQ.value / quoted.parent.name / quoted.name)
+    for directory in dirs:
+        before = removed
+        for name in names:
+            try:
+                (directory / name).unlink()
+                removed += 1
+            except FileNotFoundError:
+                continue
+        if removed > before:
+            fsync_dir(directory)
+    return removed
+
+
 def _covers_from(segment: Segment) -> int:
     meta = pq.read_schema(segment.path).metadata or {}
     raw = meta.get(META_COVERS_FROM)
@@ -154,8 +191,9 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
 
 
 def _resolve_overlaps(layout: LaneLayout, topic: str, partition: int) -> None:
-    """Quarantine raw segments contained in another; refuse partial overlaps."""
-    segments = layout.segments(Lane.RAW, topic, partition)
+    """Quarantine raw segments contained in another — or delete them, when the other is
+    the compaction that merged them (``lane.compaction``); refuse partial overlaps."""
+    segments = layout.segments(Lane.RAW, topic, partition, retained=False, contained=True)
     # Widest first among equal starts, so a contained segment follows its container.
     segments.sort(key=lambda s: (s.first, -s.last))
     keeper: Segment | None = None
@@ -164,7 +202,10 @@ def _resolve_overlaps(layout: LaneLayout, topic: str, partition: int) -> None:
             keeper = seg
             continue
         if seg.last <= keeper.last:
-            _quarantine(layout, topic, partition, seg, keeper)
+            if is_compacted(keeper):
+                remove_merged(layout, topic, partition, [seg])
+            else:
+                _quarantine(layout, topic, partition, seg, keeper)
             continue
         raise SegmentConflictError(
             f"{topic}[{partition}]: raw segments {keeper.path.name} and {seg.path.name} "

@@ -85,12 +85,21 @@ class LaneLayout:
         return self.root / lane.value / f"topic={quote(topic, safe='')}" / f"partition={partition}"
 
     def segments(
-        self, lane: Lane, topic: str, partition: int, *, retained: bool = True
+        self,
+        lane: Lane,
+        topic: str,
+        partition: int,
+        *,
+        retained: bool = True,
+        contained: bool = False,
     ) -> list[Segment]:
-        """The durable segments of a partition, sorted by first offset — with
-        ``retained``, those at or above its retention floor; without, every file still
-        on disk (a read planned before the floor rose reads the files below it until
-        they are deleted)."""
+        """The durable segments of a partition, sorted by first offset.
+
+        With ``retained`` (the default), those at or above its retention floor; without,
+        every file still on disk (a read planned before the floor rose reads the files
+        below it until they are deleted). A segment whose positions lie inside another's
+        — the small files a compaction merged, until they are deleted — is left out
+        unless ``contained`` (start-up repair looks at them)."""
         directory = self.partition_dir(lane, topic, partition)
         try:
             names = os.listdir(directory)
@@ -101,7 +110,9 @@ class LaneLayout:
             match = _SEGMENT_RE.match(name)
             if match:
                 out.append(Segment(int(match[1]), int(match[2]), directory / name))
-        out.sort(key=lambda s: s.first)
+        out.sort(key=lambda s: (s.first, -s.last))
+        if not contained:
+            out = _outermost(out)
         floor = self.floor(topic, partition) if retained else 0
         return [s for s in out if s.last >= floor] if floor else out
 
@@ -156,6 +167,16 @@ class LaneLayout:
         tmp.write_text(body + "\n", encoding="utf-8")
         os.replace(tmp, path)
         fsync_dir(raw)
+
+
+def _outermost(segments: list[Segment]) -> list[Segment]:
+    """``segments`` (sorted by first, widest first) without those inside another."""
+    out: list[Segment] = []
+    for seg in segments:
+        if out and seg.last <= out[-1].last:
+            continue
+        out.append(seg)
+    return out
 
 
 def ensure_dir(path: Path) -> None:

@@ -225,6 +225,27 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.lane_files = Gauge(
+            "twg_lane_files",
+            "Raw files of a partition on disk (compaction keeps it bounded).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.compaction_merged = Counter(
+            "twg_compaction_merged_files",
+            "Small segments compaction merged into larger files.",
+            ["topic"],
+            registry=r,
+        )
+        self.compaction_backlog = Gauge(
+            "twg_compaction_backlog_files",
+            "Small segments due for merging and not merged yet (compaction lag).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.compaction_seconds = Histogram(
+            "twg_compaction_seconds", "One merge (every lane of one run).", registry=r
+        )
         self.node_dead_letters = Counter(
             "twg_node_dead_letters",
             "Records a pipeline node refused, written to its dead-letter lane, by reason "

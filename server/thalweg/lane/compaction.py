@@ -1,0 +1,218 @@
+"""Compaction: a partition's small closed segments merged into target-size files.
+
+A 5 s roll makes ~17,000 files per partition per day; readers, sinks and the file
+system pay per file. Compaction merges runs of adjacent small segments (never the
+newest, none younger than ``min_age_s``) into one file per run, in every lane at once:
+
+* **Exact positions stay.** The merged file is named by its first and last position
+  like any segment, and its footer keeps the run's ``covers_from`` / ``covers_to``, so
+  coverage, exact replay and recovery read it as they read its parts. Its decoded twin
+  is the parts' decoded twins concatenated, its dead letters theirs; the nodes' dead
+  letters named after the parts are merged under its name too.
+* **Nothing breaks meanwhile.** The merged twins are written first (dead letters,
+  decoded, then raw last, each temp → fsync → rename; the raw one refusing to overwrite)
+  and from the raw rename on, listings leave out the parts — a segment inside another
+  is not listed (``LaneLayout.segments``) — so no read sees a position twice. The parts
+  are deleted ``grace_s`` later, so a read that listed them keeps them. A crash between
+  the steps leaves either the parts alone (a decoded or dead-letter merge without its
+  raw file is removed at start as debris) or both, and start-up deletes the parts.
+* **Only the owner compacts** a partition (the gateway that ingests it), so two
+  writers never merge the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.config.models import RawLaneConfig
+from thalweg.config.retention import CompactionConfig
+from thalweg.errors import SegmentConflictError
+from thalweg.lane.coverage import META_COMPACTED, _covers_from, is_compacted, remove_merged
+from thalweg.lane.layout import (
+    META_COVERS_FROM,
+    META_COVERS_TO,
+    META_LANE,
+    TMP_MARK,
+    Lane,
+    LaneLayout,
+    Segment,
+    ensure_dir,
+    fsync_dir,
+    segment_name,
+)
+from thalweg.lane.retention import lane_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """One run merged: its file and how many it replaced."""
+
+    path: Path
+    parts: int
+
+
+def plan_runs(
+    layout: LaneLayout, topic: str, partition: int, cfg: CompactionConfig, now: float
+) -> list[list[Segment]]:
+    """Runs of adjacent small segments to merge, oldest first."""
+    segments = layout.segments(Lane.RAW, topic, partition)[:-1]  # never the newest
+    runs: list[list[Segment]] = []
+    run: list[Segment] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal run, size
+        if len(run) >= cfg.min_files:
+            runs.append(run)
+        run, size = [], 0
+
+    for seg in segments:
+        if now - seg.path.stat().st_mtime < cfg.min_age_s:
+            break
+        nbytes = lane_bytes(layout, topic, partition, seg)
+        if nbytes >= cfg.target_bytes:
+            close()
+            continue
+        adjacent = not run or seg.first == run[-1].last + 1 or _covers_from(seg) <= run[-1].last + 1
+        if not adjacent or size + nbytes > cfg.target_bytes:
+            close()
+        run.append(seg)
+        size += nbytes
+    close()
+    return runs
+
+
+def merge(
+    layout: LaneLayout, topic: str, partition: int, run: list[Segment], raw_cfg: RawLaneConfig
+) -> Merged | None:
+    """Write ``run`` as one file in every lane; None when a part's decoded twin is
+    missing (it is being decoded again: the run waits)."""
+    name = segment_name(run[0].first, run[-1].last)
+    decoded_dir = layout.partition_dir(Lane.DECODED, topic, partition)
+    has_decoded = [(decoded_dir / s.path.name).exists() for s in run]
+    if any(has_decoded) and not all(has_decoded):
+        return None
+    last_meta = pq.read_schema(run[-1].path).metadata or {}
+    meta = {
+        META_COVERS_FROM: str(_covers_from(run[0])).encode(),
+        META_COVERS_TO: last_meta.get(META_COVERS_TO, str(run[-1].last + 1).encode()),
+        META_COMPACTED: b"1",
+    }
+    for lane in (Lane.DLQ, Lane.DECODED, Lane.RAW):  # raw last: it makes the merge visible
+        directory = layout.partition_dir(lane, topic, partition)
+        parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
+        if not parts:
+            continue
+        _write(
+            directory / name,
+            _concat(parts),
+            {**meta, META_LANE: lane.value.encode()},
+            raw_cfg,
+            exclusive=lane is Lane.RAW,
+        )
+    _merge_node_dead_letters(layout, topic, partition, run, name, raw_cfg)
+    return Merged(layout.partition_dir(Lane.RAW, topic, partition) / name, len(run))
+
+
+def sweep_merged(
+    layout: LaneLayout, topic: str, partition: int, grace_s: float, now: float | None = None
+) -> int:
+    """Delete the parts of merges done at least ``grace_s`` ago; the files removed."""
+    now = time.time() if now is None else now
+    segments = layout.segments(Lane.RAW, topic, partition, retained=False, contained=True)
+    keeper: Segment | None = None
+    due: list[Segment] = []
+    for seg in segments:  # sorted by first, widest first
+        if keeper is None or seg.first > keeper.last:
+            keeper = seg
+            continue
+        if (
+            seg.last <= keeper.last
+            and is_compacted(keeper)
+            and keeper.path.stat().st_mtime + grace_s <= now
+        ):
+            due.append(seg)
+    return remove_merged(layout, topic, partition, due) if due else 0
+
+
+def files_per_partition(layout: LaneLayout, topic: str, partition: int) -> int:
+    """Raw files on disk (parts awaiting deletion included)."""
+    return len(layout.segments(Lane.RAW, topic, partition, retained=False, contained=True))
+
+
+def _concat(paths: list[Path]) -> pa.Table:
+    """The files' rows in order, with the first file's footer metadata (the prefix)."""
+    tables = [pq.read_table(p) for p in paths]
+    meta = tables[0].schema.metadata
+    merged = pa.concat_tables(
+        [t.replace_schema_metadata(None) for t in tables], promote_options="permissive"
+    )
+    return merged.replace_schema_metadata(meta)
+
+
+def _merge_node_dead_letters(
+    layout: LaneLayout,
+    topic: str,
+    partition: int,
+    run: list[Segment],
+    name: str,
+    raw_cfg: RawLaneConfig,
+) -> None:
+    nodes = layout.root / "nodes"
+    if not nodes.is_dir():
+        return
+    raw_dir = layout.partition_dir(Lane.DLQ, topic, partition)
+    for node in os.listdir(nodes):
+        directory = nodes / node / Lane.DLQ.value / raw_dir.parent.name / raw_dir.name
+        parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
+        if parts:
+            _write(directory / name, _concat(parts), {}, raw_cfg, exclusive=False)
+
+
+def _write(
+    path: Path,
+    table: pa.Table,
+    meta: dict[bytes, bytes],
+    raw_cfg: RawLaneConfig,
+    *,
+    exclusive: bool,
+) -> None:
+    """temp → fsync → rename (or link, refusing an existing name) → directory fsync."""
+    ensure_dir(path.parent)
+    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    compression = None if raw_cfg.compression == "none" else raw_cfg.compression
+    level = raw_cfg.compression_level if compression in ("zstd", "gzip") else None
+    schema_meta = {**(table.schema.metadata or {}), **meta}
+    try:
+        pq.write_table(
+            table.replace_schema_metadata(schema_meta),
+            tmp,
+            compression=compression,
+            compression_level=level,
+        )
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise SegmentConflictError(f"merged segment {path} already exists") from exc
+        else:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(path.parent)

@@ -1,0 +1,111 @@
+"""Compaction of a partition's small segments: runs of adjacent old small segments merge
+into one file per lane (never the newest); the merged file keeps exact positions (name,
+footer coverage) and every lane's rows in order; listings show it and not its parts at
+once; the parts go only after the grace period; a crash that leaves both is repaired by
+deleting the parts, not quarantining them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thalweg.config.models import RawLaneConfig
+from thalweg.config.retention import CompactionConfig
+from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
+from thalweg.lane.coverage import is_compacted, repair, scan_coverage
+from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, Lane, LaneLayout, segment_name
+
+T = "orders"
+NOW = 1_000_000.0
+CFG = CompactionConfig(enabled=True, target_bytes=1 << 30, min_files=4, min_age_s=60, grace_s=60)
+
+
+def lane(tmp_path: Path, n: int = 10, rows: int = 50) -> LaneLayout:
+    layout = LaneLayout(tmp_path)
+    for i in range(n):
+        first, last = i * rows, (i + 1) * rows - 1
+        pos = pa.array(range(first, last + 1), pa.int64())
+        meta = {META_COVERS_FROM: str(first).encode(), META_COVERS_TO: str(last + 1).encode()}
+        raw = pa.table({"_twg_position": pos, "_twg_source_value": pa.array([b"v"] * rows)})
+        dec = pa.table({"_twg_position": pos, "n": pa.array(range(first, last + 1))})
+        for ln, table in ((Lane.RAW, raw), (Lane.DECODED, dec)):
+            d = layout.partition_dir(ln, T, 0)
+            d.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table.replace_schema_metadata(meta), d / segment_name(first, last))
+            os.utime(d / segment_name(first, last), (NOW - 3600 + i,) * 2)
+        if i % 3 == 0:  # some segments had dead letters, and a node refused records of them
+            for d in (
+                layout.partition_dir(Lane.DLQ, T, 0),
+                tmp_path / "nodes" / "clean" / "dlq" / f"topic={T}" / "partition=0",
+            ):
+                d.mkdir(parents=True, exist_ok=True)
+                pq.write_table(raw.slice(0, 1), d / segment_name(first, last))
+    return layout
+
+
+def rows(layout: LaneLayout, ln: Lane) -> list[int]:
+    out: list[int] = []
+    for s in layout.segments(ln, T, 0):
+        out += pq.read_table(s.path).column("_twg_position").to_pylist()
+    return out
+
+
+def test_old_small_segments_merge_into_one_file_per_lane_with_exact_positions(
+    tmp_path: Path,
+) -> None:
+    layout = lane(tmp_path)
+    before = {ln: rows(layout, ln) for ln in Lane}
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    assert [s.first for s in run] == [i * 50 for i in range(9)]  # never the newest
+    done = merge(layout, T, 0, run, RawLaneConfig())
+    assert done is not None and done.parts == 9
+    assert done.path.name == segment_name(0, 449)
+    raw = layout.segments(Lane.RAW, T, 0)
+    assert [s.path.name for s in raw] == [segment_name(0, 449), segment_name(450, 499)]
+    assert is_compacted(raw[0]) and not is_compacted(raw[1])
+    meta = pq.read_schema(raw[0].path).metadata
+    assert meta[META_COVERS_FROM] == b"0" and meta[META_COVERS_TO] == b"450"
+    assert scan_coverage(layout, T, 0).ranges == [(0, 500)]
+    for ln in Lane:  # every lane: the same rows, in order, none twice
+        assert rows(layout, ln) == before[ln]
+    node = tmp_path / "nodes" / "clean" / "dlq" / f"topic={T}" / "partition=0"
+    assert pq.read_table(node / segment_name(0, 449)).num_rows == 3  # parts 0, 3, 6
+    assert files_per_partition(layout, T, 0) == 11  # the parts wait for the grace
+    merged_at = raw[0].path.stat().st_mtime
+    assert sweep_merged(layout, T, 0, grace_s=60, now=merged_at + 30) == 0
+    removed = sweep_merged(layout, T, 0, grace_s=60, now=merged_at + 61)
+    assert removed == 9 + 9 + 3 + 3  # raw and decoded parts, dead letters, node dead letters
+    assert files_per_partition(layout, T, 0) == 2
+    assert sorted(os.listdir(node)) == [segment_name(0, 449), segment_name(450, 499)]
+    for ln in Lane:
+        assert rows(layout, ln) == before[ln]
+
+
+def test_runs_respect_age_size_adjacency_and_length(tmp_path: Path) -> None:
+    layout = lane(tmp_path)
+    assert plan_runs(layout, T, 0, CFG, NOW - 3600 + 2 + 60) == []  # only 3 are old enough
+    small = CompactionConfig(enabled=True, target_bytes=1, min_files=2, min_age_s=0)
+    assert plan_runs(layout, T, 0, small, NOW) == []  # every segment is already "large"
+    one = sum(f.stat().st_size for f in layout.partition_dir(Lane.RAW, T, 0).iterdir())
+    sized = CompactionConfig(enabled=True, target_bytes=one // 2, min_files=2, min_age_s=0)
+    runs = plan_runs(layout, T, 0, sized, NOW)
+    assert len(runs) >= 2 and all(len(r) >= 2 for r in runs)  # split by the size ceiling
+    # A hole in the positions (not skipped offsets) ends a run.
+    gap = layout.partition_dir(Lane.RAW, T, 0) / segment_name(200, 249)
+    gap.unlink()
+    (layout.partition_dir(Lane.DECODED, T, 0) / segment_name(200, 249)).unlink()
+    runs = plan_runs(layout, T, 0, CFG, NOW)
+    assert [[s.first for s in r] for r in runs] == [[0, 50, 100, 150], [250, 300, 350, 400]]
+
+
+def test_a_crash_after_the_merge_is_repaired_by_deleting_the_parts(tmp_path: Path) -> None:
+    layout = lane(tmp_path)
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    merge(layout, T, 0, run, RawLaneConfig())
+    repair(layout, T, 0)  # start-up: the parts are the merge's, not a second writer's
+    assert files_per_partition(layout, T, 0) == 2
+    assert not (tmp_path / "quarantine").exists()
+    assert rows(layout, Lane.DECODED) == list(range(500))
