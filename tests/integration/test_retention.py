@@ -26,6 +26,55 @@ from thalweg.lane.layout import Lane
 pytestmark = pytest.mark.integration
 
 
+class LoopingReaders:
+    """``n`` threads each reading the topic whole, again and again, until :meth:`stop`;
+    ``exact(table)`` says what is wrong with a read (None: nothing). The first failure
+    or wrong read of each thread is kept; the row counts of the good reads too."""
+
+    def __init__(
+        self,
+        gw: thalweg_client.Client,
+        topic: str,
+        exact: Callable[[pa.Table], str | None],
+        n: int = 4,
+    ) -> None:
+        self.reads: list[int] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(gw, topic, exact), daemon=True)
+            for _ in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _loop(
+        self, gw: thalweg_client.Client, topic: str, exact: Callable[[pa.Table], str | None]
+    ) -> None:
+        while not self._stop.is_set():
+            try:
+                table = gw.read(topic)
+            except BaseException as exc:  # any failure fails the test
+                self.failures.append(exc)
+                return
+            wrong = exact(table)
+            if wrong is not None:
+                self.failures.append(AssertionError(wrong))
+                return
+            self.reads.append(table.num_rows)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def contiguous(table: pa.Table) -> str | None:
+    positions = table.column("_twg_position").to_pylist()
+    want = list(range(positions[0], positions[0] + len(positions))) if positions else []
+    return None if positions == want else f"not contiguous: {positions[:3]}..."
+
+
 def test_retention_under_four_readers_keeps_every_read_exact(
     broker: TansuBroker,
     topic_factory: Callable[..., str],
@@ -42,30 +91,9 @@ def test_retention_under_four_readers_keeps_every_read_exact(
     )
     layout = LaneLayout(data)
     gw = thalweg_client.connect(rg.flight_url)
-    stop = threading.Event()
-    reads: list[int] = []
-    failures: list[BaseException] = []
-
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                table = gw.read(topic, partitions=[0])
-            except BaseException as exc:  # any failure fails the test
-                failures.append(exc)
-                return
-            positions = table.column("_twg_position").to_pylist()
-            if positions != list(
-                range(positions[0], positions[0] + len(positions)) if positions else []
-            ):
-                failures.append(AssertionError(f"not contiguous: {positions[:3]}..."))
-                return
-            reads.append(len(positions))
-
     total = produce_json(broker.bootstrap, topic, ({"n": i, "pad": "x" * 200} for i in range(500)))
-    rg.wait_durable(topic, {0: total})
-    threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
-    for t in threads:
-        t.start()
+    rg.wait_durable(topic, {0: total})  # the topic exists before the readers start
+    readers = LoopingReaders(gw, topic, contiguous)
     for _ in range(19):
         total += produce_json(
             broker.bootstrap, topic, ({"n": total + i, "pad": "x" * 200} for i in range(500))
@@ -74,11 +102,9 @@ def test_retention_under_four_readers_keeps_every_read_exact(
     rg.wait_durable(topic, {0: total}, timeout=60)
     wait_until(lambda: layout.floor(topic, 0) > 0, 30, "the floor rising")
     time.sleep(2.5)  # past the grace: files below the floor deleted while readers read
-    stop.set()
-    for t in threads:
-        t.join(30)
-    assert failures == [], failures[:1]
-    assert len(reads) >= 8 and max(reads) < total  # reads happened, over a shrinking lane
+    readers.stop()
+    assert readers.failures == [], readers.failures[:1]
+    assert len(readers.reads) >= 8 and max(readers.reads) < total  # over a shrinking lane
     floor = layout.floor(topic, 0)
     raw = sorted(layout.partition_dir(Lane.RAW, topic, 0).glob("*.parquet"))
     assert 2 <= len(raw) <= 12, len(raw)  # 40 segments written, a bounded few kept
@@ -163,26 +189,14 @@ def test_compaction_under_four_readers_and_a_sink_loses_and_repeats_nothing(
     gw = thalweg_client.connect(rg.flight_url)
     total = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(100)))
     rg.wait_durable(topic, {0: total})
-    stop = threading.Event()
-    reads: list[int] = []
-    failures: list[BaseException] = []
 
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                table = gw.read(topic)
-            except BaseException as exc:  # any failure fails the test
-                failures.append(exc)
-                return
-            got = table.column("n").to_pylist()
-            if got != list(range(len(got))) or table.column("_twg_position").to_pylist() != got:
-                failures.append(AssertionError(f"not exact: {len(got)} rows"))
-                return
-            reads.append(len(got))
+    def exact(table: pa.Table) -> str | None:
+        got = table.column("n").to_pylist()
+        if got != list(range(len(got))) or table.column("_twg_position").to_pylist() != got:
+            return f"not exact: {len(got)} rows"
+        return None
 
-    threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
-    for t in threads:
-        t.start()
+    readers = LoopingReaders(gw, topic, exact)
     for _ in range(30):  # small fetches: many small segments for compaction to merge
         total += produce_json(broker.bootstrap, topic, ({"n": total + i} for i in range(100)))
         time.sleep(0.1)
@@ -192,11 +206,9 @@ def test_compaction_under_four_readers_and_a_sink_loses_and_repeats_nothing(
         return len(sorted(layout.partition_dir(Lane.RAW, topic, 0).glob("*.parquet")))
 
     wait_until(lambda: files() <= 6, 60, lambda: f"compaction (now {files()} raw files)")
-    stop.set()
-    for t in threads:
-        t.join(30)
-    assert failures == [], failures[:1]
-    assert len(reads) >= 8
+    readers.stop()
+    assert readers.failures == [], readers.failures[:1]
+    assert len(readers.reads) >= 8
     table = gw.read(topic)
     assert table.column("n").to_pylist() == list(range(total))  # exact after the merges
     wait_until(

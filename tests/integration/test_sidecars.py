@@ -294,6 +294,20 @@ class Hang(Sidecar):
         return batch
 
 
+def hung_node(topic: str, hang: Hang) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A node ``slow`` of ``topic`` through ``hang``, feeding an Arrow IPC sink ``files``."""
+    node = {
+        "name": "slow",
+        "from": topic,
+        "sidecar": f"grpc://127.0.0.1:{hang.port}",
+        "command": "x",
+        "sink": "files",
+        "timeout_s": 60,
+    }
+    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    return {"nodes": [node]}, sinks
+
+
 def test_a_stalled_sidecar_is_named_by_stats_and_metrics_alone(
     broker: TansuBroker,
     topic_factory: Callable[..., str],
@@ -302,19 +316,7 @@ def test_a_stalled_sidecar_is_named_by_stats_and_metrics_alone(
 ) -> None:
     hang = Hang()
     topic = topic_factory(partitions=1)
-    pipeline = {
-        "nodes": [
-            {
-                "name": "slow",
-                "from": topic,
-                "sidecar": f"grpc://127.0.0.1:{hang.port}",
-                "command": "x",
-                "sink": "files",
-                "timeout_s": 60,
-            }
-        ]
-    }
-    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    pipeline, sinks = hung_node(topic, hang)
     rg = gateway_factory(
         [topic],
         data_dir=tmp_path / "lane",
@@ -351,19 +353,7 @@ def test_a_lag_bound_holds_the_source_until_the_node_below_catches_up(
 ) -> None:
     hang = Hang()
     topic = topic_factory(partitions=1)
-    pipeline = {
-        "nodes": [
-            {
-                "name": "slow",
-                "from": topic,
-                "sidecar": f"grpc://127.0.0.1:{hang.port}",
-                "command": "x",
-                "sink": "files",
-                "timeout_s": 60,
-            }
-        ]
-    }
-    sinks = [{"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.2}]
+    pipeline, sinks = hung_node(topic, hang)
     rg = gateway_factory(
         [topic],
         data_dir=tmp_path / "lane",

@@ -5,7 +5,6 @@ merges older than the grace period deleted."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -14,6 +13,7 @@ from thalweg.config.models import ThalwegConfig
 from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.layout import LaneLayout
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.periodic import run_every
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,4 @@ class CompactionJob:
         return merged
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(self.run_once)
-            except Exception:  # a lane changing under the scan: the next run decides
-                log.warning("compaction run failed", exc_info=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.cfg.interval_s)
+        await run_every(stop, self.cfg.interval_s, self.run_once, "compaction run")

@@ -16,10 +16,10 @@ event loop; the runner asks :meth:`LagGate.holding` before each fetch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 
+from thalweg.ops.periodic import run_every
 from thalweg.recovery.feeder import SinkFeeder
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,4 @@ class LagGate:
                 del self._holding[topic]
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.refresh()
-            except Exception:  # a lane being rewritten mid-scan: the next look decides
-                log.debug("lag gate refresh failed", exc_info=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), REFRESH_S)
+        await run_every(stop, REFRESH_S, self.refresh, "lag gate refresh", in_thread=False)

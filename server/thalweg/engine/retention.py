@@ -5,7 +5,6 @@ lanes is held to its bounds (``lane.retention``), never past what a sink has lan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -15,6 +14,7 @@ from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.retention import decide, raise_floor, sweep
 from thalweg.ops.metrics import Metrics
+from thalweg.ops.periodic import run_every
 from thalweg.pipeline.dag import Dag
 from thalweg.recovery.coverage import CoverageStore
 
@@ -70,10 +70,4 @@ class RetentionJob:
                 self.metrics.retention_removed_bytes.labels(topic).inc(nbytes)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(self.run_once)
-            except Exception:  # a lane changing under the scan: the next run decides
-                log.warning("retention run failed", exc_info=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.retention.interval_s)
+        await run_every(stop, self.retention.interval_s, self.run_once, "retention run")

@@ -22,7 +22,6 @@ newest, none younger than ``min_age_s``) into one file per run, in every lane at
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -40,13 +39,11 @@ from thalweg.lane.layout import (
     META_COVERS_FROM,
     META_COVERS_TO,
     META_LANE,
-    TMP_MARK,
     Lane,
     LaneLayout,
     Segment,
-    ensure_dir,
-    fsync_dir,
     segment_name,
+    write_file_durably,
 )
 from thalweg.lane.retention import lane_bytes
 
@@ -187,32 +184,17 @@ def _write(
     *,
     exclusive: bool,
 ) -> None:
-    """temp → fsync → rename (or link, refusing an existing name) → directory fsync."""
-    ensure_dir(path.parent)
-    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    """Whole or absent; the raw file ``exclusive`` (never over an existing name)."""
     compression = None if raw_cfg.compression == "none" else raw_cfg.compression
     level = raw_cfg.compression_level if compression in ("zstd", "gzip") else None
-    schema_meta = {**(table.schema.metadata or {}), **meta}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     try:
-        pq.write_table(
-            table.replace_schema_metadata(schema_meta),
-            tmp,
-            compression=compression,
-            compression_level=level,
+        write_file_durably(
+            path,
+            lambda tmp: pq.write_table(
+                table, tmp, compression=compression, compression_level=level
+            ),
+            exclusive=exclusive,
         )
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:
-                raise SegmentConflictError(f"merged segment {path} already exists") from exc
-        else:
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    fsync_dir(path.parent)
+    except FileExistsError as exc:
+        raise SegmentConflictError(f"merged segment {path} already exists") from exc

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -200,6 +202,35 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file_durably(
+    path: Path, write: Callable[[Path], None], *, exclusive: bool = False
+) -> None:
+    """Make ``path`` appear whole or not at all: ``write`` fills a temp file beside it,
+    then fsync → rename (or, with ``exclusive``, a hard link that refuses an existing
+    name) → directory fsync. The temp file never outlives the call.
+
+    Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists.
+    """
+    ensure_dir(path.parent)
+    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(path.parent)
 
 
 def write_json_durably(path: Path, body: dict[str, object]) -> None:

@@ -15,8 +15,6 @@ are no longer refused (a sidecar that was fixed), since they then land in the si
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, Segment, ensure_dir, fsync_dir
+from thalweg.lane.layout import Lane, LaneLayout, Segment, fsync_dir, write_file_durably
 from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.dag import Rejected
 from thalweg.records.columns import TIMESTAMP_US, MetadataColumns
@@ -123,18 +121,7 @@ class NodeDeadLetters:
 
     @staticmethod
     def _write(path: Path, table: pa.Table) -> None:
-        """temp → fsync → rename → directory fsync: whole or absent."""
-        ensure_dir(path.parent)
-        tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
-        try:
-            pq.write_table(table, tmp, compression="zstd", compression_level=1)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        fsync_dir(path.parent)
+        """Whole or absent (``write_file_durably``)."""
+        write_file_durably(
+            path, lambda tmp: pq.write_table(table, tmp, compression="zstd", compression_level=1)
+        )

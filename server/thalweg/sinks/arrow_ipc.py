@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 
 from thalweg.lane.coverage import merge_ranges
-from thalweg.lane.layout import TMP_MARK, ensure_dir, fsync_dir
+from thalweg.lane.layout import TMP_MARK, ensure_dir, write_file_durably
 from thalweg.sinks.base import (
     BufferedSink,
     CoverageKey,
@@ -96,18 +96,8 @@ class ArrowIpcSink(BufferedSink):
 
     def _write_file(self, key: CoverageKey, start: int, end: int, table: pa.Table) -> None:
         topic, partition, epoch = key
-        directory = self.partition_dir(topic, partition)
-        ensure_dir(directory)
-        final = directory / file_name(epoch, start, end, self.suffix)
-        tmp = directory / (final.name + TMP_MARK + str(os.getpid()))
-        self._write_table(tmp, table)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        fsync_dir(directory)
+        final = self.partition_dir(topic, partition) / file_name(epoch, start, end, self.suffix)
+        write_file_durably(final, lambda tmp: self._write_table(tmp, table))
 
     def _write_table(self, path: Path, table: pa.Table) -> None:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
