@@ -194,7 +194,6 @@ class SidecarClient:
                 for _ in batches:
                     answers.append(self._answer(reader))
                     window.release()
-                self._expect_end(reader)
             except BaseException as exc:  # handed to the writing thread
                 failure.append(exc)
                 for _ in batches:
@@ -210,9 +209,14 @@ class SidecarClient:
                     if failure:
                         break
                     writer.write_batch(batch)
-                writer.done_writing()
             finally:
                 thread.join()
+            # Only once the reader is done with the call: pyarrow aborts the process when
+            # done_writing races a reader that is finishing a failed call (seen in CI when
+            # a sidecar was killed mid-exchange).
+            if not failure:
+                writer.done_writing()
+                self._expect_end(reader)
         if failure:
             raise failure[0]
         located = [self._locate(out, batch) for out, batch in zip(answers, batches, strict=True)]
