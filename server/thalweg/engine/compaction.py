@@ -41,11 +41,12 @@ class CompactionJob:
         now = time.time() if now is None else now
         merged = 0
         for topic, p in sorted(set(self.owned())):
-            runs = plan_runs(self.layout, topic, p, self.cfg, now)
-            for run in runs:
+            waiting = 0  # segments of runs left for a later pass (a twin being rebuilt)
+            for run in plan_runs(self.layout, topic, p, self.cfg, now):
                 started = time.monotonic()
                 done = merge(self.layout, topic, p, run, self.raw_cfg)
                 if done is None:
+                    waiting += len(run)
                     continue
                 merged += 1
                 self.metrics.compaction_merged.labels(topic).inc(done.parts)
@@ -54,8 +55,7 @@ class CompactionJob:
             self.metrics.lane_files.labels(topic, str(p)).set(
                 files_per_partition(self.layout, topic, p)
             )
-            pending = plan_runs(self.layout, topic, p, self.cfg, now)
-            self.metrics.compaction_backlog.labels(topic, str(p)).set(sum(len(r) for r in pending))
+            self.metrics.compaction_backlog.labels(topic, str(p)).set(waiting)
         return merged
 
     async def run(self, stop: asyncio.Event) -> None:

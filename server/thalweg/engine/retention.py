@@ -36,7 +36,9 @@ class RetentionJob:
             if dag.materialised(n.name)
         ]
 
-    def keep_from(self, topic: str, partition: int) -> tuple[int | None, str]:
+    def keep_from(
+        self, topic: str, partition: int, stores: dict[str, CoverageStore]
+    ) -> tuple[int | None, str]:
         """The first position of the partition some sink has not landed, and which."""
         lane = scan_coverage(self.layout, topic, partition).ranges
         key = (topic, partition, current_epoch(self.layout, topic, partition))
@@ -44,18 +46,22 @@ class RetentionJob:
         for name, topics in self._readers:
             if topic not in topics:
                 continue
-            gaps = CoverageStore(self.cfg.gateway.data_dir, name).gaps(key, lane)
+            gaps = stores[name].gaps(key, lane)
             if gaps and (first[0] is None or gaps[0][0] < first[0]):
                 first = (gaps[0][0], f"sink {name}")
         return first
 
     def run_once(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        # Each sink's store read once a run (another process may be feeding it).
+        stores = {}
+        if self.retention.wait_for_sinks:
+            stores = {n: CoverageStore(self.cfg.gateway.data_dir, n) for n, _ in self._readers}
         for topic in self.layout.topics():
             for p in self.layout.partitions(topic):
                 keep, who = (None, "")
                 if self.retention.wait_for_sinks:
-                    keep, who = self.keep_from(topic, p)
+                    keep, who = self.keep_from(topic, p, stores)
                 decision = decide(
                     self.layout, topic, p, self.retention, now=now, keep_from=keep, held_by=who
                 )

@@ -23,7 +23,6 @@ newest, none younger than ``min_age_s``) into one file per run, in every lane at
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,12 +164,8 @@ def _merge_node_dead_letters(
     name: str,
     raw_cfg: RawLaneConfig,
 ) -> None:
-    nodes = layout.root / "nodes"
-    if not nodes.is_dir():
-        return
-    raw_dir = layout.partition_dir(Lane.DLQ, topic, partition)
-    for node in os.listdir(nodes):
-        directory = nodes / node / Lane.DLQ.value / raw_dir.parent.name / raw_dir.name
+    for node in layout.nodes():
+        directory = layout.node_dead_letter_dir(node, topic, partition)
         parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
         if parts:
             _write(directory / name, _concat(parts), {}, raw_cfg, exclusive=False)

@@ -103,11 +103,7 @@ def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[S
     removed = 0
     names = {s.path.name for s in merged}
     dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
-    nodes = layout.root / "nodes"
-    if nodes.is_dir():
-        quoted = layout.partition_dir(Lane.DLQ, topic, partition)
-        for node in os.listdir(nodes):
-            dirs.append(nodes / node / Lane.DLQ.value / quoted.parent.name / quoted.name)
+    dirs += [layout.node_dead_letter_dir(n, topic, partition) for n in layout.nodes()]
     for directory in dirs:
         before = removed
         for name in names:

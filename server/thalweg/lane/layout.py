@@ -46,6 +46,8 @@ def segment_name(first: int, last: int) -> str:
 
 
 RETENTION_DIR = "retention"
+NODES_DIR = "nodes"  # the pipeline's node lanes and node dead letters (docs/pipeline.md)
+_NODE_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
 
 class LaneLayout:
@@ -117,6 +119,38 @@ class LaneLayout:
             out = _outermost(out)
         floor = self.floor(topic, partition) if retained else 0
         return [s for s in out if s.last >= floor] if floor else out
+
+    def node_dir(self, node: str, topic: str, partition: int) -> Path:
+        """A node lane's directory of one partition (``sinks.node_lane`` writes it)."""
+        t = f"topic={quote(topic, safe='')}"
+        return self.root / NODES_DIR / node / t / f"partition={partition}"
+
+    def node_files(self, node: str, topic: str, partition: int) -> list[tuple[int, int, int, Path]]:
+        """A node lane's files of one partition as (epoch, start, end exclusive, path), in
+        order — what the lane covers is their names."""
+        directory = self.node_dir(node, topic, partition)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            m = _NODE_FILE_RE.match(name)
+            if m:
+                out.append((int(m[1]), int(m[2]), int(m[3]), directory / name))
+        out.sort()
+        return out
+
+    def nodes(self) -> list[str]:
+        """The nodes with anything on disk (a lane or dead letters)."""
+        try:
+            return sorted(os.listdir(self.root / NODES_DIR))
+        except FileNotFoundError:
+            return []
+
+    def node_dead_letter_dir(self, node: str, topic: str, partition: int) -> Path:
+        """Where a node's refused records of one partition go, one file per segment."""
+        return LaneLayout(self.root / NODES_DIR / node).partition_dir(Lane.DLQ, topic, partition)
 
     def topics(self) -> list[str]:
         base = self.root / Lane.RAW.value

@@ -25,12 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from thalweg.config.retention import RetentionConfig
 from thalweg.lane.layout import (
@@ -44,8 +42,6 @@ from thalweg.lane.layout import (
 )
 
 log = logging.getLogger(__name__)
-
-_NODE_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,28 +129,20 @@ def sweep(
                 files, nbytes = _unlink(directory / name, files, nbytes)
         if files > before:
             fsync_dir(directory)
-    for directory in _node_dirs(layout, topic, partition):
-        for name in _names(directory):
-            m = _NODE_FILE.match(name) or _SEGMENT_RE.match(name)
-            end = int(m[3]) if m and m.re is _NODE_FILE else (int(m[2]) + 1 if m else None)
-            if end is not None and end <= below:
-                files, nbytes = _unlink(directory / name, files, nbytes)
+    for node in layout.nodes():
+        for _epoch, _start, end, lane_file in layout.node_files(node, topic, partition):
+            if end <= below:
+                files, nbytes = _unlink(lane_file, files, nbytes)
+        dead = layout.node_dead_letter_dir(node, topic, partition)
+        for name in _names(dead):
+            m = _SEGMENT_RE.match(name)
+            if m and int(m[2]) < below:
+                files, nbytes = _unlink(dead / name, files, nbytes)
     left = [[f, at] for f, at in steps if f > below]
     write_json_durably(path, {"floor": body["floor"], "steps": left})
     if files:
         log.info("retention: %s[%d] removed %d files below %d", topic, partition, files, below)
     return files, nbytes
-
-
-def _node_dirs(layout: LaneLayout, topic: str, partition: int) -> list[Path]:
-    """The node lanes' and the nodes' dead letters' directories of a partition."""
-    base = layout.root / "nodes"
-    out = []
-    for node in _names(base):
-        t = f"topic={quote(topic, safe='')}"
-        out.append(base / node / t / f"partition={partition}")
-        out.append(base / node / Lane.DLQ.value / t / f"partition={partition}")
-    return out
 
 
 def _names(directory: Path) -> list[str]:

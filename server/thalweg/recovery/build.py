@@ -9,11 +9,9 @@ only the nodes below it: a node read by several things is derived once
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datafusion import ScalarUDF
 
 from thalweg.codecs.base import ArrowDecoder
@@ -34,7 +32,7 @@ from thalweg.recovery.reading import Transform
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
 from thalweg.sinks.base import Sink, SinkSchemaError, SinkStoppedError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
-from thalweg.sinks.node_lane import NodeLaneSink, node_files, node_lane_config
+from thalweg.sinks.node_lane import NodeLaneSink, node_lane_config, node_lane_schema
 
 
 def build_feeders(
@@ -176,7 +174,7 @@ def chain_transform(
         below=above,
     )
     if above is not None:
-        lane_schema = _node_lane_schema(cfg.gateway.data_dir, above, topic, layout)
+        lane_schema = node_lane_schema(cfg.gateway.data_dir, above, topic)
         if lane_schema is not None:
             chain.plan(lane_schema)
     else:
@@ -220,18 +218,6 @@ def _metadata_below(cfg: ThalwegConfig, dag: Dag, node: str) -> list[str]:
                 break
             up = dag.node(up).from_
     return sorted(wanted)
-
-
-def _node_lane_schema(
-    data_dir: Path, node: str, topic: str, layout: LaneLayout
-) -> pa.Schema | None:
-    """The schema of a materialised node's newest file of ``topic``, if it has one."""
-    newest: tuple[int, Path] | None = None
-    for p in layout.partitions(topic):
-        files = node_files(data_dir, node, topic, p)
-        if files and (newest is None or files[-1][1] > newest[0]):
-            newest = (files[-1][1], files[-1][3])
-    return None if newest is None else pq.read_schema(newest[1]).remove_metadata()
 
 
 def configured_udfs(cfg: ThalwegConfig) -> list[ScalarUDF]:

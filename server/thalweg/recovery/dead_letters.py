@@ -27,12 +27,6 @@ from thalweg.lane.layout import Lane, LaneLayout, Segment, fsync_dir, write_file
 from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.dag import Rejected
 from thalweg.records.columns import TIMESTAMP_US, MetadataColumns
-from thalweg.sinks.node_lane import NODES_DIR
-
-
-def node_dlq_layout(data_dir: Path, node: str) -> LaneLayout:
-    """The node's dead letters as a lane layout (its ``dlq`` lane only)."""
-    return LaneLayout(Path(data_dir) / NODES_DIR / node)
 
 
 class NodeDeadLetters:
@@ -49,10 +43,10 @@ class NodeDeadLetters:
         self.layout = layout
         self.columns = columns
         self.metrics = metrics
-        self._layouts = {n: node_dlq_layout(layout.root, n) for n in nodes}
+        self._nodes = list(nodes)
 
     def path(self, node: str, topic: str, partition: int, seg: Segment) -> Path:
-        return self._layouts[node].partition_dir(Lane.DLQ, topic, partition) / seg.path.name
+        return self.layout.node_dead_letter_dir(node, topic, partition) / seg.path.name
 
     def record(
         self, topic: str, partition: int, seg: Segment, rejected: Iterable[Rejected]
@@ -61,7 +55,7 @@ class NodeDeadLetters:
         by_node: dict[str, list[Rejected]] = {}
         for r in rejected:
             by_node.setdefault(r.node, []).append(r)
-        for node in self._layouts:
+        for node in self._nodes:
             path = self.path(node, topic, partition, seg)
             refused = by_node.get(node)
             if not refused:

@@ -246,10 +246,15 @@ class SinkFeeder:
 
     def lag_by_topic(self) -> dict[str, int]:
         """The lag of each of the sink's topics now (the lag gate's view)."""
+        return self._lag_by_topic(self._lane_ranges(None, None, None))
+
+    def _lag_by_topic(
+        self, lanes: list[tuple[CoverageKey, list[tuple[int, int]]]]
+    ) -> dict[str, int]:
         out: dict[str, int] = {}
-        for (topic, _p, _e), lane in self._lane_ranges(None, None, None):
-            gaps = self.store.gaps((topic, _p, _e), lane)
-            out[topic] = out.get(topic, 0) + sum(b - a for a, b in gaps)
+        for key, lane in lanes:
+            gaps = self.store.gaps(key, lane)
+            out[key[0]] = out.get(key[0], 0) + sum(b - a for a, b in gaps)
         return out
 
     def _lag_of(
@@ -257,7 +262,7 @@ class SinkFeeder:
     ) -> int:
         """The lag against lane ranges already read (a pass reads them once); the metric
         and /health take only the whole sink's."""
-        total = sum(b - a for key, lane in lanes for a, b in self.store.gaps(key, lane))
+        total = sum(self._lag_by_topic(lanes).values())
         if whole:
             if self.metrics is not None:
                 self.metrics.sink_lag.labels(self.sink.name).set(total)

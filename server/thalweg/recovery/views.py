@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane.epochs import current_epoch
@@ -28,7 +27,7 @@ from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import configured_udfs
 from thalweg.recovery.reading import SpanReader
 from thalweg.sidecars import SidecarClient
-from thalweg.sinks.node_lane import DEFAULT_METADATA, node_files
+from thalweg.sinks.node_lane import DEFAULT_METADATA, node_lane_schema
 
 WINDOW = 200_000  # positions per read window
 
@@ -114,9 +113,9 @@ class NodeView:
         """The node's rows' schema when it is known without reading rows: a
         materialised node's files, or the chain planned against its input."""
         if self._chain is None:
-            return _files_schema(self.layout, self.name, self.topic)
+            return node_lane_schema(self.layout.root, self.name, self.topic)
         if self.above is not None:
-            source = _files_schema(self.layout, self.above, self.topic)
+            source = node_lane_schema(self.layout.root, self.above, self.topic)
         else:
             decoded = LaneReader(self.layout, self._columns).decoded_schema(self.topic)
             source = None
@@ -148,15 +147,3 @@ class NodeView:
                 return
             pos = reached
         self._reader.forget()
-
-
-def _files_schema(layout: LaneLayout, node: str, topic: str) -> pa.Schema | None:
-    schemas = []
-    for p in layout.partitions(topic):
-        for *_, path in node_files(layout.root, node, topic, p):
-            schema = pq.read_schema(path).remove_metadata()
-            if len(schema):
-                schemas.append(schema)
-    if not schemas:
-        return None
-    return pa.unify_schemas(schemas, promote_options="permissive")

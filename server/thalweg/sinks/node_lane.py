@@ -12,47 +12,39 @@ The nodes and sinks below a materialised node read its lane rather than derive i
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.lane.coverage import merge_ranges
+from thalweg.lane.layout import NODES_DIR, LaneLayout
 from thalweg.sinks.arrow_ipc import ArrowIpcSink
 
-NODES_DIR = "nodes"
 DEFAULT_METADATA = ("source_timestamp", "source_key", "ingest_ts")
-_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
 
 def node_files(
     data_dir: Path, node: str, topic: str, partition: int
 ) -> list[tuple[int, int, int, Path]]:
-    """A node lane's files of one partition as (epoch, start, end exclusive, path), in
-    order — what the lane covers is their names."""
-    directory = (
-        Path(data_dir)
-        / NODES_DIR
-        / node
-        / f"topic={quote(topic, safe='')}"
-        / f"partition={partition}"
-    )
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        m = _FILE.match(name)
-        if m:
-            out.append((int(m[1]), int(m[2]), int(m[3]), directory / name))
-    out.sort()
-    return out
+    """A node lane's files of one partition (``LaneLayout.node_files``)."""
+    return LaneLayout(data_dir).node_files(node, topic, partition)
+
+
+def node_lane_schema(data_dir: Path, node: str, topic: str) -> pa.Schema | None:
+    """The schema of a node lane's rows across its files of ``topic`` (None: no rows)."""
+    layout = LaneLayout(data_dir)
+    schemas = []
+    for p in layout.partitions(topic):
+        for *_, path in layout.node_files(node, topic, p):
+            schema = pq.read_schema(path).remove_metadata()
+            if len(schema):
+                schemas.append(schema)
+    if not schemas:
+        return None
+    return pa.unify_schemas(schemas, promote_options="permissive")
 
 
 def node_ranges(

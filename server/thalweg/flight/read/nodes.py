@@ -35,7 +35,6 @@ from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES
 from thalweg.ops.metrics import Metrics
 from thalweg.recovery.views import NodeInfo, NodeView, NodeViews
-from thalweg.sinks.node_lane import node_files
 
 FOLLOW_POLL_S = 0.2  # how often a follow stream looks for new positions
 _KEYS = {"node", "topic", "lane", "partitions", "start", "end", "follow", "metadata", "v"}
@@ -215,7 +214,7 @@ class NodeReads:
                 pq.read_metadata(path).num_rows
                 for p in view.partitions()
                 if read.partitions is None or p in read.partitions
-                for *_, path in node_files(view.layout.root, read.name, info.topic, p)
+                for *_, path in view.layout.node_files(read.name, info.topic, p)
             )
         body: dict[str, object] = {"node": read.name}
         if read.partitions is not None:
