@@ -11,6 +11,9 @@ import asyncio
 import json
 import os
 import random
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -229,3 +232,23 @@ def safe_count(count: Callable[[], int]) -> int:
         return count()
     except Exception:
         return -1
+
+
+def start_stream(config: Path, log: Path, level: str = "info") -> subprocess.Popen[bytes]:
+    """``twg stream --config config`` in its own session (stderr appended to ``log``),
+    once it printed its start-up line: its signal handlers are set and Flight listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thalweg.cli.main", "--log-level", level, "stream",
+         "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "ab"),  # noqa: SIM115 (the child owns it)
+        start_new_session=True,
+    )  # fmt: skip
+    out = proc.stdout
+    assert out is not None
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert line and line[0].startswith(b"thalweg"), f"gateway did not start: {line}"
+    return proc

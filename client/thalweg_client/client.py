@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from thalweg_client.spread import SpreadStream, relocation
 from thalweg_client.wire import encode_ticket
 
 Position = str | dict[str, int]
@@ -91,6 +94,9 @@ class Client:
             if value is not None:
                 kwargs[name] = value
         self._flight = fl.FlightClient(location, **kwargs)
+        self._kwargs = kwargs
+        self._others: dict[str, fl.FlightClient] = {}
+        self._others_lock = threading.Lock()
         headers: list[tuple[bytes, bytes]] = []
         if token:
             headers = [(b"authorization", f"Bearer {token}".encode())]
@@ -100,7 +106,7 @@ class Client:
         self._headers = headers
         self._options = fl.FlightCallOptions(headers=headers)
         # Strong references: the RecordBatchReader handed out does not keep these alive.
-        self._streams: list[fl.FlightStreamReader] = []
+        self._streams: list[fl.FlightStreamReader | SpreadStream] = []
 
     def topics(self) -> list[str]:
         """Topics the gateway can serve."""
@@ -126,12 +132,56 @@ class Client:
     def stream(self, topic: str, **options: Any) -> pa.RecordBatchReader:
         """One stream over all requested partitions (use ``end="follow"`` to tail).
 
-        A follow stream runs until :meth:`close` (or leaving the ``with`` block).
+        A follow stream runs until :meth:`close` (or leaving the ``with`` block). With
+        several gateways on one consumer group, partitions this gateway does not serve
+        are read from their owners, and a partition that moves (a rebalance, a gateway
+        that died) continues at its new owner without a gap or a duplicate
+        (:mod:`thalweg_client.spread`).
         """
-        body = self._encode(ticket(topic, **options))
-        reader = self._flight.do_get(fl.Ticket(body), options=self._options)
+        base = ticket(topic, **options)
+        try:
+            reader = self._flight.do_get(fl.Ticket(self._encode(base)), options=self._options)
+            schema = reader.schema
+        except fl.FlightError as exc:
+            moved = relocation(exc)
+            if moved is None:
+                raise
+            return self._spread(base, None, moved or None)
         self._streams.append(reader)
-        return reader.to_reader()
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for chunk in reader:
+                    yield chunk.data
+            except fl.FlightError as exc:
+                moved = relocation(exc)
+                if moved is None:
+                    raise
+                yield from self._spread(base, schema, moved or None)
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def _spread(
+        self, base: dict[str, Any], schema: pa.Schema | None, positions: dict[int, int] | None
+    ) -> pa.RecordBatchReader:
+        if schema is None:
+            desc = fl.FlightDescriptor.for_command(self._encode(base))
+            schema = self._flight.get_flight_info(desc, options=self._options).schema
+        spread = SpreadStream(
+            self._flight, self._at, self._options, self._encode, base, schema, positions
+        )
+        self._streams.append(spread)
+        return pa.RecordBatchReader.from_batches(schema, spread.batches())
+
+    def _at(self, location: str | None) -> fl.FlightClient:
+        """A client for an endpoint's location (this gateway's own when it is its own)."""
+        if not location or location == self.location:
+            return self._flight
+        with self._others_lock:
+            found = self._others.get(location)
+            if found is None:
+                found = self._others[location] = fl.FlightClient(location, **self._kwargs)
+            return found
 
     def read(self, topic: str, *, parallel: int = 4, **options: Any) -> pa.Table:
         """A bounded read as one table, fetching the partitions' endpoints in parallel.
@@ -145,7 +195,10 @@ class Client:
         info = self._flight.get_flight_info(desc, options=self._options)
 
         def fetch(endpoint: fl.FlightEndpoint) -> pa.Table:
-            return self._flight.do_get(endpoint.ticket, options=self._options).read_all()
+            # Each endpoint names the gateway that serves its partition (its owner when
+            # several gateways share the topic).
+            loc = endpoint.locations[0].uri.decode() if endpoint.locations else None
+            return self._at(loc).do_get(endpoint.ticket, options=self._options).read_all()
 
         with ThreadPoolExecutor(max(1, parallel)) as pool:
             tables = list(pool.map(fetch, info.endpoints))
@@ -256,6 +309,11 @@ class Client:
         for reader in self._streams:
             reader.cancel()
         self._streams.clear()
+        with self._others_lock:
+            others = list(self._others.values())
+            self._others.clear()
+        for other in others:
+            other.close()
         self._flight.close()
 
     def __enter__(self) -> Client:

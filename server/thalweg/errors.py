@@ -18,6 +18,7 @@ class defined outside this module names its module in parentheses)::
     ├── ProduceError
     ├── DecodeError
     ├── TicketError
+    ├── PartitionElsewhereError
     ├── ShutdownTimeoutError
     ├── PositionOverflowError (thalweg.records.position)
     ├── UnsupportedSchemaError (thalweg.codecs.typemap)
@@ -127,3 +128,16 @@ class TicketError(ThalwegError):
 class ShutdownTimeoutError(ThalwegError):
     """Draining did not finish within ``gateway.shutdown_timeout_s``; whatever was not yet
     durable was not committed (it is read again after a restart)."""
+
+
+class PartitionElsewhereError(ThalwegError):
+    """A read needs a partition this gateway does not serve: another member of the
+    consumer group owns it now (its live tail, and with a local ``data_dir`` its
+    history, are there). ``owner`` is that member's advertised Flight location and
+    ``positions`` where each partition of the read should resume there."""
+
+    def __init__(self, message: str, *, topic: str, owner: str, positions: dict[int, int]):
+        super().__init__(message, retriable=True)
+        self.topic = topic
+        self.owner = owner
+        self.positions = positions

@@ -181,6 +181,13 @@ class GatewayConfig(_Model):
     """Process-wide settings."""
 
     data_dir: Path = Field(Path("./twg-data"), description="Root of the raw and decoded lanes.")
+    shared_data_dir: bool = Field(
+        False,
+        description="Every gateway of the consumer group writes this one data_dir (a "
+        "ReadWriteMany volume): any replica then serves every partition's history, and "
+        "sends only follow reads to a partition's owner. False: each replica has its own "
+        "data_dir and sends every read of a partition it does not own to its owner.",
+    )
     flight_listen: str = Field(
         "grpc://127.0.0.1:8815", description="Where the Flight server listens (grpc://host:port)."
     )

@@ -60,6 +60,7 @@ class Checkpoint:
         try:
             async with buf.lock:
                 pending = buf.take()
+            refused = pending.raw.num_rows  # what a fence refusal leaves unwritten
             span = pending.span
             written, started = await self._write(key, pending)
             self._account(key, written, started)
@@ -75,6 +76,7 @@ class Checkpoint:
             # Not written, and the fence doubts ownership now: the loop drops what the
             # partition buffered and rewinds it; another owner reads it anyway.
             log.warning("%s[%d]: %s", key[0], key[1], exc)
+            ctx.metrics.fenced.labels(*s.labels(key)).inc(refused)
         except Exception as exc:
             # The taken batches are gone from memory but not durable. Carrying on would let
             # a later segment commit past them, so the source stops; a restart re-reads

@@ -17,6 +17,7 @@ from thalweg.engine.lag_gate import LagGate
 from thalweg.lane.epochs import Divergence
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
@@ -48,6 +49,8 @@ class LaneContext:
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
     # Backpressure through the DAG (recovery.max_lag_records), when configured.
     gate: LagGate | None = None
+    # The group's partition owners (lane/owners.py), published by the Kafka assignor.
+    owners: OwnerDirectory = field(default_factory=OwnerDirectory)
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.http import AdminServer
@@ -115,6 +116,7 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
+        self.owners = OwnerDirectory(shared_lane=g.shared_data_dir, on_publish=self._gauge_owners)
         self.segment_cache = SegmentCache(g.flight.segment_cache_bytes)
         cache = self.segment_cache
         self.metrics.watch_segment_cache(lambda: (cache.nbytes, cache.hits, cache.misses))
@@ -140,6 +142,7 @@ class Gateway:
             stats=self.stats,
             tracing=self.tracing,
             gate=self.gate,
+            owners=self.owners,
         )
         ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
         self.runners = [SourceRunner(s, ctx) for s in cfg.sources] if ingest else []
@@ -168,9 +171,11 @@ class Gateway:
             payload_schemas=self._payload_schema,
             decoded_topics=self._decoded_topics,
             configured_topics=self._configured_topics,
+            group_partitions=self.owners.partitions,
         )
         self._probe_lane()
         self.flight = self._start_flight(cfg)
+        self.owners.location = self.flight.url  # what this member announces to the group
         self.health.set("flight", State.UP, self.flight.url)
         host, _, port = g.http_listen.rpartition(":")
         try:
@@ -181,6 +186,7 @@ class Gateway:
                 self.metrics,
                 self.stats,
                 metrics_enabled=g.metrics_enabled,
+                group=self.owners.snapshot,
             )
         except OSError as exc:
             self.flight.shutdown()
@@ -212,6 +218,7 @@ class Gateway:
                 tracing=self.tracing,
                 put_timeout_ms=g.put_timeout_ms,
                 nodes=NodeViews(cfg, self.layout, self.columns) if cfg.pipeline.nodes else None,
+                owners=self.owners,
             )
         except (pa.ArrowException, OSError) as exc:
             why = clean(str(exc)).split(". Detail:", 1)[0]
@@ -235,6 +242,13 @@ class Gateway:
             if schema is not None:
                 return schema
         return None
+
+    def _gauge_owners(self, owners: OwnerDirectory) -> None:
+        """``twg_partition_owned``: 1 for this gateway's partitions, 0 for the others'."""
+        for topic, parts in owners.owners().items():
+            for p, location in parts.items():
+                mine = location is None or location == owners.location
+                self.metrics.owned.labels(topic, str(p)).set(1 if mine else 0)
 
     def _owned(self) -> list[tuple[str, int]]:
         """The partitions this gateway ingests now."""

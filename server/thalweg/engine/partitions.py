@@ -32,7 +32,8 @@ from thalweg.engine.continuity import (
     record_mismatch,
 )
 from thalweg.errors import SourceError
-from thalweg.lane.coverage import repair, resume_position, scan_coverage
+from thalweg.lane.coverage import Coverage, repair, resume_position, scan_coverage
+from thalweg.lane.elsewhere import record_elsewhere
 from thalweg.lane.epochs import (
     Divergence,
     close_epoch,
@@ -91,6 +92,7 @@ class Partitions:
             else:
                 await self._checkpoint.flush_now(key)
             self.forget(key)
+            s.ctx.live.forget(*key)
         self.report()
 
     async def assign_one(self, key: PartitionKey) -> bool:
@@ -137,6 +139,8 @@ class Partitions:
                 # Fetch the lane's last record once more and compare it (_verified).
                 self._verify[key] = last
                 seek_to = last.offset
+        if s.source.positions_are_offsets and committed is not None and resume == committed:
+            await asyncio.to_thread(self._note_skipped, key, cov, committed, log_start)
         if seek_to is not None:
             s.source.seek(key, seek_to)
         if resume is not None:
@@ -144,13 +148,7 @@ class Partitions:
         buf = self.new_buffer(key, resume, committed)
         s.parts[key] = buf
         ctx.live.reset(topic, partition, resume)
-        labels = s.labels(key)
-        ctx.metrics.diverged.labels(*labels).set(0)
-        if resume is not None:
-            ctx.metrics.durable.labels(*labels).set(resume)
-            ctx.metrics.consumed.labels(*labels).set(resume)
-        if committed is not None:
-            ctx.metrics.committed.labels(*labels).set(committed)
+        self._gauge_start(key, resume, committed)
         caught_up = resume is not None and (committed is None or resume > committed)
         if caught_up and key not in self._verify:
             # The lane already holds these records durably: catch the group up.
@@ -166,6 +164,39 @@ class Partitions:
             log_start,
         )
         return True
+
+    def _gauge_start(self, key: PartitionKey, resume: int | None, committed: int | None) -> None:
+        metrics, labels = self.s.ctx.metrics, self.s.labels(key)
+        metrics.diverged.labels(*labels).set(0)
+        if resume is not None:
+            metrics.durable.labels(*labels).set(resume)
+            metrics.consumed.labels(*labels).set(resume)
+        if committed is not None:
+            metrics.committed.labels(*labels).set(committed)
+
+    def _note_skipped(
+        self, key: PartitionKey, cov: Coverage, committed: int, log_start: int | None
+    ) -> None:
+        """Record, before anything is written, the positions the group committed that
+        this lane does not hold (lane/elsewhere.py): another replica's data_dir has them,
+        or this data_dir is newer than the group's commits."""
+        topic, partition = key
+        layout = self.s.ctx.layout
+        below = [end for _, end in cov.ranges if end <= committed]
+        first = max(below) if below else (log_start if log_start is not None else 0)
+        first = max(first, layout.floor(topic, partition))
+        if first >= committed:
+            return
+        record_elsewhere(layout, topic, partition, first, committed)
+        log.warning(
+            "%s[%d]: resuming at the group's commit %d; offsets %d-%d are not in this "
+            "data_dir (another replica ingested them) and reads of them are refused here",
+            topic,
+            partition,
+            committed,
+            first,
+            committed - 1,
+        )
 
     def new_buffer(
         self, key: PartitionKey, durable: int | None, committed: int | None
@@ -188,13 +219,16 @@ class Partitions:
         self._first_fetched.pop(key, None)
 
     def drop(self, key: PartitionKey, why: str) -> None:
-        """Forget what ``key`` buffered (never written, never committed) and rewind it."""
+        """Forget what ``key`` buffered (never written, never committed) and rewind it:
+        ownership is in doubt, so these records are a zombie's late writes, counted in
+        ``twg_fenced_records_total`` (the partition's owner reads them again)."""
         s = self.s
         buf = s.parts.get(key)
         if buf is None:
             return
         if buf.held_rows:
             log.warning("%s[%d]: dropped %d buffered records: %s", *key, buf.held_rows, why)
+            s.ctx.metrics.fenced.labels(*s.labels(key)).inc(buf.held_rows)
         s.parts[key] = self.new_buffer(key, buf.durable, buf.committed)
         rewind = buf.durable if buf.durable is not None else self._first_fetched.get(key)
         s.ctx.live.reset(key[0], key[1], rewind)

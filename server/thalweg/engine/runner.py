@@ -53,7 +53,7 @@ class SourceRunner:
         self.cfg = cfg
         self.ctx = ctx
         self.component = f"source:{cfg.name}"
-        source: Source = load_source_class(cfg.kind)(cfg, ctx.columns)
+        source: Source = load_source_class(cfg.kind)(cfg, ctx.columns, ctx.owners)
         self.source = source
         fence = (
             OwnershipFence.for_session(

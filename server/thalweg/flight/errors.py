@@ -41,6 +41,7 @@ raised                          gRPC status        when
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import secrets
 import threading
@@ -51,7 +52,7 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from thalweg.errors import ThalwegError, TicketError
+from thalweg.errors import PartitionElsewhereError, ThalwegError, TicketError
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,20 @@ def refusal(exc: Exception, verb: str) -> RefusalError:
     if isinstance(exc, ThalwegError) and exc.retriable:
         return UnavailableError(f"{verb} failed for now (incident {incident}); retry")
     return InternalError(f"{verb} failed inside the gateway (incident {incident}, in its log)")
+
+
+def relocation(exc: PartitionElsewhereError) -> UnavailableError:
+    """``UNAVAILABLE`` naming the owner, with ``{"relocate": {"topic", "owner",
+    "positions": {partition: resume offset}}}`` as the error's binary detail
+    (``FlightError.extra_info`` on the client) so a client resumes there exactly."""
+    detail = {
+        "relocate": {
+            "topic": exc.topic,
+            "owner": exc.owner,
+            "positions": {str(p): pos for p, pos in exc.positions.items()},
+        }
+    }
+    return UnavailableError(clean(str(exc)), json.dumps(detail).encode())
 
 
 def refusing(items: Iterator[R], verb: str) -> Iterator[R]:

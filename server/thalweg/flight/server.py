@@ -33,6 +33,7 @@ from thalweg.flight.read.nodes import NodeReads
 from thalweg.flight.read.service import Reads
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory
 from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import Tracing
 from thalweg.recovery.views import NodeViews
@@ -67,6 +68,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         tracing: Tracing | None = None,
         put_timeout_ms: int = 30_000,
         nodes: NodeViews | None = None,
+        owners: OwnerDirectory | None = None,
         **kwargs: Any,
     ) -> None:
         install()
@@ -92,7 +94,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self._health = health or dict
         host = location.partition("://")[2].rsplit(":", 1)[0]
         self.url = advertise or f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
-        self.reads = Reads(catalog, metrics, limits, streams, self.url)
+        self.reads = Reads(catalog, metrics, limits, streams, self.url, owners)
         self.nodes = (
             NodeReads(nodes, self.url, metrics=metrics, streams=streams)
             if nodes is not None

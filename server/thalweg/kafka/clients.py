@@ -51,9 +51,16 @@ def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
     }
 
 
-def new_consumer(cfg: KafkaSourceConfig) -> AIOKafkaConsumer:
-    """A (not started) consumer for ``cfg``; call on the event loop that will run it."""
-    return AIOKafkaConsumer(**consumer_kwargs(cfg))
+def new_consumer(cfg: KafkaSourceConfig, assignors: tuple[Any, ...] = ()) -> AIOKafkaConsumer:
+    """A (not started) consumer for ``cfg``; call on the event loop that will run it.
+
+    ``assignors`` are the group protocols announced, preferred first (aiokafka's
+    round-robin when empty).
+    """
+    kw = consumer_kwargs(cfg)
+    if assignors:
+        kw["partition_assignment_strategy"] = assignors
+    return AIOKafkaConsumer(**kw)
 
 
 def new_producer(bootstrap_servers: str, **producer: Any) -> AIOKafkaProducer:

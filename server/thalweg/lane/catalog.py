@@ -39,6 +39,7 @@ class LaneCatalog:
         payload_schemas: Callable[[str], pa.Schema | None] | None = None,
         decoded_topics: Callable[[], set[str]] | None = None,
         configured_topics: Callable[[], list[str]] | None = None,
+        group_partitions: Callable[[str], list[int]] | None = None,
         cache: SegmentCache | None = None,
     ) -> None:
         self.layout = layout
@@ -48,6 +49,9 @@ class LaneCatalog:
         self._payload_schemas = payload_schemas or (lambda _t: None)
         self._decoded_topics = decoded_topics or set
         self._configured = configured_topics or list
+        # Partitions other members of the consumer group ingest (lane/owners.py): known
+        # here so a read can be sent to their owner, though nothing of them is local.
+        self._group_partitions = group_partitions or (lambda _t: [])
         self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
         self._stats_cache: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
@@ -70,7 +74,11 @@ class LaneCatalog:
         return sorted(set(self.layout.topics()) | set(self.live.topics()) | set(self._configured()))
 
     def partitions(self, topic: str) -> list[int]:
-        return sorted(set(self.layout.partitions(topic)) | set(self.live.partitions(topic)))
+        return sorted(
+            set(self.layout.partitions(topic))
+            | set(self.live.partitions(topic))
+            | set(self._group_partitions(topic))
+        )
 
     def has_decoded(self, topic: str) -> bool:
         return topic in self._decoded_topics() or self.layout.has_decoded(topic)

@@ -52,16 +52,30 @@ class LiveTail:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._parts: dict[tuple[str, int], _Partition] = {}
+        # Partitions this gateway stopped ingesting: a write finishing late (a flush of
+        # a revoked partition) must not bring back a stale state for them.
+        self._gone: set[tuple[str, int]] = set()
         self._version = 0
 
     def reset(self, topic: str, partition: int, position: int | None) -> None:
         """(Re)start a partition at ``position`` (an assignment or a seek)."""
         with self._cond:
             self._parts[(topic, partition)] = _Partition(durable_end=position, high_water=position)
+            self._gone.discard((topic, partition))
+            self._bump()
+
+    def forget(self, topic: str, partition: int) -> None:
+        """This gateway no longer ingests the partition (revoked): its positions are the
+        lane's (and, for another owner's live edge, that owner's), not this tail's."""
+        with self._cond:
+            self._parts.pop((topic, partition), None)
+            self._gone.add((topic, partition))
             self._bump()
 
     def append(self, topic: str, partition: int, entry: LiveEntry) -> None:
         with self._cond:
+            if (topic, partition) in self._gone:
+                return
             part = self._parts.setdefault((topic, partition), _Partition())
             part.entries.append(entry)
             part.high_water = entry.last + 1
@@ -70,6 +84,8 @@ class LiveTail:
     def mark_durable(self, topic: str, partition: int, end: int) -> None:
         """Everything below ``end`` is now in the Parquet lane: drop it from memory."""
         with self._cond:
+            if (topic, partition) in self._gone:
+                return
             part = self._parts.setdefault((topic, partition), _Partition())
             part.durable_end = end
             while part.entries and part.entries[0].last < end:
@@ -78,6 +94,8 @@ class LiveTail:
 
     def mark_committed(self, topic: str, partition: int, offset: int) -> None:
         with self._cond:
+            if (topic, partition) in self._gone:
+                return
             self._parts.setdefault((topic, partition), _Partition()).committed = offset
 
     def state(self, topic: str, partition: int) -> PartitionState | None:

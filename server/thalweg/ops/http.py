@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -31,8 +32,9 @@ class AdminServer:
         stats: PipelineStats | None = None,
         *,
         metrics_enabled: bool = True,
+        group: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        handler = _handler(health, metrics, stats, metrics_enabled)
+        handler = _handler(health, metrics, stats, metrics_enabled, group)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         address = self._server.server_address
@@ -54,7 +56,11 @@ class AdminServer:
 
 
 def _handler(
-    health: Health, metrics: Metrics, stats: PipelineStats | None, metrics_enabled: bool
+    health: Health,
+    metrics: Metrics,
+    stats: PipelineStats | None,
+    metrics_enabled: bool,
+    group: Callable[[], dict[str, Any]] | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -69,7 +75,10 @@ def _handler(
                 tree = health.tree()
                 self._json(200 if tree["ready"] else 503, tree)
             elif path == "/stats":
-                self._json(200, stats.snapshot() if stats is not None else {"stages": {}})
+                body = stats.snapshot() if stats is not None else {"stages": {}}
+                if group is not None:
+                    body["group"] = group()  # the consumer group's partition owners
+                self._json(200, body)
             elif path == "/metrics" and metrics_enabled:
                 self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/metrics":

@@ -40,6 +40,21 @@ class Metrics:
             part,
             registry=r,
         )
+        self.fenced = Counter(
+            "twg_fenced_records",
+            "Records this member did not write because its ownership of the partition was "
+            "in doubt — a zombie after a pause past its session: dropped from its buffers "
+            "or refused at the segment write; the owner reads them again (docs/lanes.md).",
+            part,
+            registry=r,
+        )
+        self.owned = Gauge(
+            "twg_partition_owned",
+            "1 for each partition of the consumer group this gateway owns, 0 for one "
+            "another member owns (from the group's owner map; docs/lanes.md).",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.diverged = Gauge(
             "twg_partition_diverged",
             "1 while a partition is held because its broker log no longer continues the "
@@ -203,6 +218,17 @@ class Metrics:
         self.node_rows = Counter(
             "twg_node_rows", "Rows a pipeline node returned (derived rows).", ["node"], registry=r
         )
+        self._lane_upkeep(r)
+        self.node_dead_letters = Counter(
+            "twg_node_dead_letters",
+            "Records a pipeline node refused, written to its dead-letter lane, by reason "
+            "(transform, udf_exhausted); a replay of the same segment counts them again.",
+            ["node", "reason"],
+            registry=r,
+        )
+
+    def _lane_upkeep(self, r: CollectorRegistry) -> None:
+        """Retention and compaction (lane/retention.py, lane/compaction.py)."""
         self.retention_removed_files = Counter(
             "twg_retention_removed_files",
             "Lane files retention deleted (every lane, node lanes included).",
@@ -245,13 +271,6 @@ class Metrics:
         )
         self.compaction_seconds = Histogram(
             "twg_compaction_seconds", "One merge (every lane of one run).", registry=r
-        )
-        self.node_dead_letters = Counter(
-            "twg_node_dead_letters",
-            "Records a pipeline node refused, written to its dead-letter lane, by reason "
-            "(transform, udf_exhausted); a replay of the same segment counts them again.",
-            ["node", "reason"],
-            registry=r,
         )
 
     def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:

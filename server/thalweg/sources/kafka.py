@@ -14,11 +14,14 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import SourceError
+from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.clients import new_consumer
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import build_raw_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback
@@ -45,9 +48,15 @@ class KafkaSource:
     # starts and ends: the runner checks that the log still continues the lane.
     positions_are_offsets = True
 
-    def __init__(self, cfg: KafkaSourceConfig, columns: MetadataColumns) -> None:
+    def __init__(
+        self,
+        cfg: KafkaSourceConfig,
+        columns: MetadataColumns,
+        owners: OwnerDirectory | None = None,
+    ) -> None:
         self.cfg = cfg
         self._columns = columns
+        self._owners = owners
         self._consumer: AIOKafkaConsumer | None = None
         self._last_heartbeat_ok: float | None = None
         self._joined = False
@@ -60,7 +69,7 @@ class KafkaSource:
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         """Connect and join the group; partitions arrive through ``on_assigned``."""
-        consumer = new_consumer(self.cfg)
+        consumer = new_consumer(self.cfg, self._assignors())
         consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
         # Set before start(): the first assignment can arrive while start() still runs.
         self._consumer = consumer
@@ -84,6 +93,18 @@ class KafkaSource:
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
         self._watch_heartbeats(consumer)
+
+    def _assignors(self) -> tuple[Any, ...]:
+        """The owner-map assignor first (docs/lanes.md, "Many gateways"), then plain
+        round-robin so a group with an older member still forms."""
+        if self._owners is None:
+            return ()
+        owners = owner_assignor(self._owners, self._generation)
+        return (owners, RoundRobinPartitionAssignor)
+
+    def _generation(self) -> int:
+        generation = getattr(getattr(self._consumer, "_coordinator", None), "generation", -1)
+        return generation if isinstance(generation, int) else -1
 
     @staticmethod
     async def _known_topics(consumer: AIOKafkaConsumer) -> set[str] | None:

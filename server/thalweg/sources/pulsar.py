@@ -35,6 +35,7 @@ from pulsar.exceptions import PulsarException, Timeout
 
 from thalweg.config.models import PulsarSourceConfig
 from thalweg.errors import SourceError
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import build_pulsar_raw_batch
@@ -53,7 +54,14 @@ class PulsarSource:
     # cheap log bounds: the log-continuity checks of Kafka do not apply (docs/pulsar.md).
     positions_are_offsets = False
 
-    def __init__(self, cfg: PulsarSourceConfig, columns: MetadataColumns) -> None:
+    def __init__(
+        self,
+        cfg: PulsarSourceConfig,
+        columns: MetadataColumns,
+        owners: OwnerDirectory | None = None,
+    ) -> None:
+        # ``owners`` is not published: a Pulsar subscription announces no assignment to
+        # the other consumers, so a Pulsar gateway serves what it holds.
         self.cfg = cfg
         self._columns = columns
         self._client: Any = None

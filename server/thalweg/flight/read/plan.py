@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ import pyarrow.compute as pc
 from thalweg.errors import TicketError
 from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
 from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.elsewhere import first_gap
 from thalweg.lane.layout import Lane
 from thalweg.lane.shape import decoded_schema
 
@@ -104,11 +106,15 @@ def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, 
     return decoded_schema(payload, catalog.columns, ticket.metadata), payload
 
 
-def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
+def plan_read(
+    catalog: LaneCatalog, ticket: ReadTicket, elsewhere: Callable[[int], bool] | None = None
+) -> ReadPlan:
     """Fix positions and schema at call time (``now`` means now, not when read).
 
     A bounded read never waits: an ``end`` offset beyond what the partition holds when
-    the call starts (its durable end and live tail) is answered up to there.
+    the call starts (its durable end and live tail) is answered up to there. Partitions
+    ``elsewhere`` says another gateway serves are planned but not checked against this
+    lane (their owner resolves the ticket again).
     """
     if ticket.topic not in catalog.topics():
         raise TicketError(f"unknown topic {ticket.topic!r}")
@@ -135,6 +141,8 @@ def plan_read(catalog: LaneCatalog, ticket: ReadTicket) -> ReadPlan:
         end = _end(catalog, ticket.topic, p, ticket.end, durable)
         if end is not None:
             start = min(start, end)  # an empty range, and an endpoint ticket that parses
+        if elsewhere is None or not elsewhere(p):
+            _check_held(catalog, ticket.topic, p, start, end)
         ranges.append(PartitionRange(p, start, end))
     return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
 
@@ -182,6 +190,27 @@ def _check_retained(catalog: LaneCatalog, topic: str, p: int, offset: int) -> No
             f"{topic}[{p}]: offset {offset} was removed by retention; the earliest "
             f"available is {floor}"
         )
+
+
+def _check_held(catalog: LaneCatalog, topic: str, p: int, start: int, end: int | None) -> None:
+    """Refuse a range that crosses positions another replica's ``data_dir`` holds
+    (lane/elsewhere.py): answering around them would be a silently partial read.
+
+    Raises:
+        TicketError: naming the skipped offsets and where this lane resumes.
+    """
+    if end is not None and end <= start:
+        return
+    gap = first_gap(catalog.layout, topic, p, start, end)
+    if gap is None:
+        return
+    lo, hi = gap
+    raise TicketError(
+        f"{topic}[{p}]: offsets {lo}-{hi - 1} are not in this gateway's data_dir — another "
+        "replica of the consumer group ingested them into its own (docs/operations.md, "
+        f"scale-out). This gateway holds {topic}[{p}] from offset {hi}; read the rest "
+        "from the replica that holds it, or give every replica one shared data_dir"
+    )
 
 
 def _end(catalog: LaneCatalog, topic: str, p: int, end: End, durable: int) -> int | None:

@@ -10,21 +10,23 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from thalweg.config.models import FlightServingConfig
-from thalweg.errors import TicketError
+from thalweg.errors import PartitionElsewhereError, TicketError
 from thalweg.flight.auth import caller_key, principal_of
 from thalweg.flight.descriptors import path_topic
-from thalweg.flight.errors import refusing
+from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
-from thalweg.flight.read.endpoints import plan_endpoints
-from thalweg.flight.read.plan import plan_read
+from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
+from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, read_stream
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES, OffsetPosition, ReadTicket, parse_ticket
 from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.ops.metrics import Metrics
 
 
@@ -37,6 +39,9 @@ class Reads:
         limits: slice size and follow lag of the ``gateway.flight`` settings.
         streams: the per-caller stream limiter (shared with puts).
         url: the location put into endpoints.
+        owners: the consumer group's partition owners; a read of a partition another
+            gateway owns is sent there (its endpoint's location) or refused here with
+            where to go — never answered partially (docs/lanes.md, "Many gateways").
     """
 
     def __init__(
@@ -46,8 +51,10 @@ class Reads:
         limits: FlightServingConfig,
         streams: StreamLimiter,
         url: str,
+        owners: OwnerDirectory | None = None,
     ) -> None:
         self._catalog = catalog
+        self._owners = owners
         self._metrics = metrics
         self._limits = limits
         self._streams = streams
@@ -104,7 +111,8 @@ class Reads:
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         read = self._readable(context, parse_ticket(ticket.ticket))
         catalog = self._catalog_for(read)
-        plan = plan_read(catalog, read)
+        plan = plan_read(catalog, read, lambda p: self._elsewhere(read, p) is not None)
+        self._refuse_elsewhere(plan)
         streams = self._metrics.flight_active_streams
         slot = self._streams.acquire(caller_key(context), on_release=streams.dec)
         streams.inc()
@@ -115,19 +123,60 @@ class Reads:
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 for batch in read_stream(
-                    catalog, plan, stopped, max_lag=self._limits.follow_max_lag_records
+                    catalog,
+                    plan,
+                    stopped,
+                    max_lag=self._limits.follow_max_lag_records,
+                    moved=lambda p: self._elsewhere(read, p),
                 ):
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                     yield batch
             except FollowLagError as exc:
                 raise fl.FlightUnavailableError(str(exc)) from exc
+            except PartitionElsewhereError as exc:
+                raise relocation(exc) from exc
             finally:
                 slot.release()
 
         gen = batches()
         weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
         return fl.GeneratorStream(plan.schema, refusing(gen, "do_get"))
+
+    # -- owners --------------------------------------------------------------------
+
+    def _elsewhere(self, ticket: ReadTicket, partition: int | None) -> str | None:
+        """The owner a read of ``partition`` must go to, or None to serve it here.
+
+        Another member's partition is served here only from a shared ``data_dir``, and
+        then only its history: its live tail is at the owner. Closed epochs are history
+        of this ``data_dir``, always served here.
+        """
+        if self._owners is None or partition is None or ticket.epoch is not None:
+            return None
+        other = self._owners.owned_elsewhere(ticket.topic, partition)
+        if other is None or (self._owners.shared_lane and ticket.end != "follow"):
+            return None
+        return other
+
+    def _refuse_elsewhere(self, plan: ReadPlan) -> None:
+        """A do_get that includes a partition owned elsewhere is refused before it sends
+        anything, with where each partition should be read from (UNAVAILABLE)."""
+        for r in plan.ranges:
+            owner = self._elsewhere(plan.ticket, r.partition)
+            if owner is not None:
+                # No positions: nothing was sent, and this gateway's view of the other
+                # partitions' positions is not the owner's; the ticket stands as asked.
+                raise relocation(
+                    PartitionElsewhereError(
+                        f"{plan.ticket.topic}[{r.partition}] is served by the gateway that "
+                        f"owns it, {owner} (ask get_flight_info: each endpoint names its "
+                        "partition's owner)",
+                        topic=plan.ticket.topic,
+                        owner=owner,
+                        positions={},
+                    )
+                )
 
     # -- helpers -------------------------------------------------------------------
 
@@ -148,26 +197,37 @@ class Reads:
 
     def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
         """Endpoints of the read; each carries ``{"partition", "start", "end", "rows",
-        "bytes"}`` as app metadata, and the totals are set when every part is known."""
+        "bytes", "location"}`` as app metadata, and the totals are set when every part is
+        known. A partition another gateway serves is one endpoint at its owner, with the
+        ticket as asked (the owner resolves its positions)."""
         catalog = self._catalog_for(ticket)
-        plan = plan_read(catalog, ticket)
-        parts = plan_endpoints(catalog, plan, self._limits.slice_rows)
+        plan = plan_read(catalog, ticket, lambda p: self._elsewhere(ticket, p) is not None)
+        away = {r.partition: self._elsewhere(ticket, r.partition) for r in plan.ranges}
+        here = replace(plan, ranges=tuple(r for r in plan.ranges if away[r.partition] is None))
+        parts = [(p, self._url) for p in plan_endpoints(catalog, here, self._limits.slice_rows)]
+        for r in plan.ranges:
+            owner = away[r.partition]
+            if owner is not None:
+                moved = ticket.model_copy(update={"partitions": [r.partition]})
+                parts.append((EndpointPlan(moved, None, None), owner))
+        parts.sort(key=lambda x: x[0].ticket.partitions[0] if x[0].ticket.partitions else -1)
         endpoints = []
-        for part in parts:
+        for part, where in parts:
             meta = {
                 "partition": part.ticket.partitions[0] if part.ticket.partitions else None,
                 "start": _offset(part.ticket.start),
                 "end": _offset(part.ticket.end),
                 "rows": part.rows,
                 "bytes": part.bytes,
+                "location": where,
             }
             endpoints.append(
                 fl.FlightEndpoint(
-                    part.ticket.to_bytes(), [self._url], app_metadata=json.dumps(meta).encode()
+                    part.ticket.to_bytes(), [where], app_metadata=json.dumps(meta).encode()
                 )
             )
-        rows = [p.rows for p in parts]
-        nbytes = [p.bytes for p in parts]
+        rows = [p.rows for p, _ in parts]
+        nbytes = [p.bytes for p, _ in parts]
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from thalweg.errors import ThalwegError
+from thalweg.errors import PartitionElsewhereError, ThalwegError
 from thalweg.flight.read.plan import ReadPlan, start_of_new_partition
 from thalweg.flight.read.prefetch import prefetched
 from thalweg.lane.catalog import LaneCatalog
@@ -43,6 +43,7 @@ def read_stream(
     cancelled: Callable[[], bool],
     *,
     max_lag: int | None = None,
+    moved: Callable[[int], str | None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the plan's rows; ends when every partition reached its end or on cancel.
 
@@ -53,6 +54,11 @@ def read_stream(
     raises :class:`FollowLagError`, naming the offsets to resume from. A follow stream
     over all of a topic's partitions picks up partitions that appear while it runs (a
     partition's first record, a partition added to the topic).
+
+    A follow partition that ``moved`` says another gateway owns now (a rebalance) ends
+    the stream once everything this gateway holds of it was sent, with
+    :class:`PartitionElsewhereError` naming the owner and where every partition of the
+    stream resumes — the client continues there without a gap or a duplicate.
     """
     topic = plan.ticket.topic
     if plan.ticket.lane is Lane.DLQ:
@@ -107,16 +113,33 @@ def read_stream(
                 cursors[p] = upto
                 progressed = True
                 continue
-            for entry in catalog.live.entries_from(topic, p, pos):
+            live = catalog.live.entries_from(topic, p, pos)
+            for entry in live:
                 lo, hi = offset_slice(entry.raw, off, pos, end)
                 if hi > lo:
                     yield from rebatch(_shape_live(catalog, plan, entry, lo, hi))
                 cursors[p] = entry.last + 1 if end is None else min(entry.last + 1, end)
                 progressed = True
+            if not live and end is None and moved is not None:
+                _relocate_if_moved(topic, p, moved, cursors)
         if not progressed and (active or discover):
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
+
+
+def _relocate_if_moved(
+    topic: str, p: int, moved: Callable[[int], str | None], cursors: dict[int, int]
+) -> None:
+    owner = moved(p)
+    if owner is not None:
+        raise PartitionElsewhereError(
+            f"{topic}[{p}] moved to {owner} (a group rebalance); this stream sent "
+            f"everything this gateway holds: resume at offset {cursors[p]} there",
+            topic=topic,
+            owner=owner,
+            positions=dict(cursors),
+        )
 
 
 def _end_of(raw: pa.Table | None, dec: pa.Table | None, off: str) -> int | None:

@@ -1,0 +1,123 @@
+"""A group assignor that tells every member who owns every partition.
+
+Kafka's consumer protocol carries opaque ``user_data`` both ways: a member's join
+metadata (here: its advertised Flight location) and the leader's assignment of each
+member (here: the whole partition → location map). Partitions are split round-robin,
+exactly as aiokafka's default assignor does; only the map is added. The broker stores
+and forwards these bytes without reading them, so this works on every Kafka-protocol
+broker (tested on tansu) and needs no coordination of Thalweg's own.
+
+Members announce this protocol first and plain ``roundrobin`` second, so a group that
+still has an older gateway in it forms on ``roundrobin`` (same partitions, no map; the
+directory then stays inactive and every replica serves what it holds, as before).
+
+aiokafka's assignor interface is class-level, so each source gets its own subclass
+bound to its directory and location (:func:`owner_assignor`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from thalweg.lane.owners import OwnerDirectory
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "thalweg-owners-v1"
+
+
+def owner_assignor(
+    directory: OwnerDirectory, generation: Callable[[], int]
+) -> type[RoundRobinPartitionAssignor]:
+    """A round-robin assignor class that publishes the group's owners to ``directory``.
+
+    Args:
+        directory: where the map lands; its ``location`` is what this member announces.
+        generation: the member's current group generation (read when an assignment
+            arrives, after the client stored the new one).
+    """
+
+    class OwnerAssignor(RoundRobinPartitionAssignor):  # type: ignore[misc]
+        name = PROTOCOL
+        version = 0
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            data = json.dumps({"v": 1, "location": directory.location}).encode()
+            return ConsumerProtocolMemberMetadata(cls.version, list(topics), data)
+
+        @classmethod
+        def assign(
+            cls,
+            cluster: ClusterMetadata,
+            members: Mapping[str, ConsumerProtocolMemberMetadata],
+        ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            split = super().assign(cluster, members)
+            locations = {m: _location(meta.user_data) for m, meta in members.items()}
+            _warn_on_shared_locations(locations)
+            owners: dict[str, dict[str, str | None]] = {}
+            for member, given in split.items():
+                for topic, partitions in given.assignment:
+                    for p in partitions:
+                        owners.setdefault(topic, {})[str(p)] = locations.get(member)
+            data = json.dumps({"v": 1, "owners": owners}, sort_keys=True).encode()
+            return {
+                m: ConsumerProtocolMemberAssignment(a.version, a.assignment, data)
+                for m, a in split.items()
+            }
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            owners = _owners(assignment.user_data)
+            if owners is None:
+                log.warning("group assignment carries no owner map; serving alone")
+                return
+            directory.publish(generation(), owners)
+
+    return OwnerAssignor
+
+
+def _location(user_data: bytes | None) -> str | None:
+    try:
+        found = json.loads(user_data or b"{}").get("location")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _owners(user_data: bytes | None) -> dict[str, dict[int, str | None]] | None:
+    try:
+        body: Any = json.loads(user_data or b"")
+        raw = body["owners"]
+        return {
+            str(t): {int(p): (loc if isinstance(loc, str) else None) for p, loc in parts.items()}
+            for t, parts in raw.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _warn_on_shared_locations(locations: Mapping[str, str | None]) -> None:
+    seen: dict[str, str] = {}
+    for member, loc in sorted(locations.items()):
+        if loc is None:
+            continue
+        if loc in seen:
+            log.warning(
+                "members %s and %s both advertise %s: set gateway.flight_advertise per "
+                "replica, or readers cannot be sent to a partition's owner",
+                seen[loc],
+                member,
+                loc,
+            )
+        seen[loc] = member

@@ -1,0 +1,136 @@
+"""The owner map: what the group assignor hands every member, what the directory says
+about each partition, the ranges a data_dir records as held elsewhere, and how the
+client reads a gateway's relocation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from thalweg.kafka.assignor import PROTOCOL, owner_assignor
+from thalweg.lane.elsewhere import first_gap, held_elsewhere, record_elsewhere
+from thalweg.lane.layout import LaneLayout
+from thalweg.lane.owners import OwnerDirectory
+from thalweg_client.spread import fit, position_column, relocation
+
+
+class Partitions:
+    """The one question the assignor asks of cluster metadata."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        n = self.counts.get(topic)
+        return set(range(n)) if n is not None else None
+
+
+def member(location: str | None, topics: list[str]) -> ConsumerProtocolMemberMetadata:
+    return ConsumerProtocolMemberMetadata(0, topics, json.dumps({"location": location}).encode())
+
+
+def test_every_member_gets_the_whole_map_and_its_round_robin_share() -> None:
+    directory = OwnerDirectory()
+    directory.location = "grpc://a:1"
+    assignor = owner_assignor(directory, lambda: 7)
+    assert assignor.name == PROTOCOL
+    mine = assignor.metadata(["t"])
+    assert json.loads(mine.user_data) == {"v": 1, "location": "grpc://a:1"}
+
+    members = {"m-a": member("grpc://a:1", ["t"]), "m-b": member("grpc://b:2", ["t"])}
+    out = assignor.assign(Partitions({"t": 4}), members)  # type: ignore[arg-type]
+    assert dict(out["m-a"].assignment) == {"t": [0, 2]}
+    assert dict(out["m-b"].assignment) == {"t": [1, 3]}
+    assert out["m-a"].user_data == out["m-b"].user_data
+    owners = json.loads(out["m-a"].user_data)["owners"]
+    assert owners == {
+        "t": {"0": "grpc://a:1", "1": "grpc://b:2", "2": "grpc://a:1", "3": "grpc://b:2"}
+    }
+
+    assert not directory.active
+    assignor.on_assignment(out["m-a"])
+    assert directory.active
+    assert directory.snapshot()["generation"] == 7
+    assert directory.partitions("t") == [0, 1, 2, 3]
+    assert directory.owned_elsewhere("t", 0) is None  # this member's
+    assert directory.owned_elsewhere("t", 1) == "grpc://b:2"
+    assert directory.owned_elsewhere("t", 9) is None  # nobody's known
+    assert directory.owned_elsewhere("other", 0) is None
+
+
+def test_a_member_without_a_location_and_a_map_without_owners() -> None:
+    directory = OwnerDirectory()
+    directory.location = "grpc://a:1"
+    assignor = owner_assignor(directory, lambda: 1)
+    members = {"m-a": member("grpc://a:1", ["t"]), "m-b": member(None, ["t"])}
+    out = assignor.assign(Partitions({"t": 2}), members)  # type: ignore[arg-type]
+    assignor.on_assignment(out["m-a"])
+    # The other member advertises nothing: reads of its partition cannot be sent there.
+    assert directory.owner("t", 1) is None
+    assert directory.owned_elsewhere("t", 1) is None
+
+    fresh = OwnerDirectory()
+    bare = owner_assignor(fresh, lambda: 1)
+    plain = ConsumerProtocolMemberAssignment(0, [("t", [0])], b"not json")
+    bare.on_assignment(plain)
+    assert not fresh.active  # an assignment from another assignor publishes nothing
+
+
+def test_inactive_directory_serves_everything_here() -> None:
+    directory = OwnerDirectory()
+    directory.location = "grpc://a:1"
+    assert directory.owned_elsewhere("t", 0) is None
+    published: list[int] = []
+    d2 = OwnerDirectory(on_publish=lambda d: published.append(len(d.owners())))
+    d2.publish(3, {"t": {0: "grpc://x:1"}, "u": {0: None}})
+    assert published == [2]
+    assert d2.owned_elsewhere("t", 0) == "grpc://x:1"
+
+
+def test_ranges_held_elsewhere_are_durable_and_refuse_overlapping_reads(tmp_path: Path) -> None:
+    layout = LaneLayout(tmp_path)
+    assert held_elsewhere(layout, "t", 0) == []
+    record_elsewhere(layout, "t", 0, 100, 500)
+    record_elsewhere(layout, "t", 0, 100, 500)  # noted once
+    record_elsewhere(layout, "t", 0, 700, 700)  # empty: nothing to note
+    record_elsewhere(layout, "t", 0, 0, 50)
+    assert held_elsewhere(LaneLayout(tmp_path), "t", 0) == [(0, 50), (100, 500)]
+    assert first_gap(layout, "t", 0, 50, 100) is None
+    assert first_gap(layout, "t", 0, 60, None) == (100, 500)
+    assert first_gap(layout, "t", 0, 499, 501) == (100, 500)
+    assert first_gap(layout, "t", 0, 500, None) is None
+    assert first_gap(layout, "t", 1, 0, None) is None
+
+
+def test_the_client_reads_a_relocation_and_fits_batches() -> None:
+    detail = {"relocate": {"topic": "t", "owner": "grpc://b:2", "positions": {"1": 40}}}
+    moved = fl.FlightUnavailableError("moved", json.dumps(detail).encode())
+    assert relocation(moved) == {1: 40}
+    assert relocation(fl.FlightUnavailableError("gone")) is None
+    assert relocation(fl.FlightUnavailableError("x", b"{not json")) is None
+
+    schema = pa.schema([("a", pa.int64()), ("_twg_source_partition", pa.int32()),
+                        ("_twg_position", pa.int64()), ("b", pa.string())])  # fmt: skip
+    assert position_column(schema) == "_twg_position"
+    assert position_column(pa.schema([("_twg_position", pa.int64())])) is None
+    batch = pa.record_batch({"a": [1, 2], "_twg_position": [5, 6], "c": [0.5, 1.5]})
+    fitted = fit(batch, schema)
+    assert fitted.schema == schema
+    assert fitted.column("a").to_pylist() == [1, 2]
+    assert fitted.column("b").null_count == 2
+
+
+@pytest.mark.parametrize("raw", [b"", b"[]", b'{"owners": 3}', b'{"owners": {"t": 1}}'])
+def test_malformed_maps_publish_nothing(raw: bytes) -> None:
+    directory = OwnerDirectory()
+    assignor = owner_assignor(directory, lambda: 1)
+    assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], raw))
+    assert not directory.active
