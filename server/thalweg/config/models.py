@@ -177,6 +177,48 @@ class FlightServingConfig(_Model):
     )
 
 
+class ObjectStoreConfig(_Model):
+    """An S3-compatible object store holding the lanes (``data_dir = "s3://bucket/prefix"``).
+
+    The store is the durable, shared tier: a segment is durable when its PUT returned,
+    and only then is the position committed. ``cache_dir`` is the local staging and
+    read cache of every lane (docs/lanes.md, "Object-store lanes").
+    """
+
+    url: str | None = Field(
+        None, description="s3://bucket/prefix (set by writing it as gateway.data_dir)."
+    )
+    endpoint_url: str | None = Field(
+        None, description="The S3 endpoint (http(s)://host:port); AWS's when unset."
+    )
+    region: str = Field("us-east-1", description="The bucket's region.")
+    access_key_id: str | None = Field(
+        None, description="Access key; the environment's credentials when unset."
+    )
+    secret_access_key: SecretStr | None = Field(None, description="Secret key (redacted).")
+    cache_dir: Path = Field(
+        Path("./twg-cache"),
+        description="Local staging and read cache of the lanes (a segment is written here, "
+        "then PUT; other members' segments are fetched here to be served).",
+    )
+    sync_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often a replica fetches the segments other members wrote (its "
+        "reads of their partitions' history are this fresh).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        if scheme != "s3" or not sep or not rest.split("/", 1)[0]:
+            raise ValueError("must look like s3://bucket or s3://bucket/prefix")
+        return v.rstrip("/")
+
+
 class GatewayConfig(_Model):
     """Process-wide settings."""
 
@@ -239,6 +281,30 @@ class GatewayConfig(_Model):
         description="ingest: consume into the lanes only; recovery: feed the sinks from "
         "the lanes only (a backfill on its own pod, same data_dir); both (default).",
     )
+
+    object_store: ObjectStoreConfig = Field(
+        default_factory=ObjectStoreConfig,
+        description="Where an s3:// data_dir lives, and its local cache.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _object_store_data_dir(cls, data: object) -> object:
+        """``data_dir = "s3://bucket/prefix"`` puts the lanes in an object store; the
+        local side of every lane is then ``object_store.cache_dir``."""
+        if not isinstance(data, dict):
+            return data
+        where = data.get("data_dir")
+        if isinstance(where, str) and where.startswith("s3://"):
+            store = dict(data.get("object_store") or {})
+            store["url"] = where
+            data = {**data, "object_store": store}
+            data["data_dir"] = store.get("cache_dir", "./twg-cache")
+        return data
+
+    @property
+    def lanes_in_object_store(self) -> bool:
+        return self.object_store.url is not None
 
     @model_validator(mode="after")
     def _tls_matches_scheme(self) -> GatewayConfig:

@@ -63,6 +63,8 @@ class Checkpoint:
             refused = pending.raw.num_rows  # what a fence refusal leaves unwritten
             span = pending.span
             written, started = await self._write(key, pending)
+            if ctx.mirror is not None:
+                await self._publish(key, written)
             self._account(key, written, started)
             if self._dlq_topic is not None and written.dead is not None:
                 await self._send_dead_letters(written.dead)
@@ -125,6 +127,36 @@ class Checkpoint:
                 ctx.metrics.write_errors.labels(key[0]).inc()
                 ctx.health.set(RAW_LANE, State.DOWN, str(exc))
                 ctx.metrics.retries.labels("write").inc()
+                delay = await backoff.wait()
+                log.error("%s; retried in %.1fs", exc, delay)
+
+    async def _publish(self, key: PartitionKey, written: WrittenSegment) -> None:
+        """PUT the segment to the object store (lane/mirror.py): it is durable — and its
+        positions committable — only then. Retried like a local write; the fence is asked
+        before every PUT."""
+        s, ctx = self.s, self.s.ctx
+        assert ctx.mirror is not None
+        fence = s.fence.check if s.fence is not None else _unfenced
+        backoff = new_backoff()
+        while True:
+            try:
+                with ctx.tracing.span("twg.publish", {"topic": key[0], "partition": key[1]}):
+                    await asyncio.to_thread(
+                        ctx.mirror.publish,
+                        key[0],
+                        key[1],
+                        written.segment.path.name,
+                        s.source.generation(),
+                        fence,
+                    )
+                ctx.health.set(RAW_LANE, State.UP, "writing")
+                return
+            except LaneError as exc:
+                if not exc.retriable:
+                    raise
+                ctx.metrics.write_errors.labels(key[0]).inc()
+                ctx.health.set(RAW_LANE, State.DOWN, str(exc))
+                ctx.metrics.retries.labels("publish").inc()
                 delay = await backoff.wait()
                 log.error("%s; retried in %.1fs", exc, delay)
 

@@ -17,6 +17,7 @@ from thalweg.engine.lag_gate import LagGate
 from thalweg.lane.epochs import Divergence
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
+from thalweg.lane.mirror import LaneMirror
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
@@ -51,6 +52,8 @@ class LaneContext:
     gate: LagGate | None = None
     # The group's partition owners (lane/owners.py), published by the Kafka assignor.
     owners: OwnerDirectory = field(default_factory=OwnerDirectory)
+    # Lanes in an object store (lane/mirror.py): segments are durable once PUT there.
+    mirror: LaneMirror | None = None
 
 
 @dataclass(slots=True)

@@ -15,15 +15,18 @@ from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
+from thalweg.engine.lane_sync import LaneSync
 from thalweg.engine.retention import RetentionJob
 from thalweg.engine.runner import SourceRunner
-from thalweg.errors import ConfigError, ShutdownTimeoutError
+from thalweg.errors import ConfigError, LaneError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
+from thalweg.lane.mirror import LaneMirror
+from thalweg.lane.objectstore import ObjectStore
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
@@ -65,6 +68,29 @@ class _NodeObserver:
     def done(self, stage: str, records: int, nbytes: int, seconds: float) -> None:
         self._stats.done(stage, records, nbytes, seconds)
         self._metrics.node_rows.labels(stage.removeprefix("node:")).inc(records)
+
+
+def _object_store_mirror(cfg: ThalwegConfig, layout: LaneLayout) -> LaneMirror | None:
+    """The object store holding the lanes, checked reachable (None: local lanes).
+
+    Raises:
+        ConfigError: retention or compaction asked for (not built for object stores
+            yet), or the bucket does not answer.
+    """
+    g = cfg.gateway
+    if not g.lanes_in_object_store:
+        return None
+    if cfg.retention.enabled or cfg.compaction.enabled:
+        raise ConfigError(
+            "retention and compaction of lanes in an object store are not built yet "
+            "(docs/status.md): use a lifecycle rule on the bucket, or a local data_dir"
+        )
+    store = ObjectStore(g.object_store)
+    try:
+        store.listing("raw/_thalweg")
+    except LaneError as exc:
+        raise ConfigError(f"gateway.data_dir: the object store does not answer: {exc}") from exc
+    return LaneMirror(layout, store)
 
 
 def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
@@ -116,7 +142,11 @@ class Gateway:
         self.metrics = Metrics()
         self.health = Health()
         self.live = LiveTail()
-        self.owners = OwnerDirectory(shared_lane=g.shared_data_dir, on_publish=self._gauge_owners)
+        self.mirror = _object_store_mirror(cfg, self.layout)
+        self.owners = OwnerDirectory(
+            shared_lane=g.shared_data_dir or self.mirror is not None,
+            on_publish=self._gauge_owners,
+        )
         self.segment_cache = SegmentCache(g.flight.segment_cache_bytes)
         cache = self.segment_cache
         self.metrics.watch_segment_cache(lambda: (cache.nbytes, cache.hits, cache.misses))
@@ -143,6 +173,7 @@ class Gateway:
             tracing=self.tracing,
             gate=self.gate,
             owners=self.owners,
+            mirror=self.mirror,
         )
         ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
         self.runners = [SourceRunner(s, ctx) for s in cfg.sources] if ingest else []
@@ -300,6 +331,15 @@ class Gateway:
         if self.cfg.retention.enabled and self.runners:  # the lanes' writer keeps them
             job = RetentionJob(self.cfg, self.layout, self.metrics)
             tasks.append(asyncio.create_task(job.run(stop)))
+        if self.mirror is not None:
+            sync = LaneSync(
+                self.mirror,
+                self._configured_topics,
+                self._owned,
+                self.owners,
+                self.cfg.gateway.object_store.sync_interval_s,
+            )
+            tasks.append(asyncio.create_task(sync.run(stop)))
         tasks.append(asyncio.create_task(beat()))
         stopped = asyncio.create_task(stop.wait())
         failure: BaseException | None = None

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.checkpoint import Checkpoint
-from thalweg.engine.context import SourceState
+from thalweg.engine.context import SourceState, new_backoff
 from thalweg.engine.continuity import (
     LastRecord,
     check_record,
@@ -31,7 +31,7 @@ from thalweg.engine.continuity import (
     offset_went_back,
     record_mismatch,
 )
-from thalweg.errors import SourceError
+from thalweg.errors import LaneError, SourceError
 from thalweg.lane.coverage import Coverage, repair, resume_position, scan_coverage
 from thalweg.lane.elsewhere import record_elsewhere
 from thalweg.lane.epochs import (
@@ -109,6 +109,8 @@ class Partitions:
             self._release(key)
         epoch = await asyncio.to_thread(current_epoch, layout, topic, partition)
         self._epochs[key] = epoch
+        if ctx.mirror is not None:
+            await self._restore(key)
         missing = await asyncio.to_thread(repair, layout, topic, partition)
         decoder = self._decoders.get(topic)
         if missing and decoder is not None:
@@ -164,6 +166,34 @@ class Partitions:
             log_start,
         )
         return True
+
+    async def _restore(self, key: PartitionKey) -> None:
+        """Make the local lane the object store's before anything decides where to
+        resume (lane/mirror.py); retried while the store does not answer (the partition
+        stays paused meanwhile)."""
+        mirror = self.s.ctx.mirror
+        assert mirror is not None
+        backoff = new_backoff()
+        while True:
+            try:
+                report = await asyncio.to_thread(mirror.restore, *key)
+            except LaneError as exc:
+                if not exc.retriable:
+                    raise
+                delay = await backoff.wait()
+                log.error("%s[%d]: restoring from the object store: %s; retried in %.1fs",
+                          *key, exc, delay)  # fmt: skip
+                continue
+            if report.fetched or report.removed or report.superseded:
+                log.info(
+                    "%s[%d]: restored from the object store: %d fetched, %d local-only "
+                    "removed, %d superseded by a newer generation",
+                    *key,
+                    report.fetched,
+                    report.removed,
+                    report.superseded,
+                )
+            return
 
     def _gauge_start(self, key: PartitionKey, resume: int | None, committed: int | None) -> None:
         metrics, labels = self.s.ctx.metrics, self.s.labels(key)

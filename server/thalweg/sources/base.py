@@ -37,6 +37,10 @@ class Source(Protocol):
         """Whether the group still knows this member, and when (``time.monotonic``) a
         heartbeat last succeeded (None: not observable)."""
 
+    def generation(self) -> int:
+        """The ownership generation of this member's partitions (Kafka: the group
+        generation; 0 where the transport has none): it names object-store segments."""
+
     async def log_start(self, key: PartitionKey) -> int:
         """The broker's log start position of ``key``, asked now."""
 

@@ -99,10 +99,11 @@ class KafkaSource:
         round-robin so a group with an older member still forms."""
         if self._owners is None:
             return ()
-        owners = owner_assignor(self._owners, self._generation)
+        owners = owner_assignor(self._owners, self.generation)
         return (owners, RoundRobinPartitionAssignor)
 
-    def _generation(self) -> int:
+    def generation(self) -> int:
+        """The member's consumer-group generation (-1 before it joined)."""
         generation = getattr(getattr(self._consumer, "_coordinator", None), "generation", -1)
         return generation if isinstance(generation, int) else -1
 

@@ -282,6 +282,10 @@ class PulsarSource:
     def resume(self, keys: list[PartitionKey]) -> None:
         self._paused.difference_update(keys)
 
+    def generation(self) -> int:
+        """A subscription has no generation: 0 (object-store names carry it)."""
+        return 0
+
     def membership(self) -> tuple[bool, float | None]:
         """Always a member: a Pulsar subscription has no group session to expire."""
         return True, None

@@ -1,0 +1,201 @@
+"""Lanes in an object store: the bucket is the durable, shared lane; ``data_dir`` its
+local staging area and read cache.
+
+Layout in the bucket, beside the local one::
+
+    <prefix>/<lane>/topic=<t>/partition=<p>/<first:020d>-<last:020d>.g<generation:010d>.parquet
+
+* **Write** (the partition's owner): a segment is written locally as always (temp →
+  fsync → link), then PUT — dead letters, decoded, raw, in that order — each under its
+  final name, created once (``If-None-Match: *``). The raw object's PUT is the durable
+  point: only then is the position committed. The member's fence is asked before each
+  PUT, like before each rename.
+* **Fencing.** The name carries the member's consumer-group generation. A zombie — a
+  member paused past its session that wakes and PUTs what it had — writes an older
+  generation than the partition's next owner, so where two raw objects overlap, the
+  newest generation's is the lane and the older one is not (``resolve``); names never
+  collide across members, and within one generation the conditional PUT refuses a
+  second writer.
+* **Restore** (a new owner, at assignment): the partition's local lane is made the
+  bucket's — objects fetched, local files the bucket lacks (written but never PUT, so
+  never committed) removed — before coverage decides where to resume.
+* **Sync** (every replica, for partitions it does not own): the same, in the
+  background, so any replica serves every partition's history from its cache. A local
+  file the bucket lacks is removed only once it is old enough that no write of this
+  process can still be on its way to the bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout
+from thalweg.lane.objectstore import ObjectStore
+
+log = logging.getLogger(__name__)
+
+_OBJECT_RE = re.compile(r"^(\d{20})-(\d{20})\.g(\d{10})\.parquet$")
+_LOCAL_RE = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+_PARTITION_RE = re.compile(r"^raw/topic=([^/]+)/partition=(\d+)/")
+_ORDER = (Lane.DLQ, Lane.DECODED, Lane.RAW)  # the raw object last: it makes it durable
+
+
+@dataclass(frozen=True, slots=True)
+class LaneObject:
+    """One segment object: its offsets, the writer's generation, its key."""
+
+    first: int
+    last: int
+    generation: int
+    rel: str
+
+    @property
+    def name(self) -> str:
+        """The local file name (no generation)."""
+        return f"{self.first:020d}-{self.last:020d}.parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    fetched: int
+    removed: int
+    superseded: int
+
+
+def object_name(local_name: str, generation: int) -> str:
+    stem = local_name.removesuffix(".parquet")
+    return f"{stem}.g{max(generation, 0):010d}.parquet"
+
+
+def resolve(objects: Iterable[LaneObject]) -> list[LaneObject]:
+    """The objects that are the lane: where raw objects overlap, the newest
+    generation's wins (an older one overlapping it is a zombie's, or a crashed
+    member's that its successor wrote again); among one generation, the widest."""
+    chosen: list[LaneObject] = []
+    for obj in sorted(objects, key=lambda o: (-o.generation, -(o.last - o.first), o.first)):
+        if all(obj.last < c.first or obj.first > c.last for c in chosen):
+            chosen.append(obj)
+    return sorted(chosen, key=lambda o: o.first)
+
+
+class LaneMirror:
+    """Keeps a local lane and the bucket's in step, per partition."""
+
+    def __init__(self, layout: LaneLayout, store: ObjectStore, *, orphan_age_s: float = 120.0):
+        self.layout = layout
+        self.store = store
+        self.orphan_age_s = orphan_age_s
+        self._locks: dict[tuple[str, int], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    # -- names -----------------------------------------------------------------------
+
+    def _dir_rel(self, lane: Lane, topic: str, partition: int) -> str:
+        return f"{lane.value}/topic={quote(topic, safe='')}/partition={partition}/"
+
+    def _lock(self, topic: str, partition: int) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((topic, partition), threading.Lock())
+
+    # -- write -----------------------------------------------------------------------
+
+    def publish(
+        self, topic: str, partition: int, name: str, generation: int, fence: Callable[[], None]
+    ) -> None:
+        """PUT a locally durable segment (its twins first); durable when this returns.
+
+        Raises:
+            OwnershipLostError: (from ``fence``) this member may not own it any more.
+            SegmentConflictError: the name exists with other bytes.
+            LaneError: the store did not take it (retriable: call again).
+        """
+        with self._lock(topic, partition):
+            for lane in _ORDER:
+                path = self.layout.partition_dir(lane, topic, partition) / name
+                if lane is not Lane.RAW and not path.exists():
+                    continue  # no dead letters, or no decoded twin (rebuilt from raw)
+                fence()
+                rel = self._dir_rel(lane, topic, partition) + object_name(name, generation)
+                self.store.put_new(rel, path)
+
+    # -- read ------------------------------------------------------------------------
+
+    def objects(self, lane: Lane, topic: str, partition: int) -> list[LaneObject]:
+        base = self._dir_rel(lane, topic, partition)
+        out = []
+        for rel in self.store.listing(base):
+            m = _OBJECT_RE.match(rel[len(base) :])
+            if m:
+                out.append(LaneObject(int(m[1]), int(m[2]), int(m[3]), rel))
+        return out
+
+    def partitions(self) -> dict[str, set[int]]:
+        """Every (topic, partition) the bucket's raw lane holds."""
+        found: dict[str, set[int]] = {}
+        for rel in self.store.listing("raw/"):
+            m = _PARTITION_RE.match(rel)
+            if m:
+                found.setdefault(unquote(m[1]), set()).add(int(m[2]))
+        return found
+
+    def restore(self, topic: str, partition: int) -> SyncReport:
+        """Make the partition's local lane the bucket's, now (its new owner, at
+        assignment): nothing local that the bucket lacks survives."""
+        return self._sync(topic, partition, orphan_age_s=0.0)
+
+    def sync(self, topic: str, partition: int) -> SyncReport:
+        """Fetch what other members wrote of a partition this gateway does not own."""
+        return self._sync(topic, partition, orphan_age_s=self.orphan_age_s)
+
+    def _sync(self, topic: str, partition: int, orphan_age_s: float) -> SyncReport:
+        with self._lock(topic, partition):
+            raw = self.objects(Lane.RAW, topic, partition)
+            lane_objects = resolve(raw)
+            keep = {(o.name, o.generation) for o in lane_objects}
+            names = {o.name for o in lane_objects}
+            fetched = removed = 0
+            for lane in _ORDER:
+                if lane is Lane.RAW:
+                    wanted = {o.name: o for o in lane_objects}
+                else:
+                    wanted = {
+                        o.name: o
+                        for o in self.objects(lane, topic, partition)
+                        if (o.name, o.generation) in keep
+                    }
+                directory = self.layout.partition_dir(lane, topic, partition)
+                removed += self._remove_unknown(directory, names, orphan_age_s)
+                for name, obj in sorted(wanted.items()):
+                    dest = directory / name
+                    if not dest.exists() and self.store.get(obj.rel, dest):
+                        fetched += 1
+            return SyncReport(fetched, removed, len(raw) - len(lane_objects))
+
+    def _remove_unknown(self, directory: os.PathLike[str], names: set[str], age_s: float) -> int:
+        """Local segments the bucket's lane does not hold: never made durable (a crash
+        between the local write and the PUT) or a zombie's; old enough to be no write of
+        this process still in flight."""
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return 0
+        now = time.time()
+        removed = 0
+        for entry in entries:
+            if TMP_MARK in entry.name or not _LOCAL_RE.match(entry.name):
+                continue
+            if entry.name in names:
+                continue
+            if age_s and now - entry.stat().st_mtime < age_s:
+                continue
+            os.unlink(entry.path)
+            removed += 1
+            log.info("removed %s: not in the object store's lane", entry.path)
+        return removed

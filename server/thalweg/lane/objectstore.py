@@ -1,0 +1,145 @@
+"""An S3-compatible bucket as the lanes' durable tier: create-only PUTs, listings, gets.
+
+A segment object is written once under its final name and never replaced: every PUT
+sends ``If-None-Match: *``, so the store refuses a second object under a name that
+exists (``412 Precondition Failed``) — there is no rename to make atomic, and two
+writers cannot both create one name. A PUT that is retried after it had in fact landed
+finds its own bytes there (same ETag, the MD5 of a single-part upload) and succeeds.
+
+boto3 is imported here only, when an object store is configured (``thalweg[s3]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from thalweg.config.models import ObjectStoreConfig
+from thalweg.errors import ConfigError, LaneError, SegmentConflictError
+from thalweg.lane.layout import write_file_durably
+
+log = logging.getLogger(__name__)
+
+
+class ObjectStore:
+    """One bucket and key prefix, through boto3 (thread-safe client)."""
+
+    def __init__(self, cfg: ObjectStoreConfig) -> None:
+        if cfg.url is None:
+            raise ConfigError("gateway.object_store.url is not set")
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise ConfigError(
+                "lanes in an object store need boto3: pip install 'thalweg[s3]'"
+            ) from exc
+        bucket, _, prefix = cfg.url.removeprefix("s3://").partition("/")
+        self.url = cfg.url
+        self.bucket = bucket
+        self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        secret = cfg.secret_access_key.get_secret_value() if cfg.secret_access_key else None
+        self._s3: Any = boto3.client(
+            "s3",
+            endpoint_url=cfg.endpoint_url,
+            region_name=cfg.region,
+            aws_access_key_id=cfg.access_key_id,
+            aws_secret_access_key=secret,
+            config=Config(
+                retries={"max_attempts": 3, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=60,
+            ),
+        )
+
+    def key(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def put_new(self, rel: str, path: Path) -> None:
+        """Create ``rel`` from ``path``'s bytes; durable when this returns.
+
+        Raises:
+            SegmentConflictError: another object with other bytes has that name.
+            LaneError: the store did not take it (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        body = path.read_bytes()
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, IfNoneMatch="*")
+        except ClientError as exc:
+            if _status(exc) != 412:
+                raise LaneError(f"{self.url}/{rel}: PUT refused: {exc}", retriable=True) from exc
+            if self._etag(rel) == hashlib.md5(body, usedforsecurity=False).hexdigest():
+                return  # a retried PUT that had landed: the same bytes are there
+            raise SegmentConflictError(
+                f"{self.url}/{rel} exists with other bytes: another writer of this lane"
+            ) from exc
+        except BotoCoreError as exc:
+            raise LaneError(f"{self.url}/{rel}: PUT failed: {exc}", retriable=True) from exc
+
+    def listing(self, rel_prefix: str) -> dict[str, int]:
+        """Relative keys under ``rel_prefix`` and their sizes.
+
+        Raises:
+            LaneError: the store did not answer (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        out: dict[str, int] = {}
+        try:
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.key(rel_prefix)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    out[obj["Key"][len(self.prefix) :]] = int(obj["Size"])
+        except (ClientError, BotoCoreError) as exc:
+            raise LaneError(f"{self.url}/{rel_prefix}: LIST failed: {exc}", retriable=True) from exc
+        return out
+
+    def get(self, rel: str, dest: Path) -> bool:
+        """Fetch ``rel`` into ``dest`` (whole or not at all; never over an existing file).
+        False when ``dest`` already existed.
+
+        Raises:
+            LaneError: the store did not answer, or the object is gone (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def write(tmp: Path) -> None:
+            self._s3.download_file(self.bucket, self.key(rel), str(tmp))
+
+        try:
+            write_file_durably(dest, write, exclusive=True)
+        except FileExistsError:
+            return False
+        except (ClientError, BotoCoreError) as exc:
+            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
+        return True
+
+    def delete(self, rels: list[str]) -> None:
+        """Remove objects (absent ones are no error)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        for i in range(0, len(rels), 1000):
+            chunk = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
+            try:
+                self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+            except (ClientError, BotoCoreError) as exc:
+                raise LaneError(f"{self.url}: DELETE failed: {exc}", retriable=True) from exc
+
+    def _etag(self, rel: str) -> str | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self._s3.head_object(Bucket=self.bucket, Key=self.key(rel))
+        except (ClientError, BotoCoreError):
+            return None
+        return str(head.get("ETag", "")).strip('"')
+
+
+def _status(exc: Any) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))

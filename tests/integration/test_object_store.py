@@ -1,0 +1,214 @@
+"""Lanes in an object store (a moto S3 server on loopback): segments created once with
+conditional PUTs, generations that fence a zombie's objects, the commit after the PUT,
+and two gateways with their own caches serving the whole topic from the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import thalweg_client
+from tests.conftest import RunningGateway
+from tests.helpers import committed_offsets, produce_json, wait_until
+from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from thalweg.config.models import ObjectStoreConfig
+from thalweg.errors import SegmentConflictError
+from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.mirror import LaneMirror, LaneObject, object_name, resolve
+from thalweg.lane.objectstore import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+
+
+def bucket(moto: MotoServer) -> str:
+    name = f"lanes-{uuid.uuid4().hex[:8]}"
+    moto.client().create_bucket(Bucket=name)  # type: ignore[attr-defined]
+    return name
+
+
+def store_cfg(moto: MotoServer, url: str, cache: Path) -> dict[str, Any]:
+    return {
+        "endpoint_url": moto.endpoint,
+        "region": REGION,
+        "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET_KEY,
+        "cache_dir": str(cache),
+        "sync_interval_s": 0.3,
+    }
+
+
+def open_store(moto: MotoServer, url: str) -> ObjectStore:
+    return ObjectStore(ObjectStoreConfig(**store_cfg(moto, url, Path("unused")), url=url))
+
+
+def test_segments_are_created_once(moto: MotoServer, tmp_path: Path) -> None:
+    store = open_store(moto, f"s3://{bucket(moto)}/lane")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.write_bytes(b"first bytes")
+    two.write_bytes(b"other bytes")
+    store.put_new("raw/x.parquet", one)
+    store.put_new("raw/x.parquet", one)  # a retried PUT that had landed: the same bytes
+    with pytest.raises(SegmentConflictError, match="other bytes"):
+        store.put_new("raw/x.parquet", two)
+    assert store.listing("raw/") == {"raw/x.parquet": len(b"first bytes")}
+    got = tmp_path / "got"
+    assert store.get("raw/x.parquet", got) and got.read_bytes() == b"first bytes"
+    assert not store.get("raw/x.parquet", got)  # never over an existing file
+
+
+def test_the_newest_generation_is_the_lane() -> None:
+    zombie = LaneObject(1000, 1499, 5, "a")
+    owner = LaneObject(1000, 1699, 6, "b")
+    late = LaneObject(1200, 1799, 5, "c")  # a zombie's PUT landing after the owner's
+    after = LaneObject(1700, 1899, 6, "d")
+    assert resolve([zombie, owner, late, after]) == [owner, after]
+    assert resolve([zombie]) == [zombie]
+    assert object_name("00000000000000001000-00000000000000001499.parquet", 7).endswith(
+        ".g0000000007.parquet"
+    )
+
+
+def test_restore_makes_the_local_lane_the_buckets(moto: MotoServer, tmp_path: Path) -> None:
+    store = open_store(moto, f"s3://{bucket(moto)}/lane")
+    layout = LaneLayout(tmp_path / "cache")
+    mirror = LaneMirror(layout, store)
+    d = layout.partition_dir(Lane.RAW, "t", 0)
+    d.mkdir(parents=True)
+    table = pa.table({"x": [1]})
+    for name in ("00000000000000000000-00000000000000000009.parquet",
+                 "00000000000000000010-00000000000000000019.parquet"):  # fmt: skip
+        pq.write_table(table, d / name)
+    # The first was PUT by generation 1; the second was written but never PUT (a crash).
+    mirror.publish("t", 0, "00000000000000000000-00000000000000000009.parquet", 1, lambda: None)
+    (d / "00000000000000000000-00000000000000000009.parquet").unlink()  # a new, empty cache
+    report = mirror.restore("t", 0)
+    assert (report.fetched, report.removed) == (1, 1)
+    assert sorted(p.name for p in d.iterdir()) == [
+        "00000000000000000000-00000000000000000009.parquet"
+    ]
+
+
+def pairs(table: pa.Table) -> list[tuple[int, int]]:
+    return list(
+        zip(
+            table.column("_twg_source_partition").to_pylist(),
+            table.column("_twg_source_offset").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def bucket_offsets(store: ObjectStore, topic: str, tmp: Path) -> Counter[tuple[int, int]]:
+    """Every (partition, offset) in the bucket's raw lane, as readers resolve it."""
+    mirror = LaneMirror(LaneLayout(tmp), store)
+    seen: Counter[tuple[int, int]] = Counter()
+    for p in range(PARTITIONS):
+        for obj in resolve(mirror.objects(Lane.RAW, topic, p)):
+            dest = tmp / obj.rel.replace("/", "_")
+            store.get(obj.rel, dest)
+            col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
+            seen.update((p, o) for o in col.to_pylist())
+    return seen
+
+
+def read_whole(url: str, topic: str, rows: int) -> list[tuple[int, int]]:
+    """A raw read through one replica, once its cache holds ``rows`` records (its copy
+    of other members' partitions is at most a sync interval old)."""
+    got: list[tuple[int, int]] = []
+    with thalweg_client.connect(url) as client:
+
+        def whole() -> bool:
+            got[:] = pairs(client.read(topic, lane="raw"))
+            return len(got) == rows
+
+        wait_until(whole, 30, lambda: f"the whole topic through {url} ({len(got)})")
+    return got
+
+
+def test_two_gateways_one_bucket(
+    moto: MotoServer,
+    broker: Any,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    topic = topic_factory(PARTITIONS, prefix="s3lane")
+    url = f"s3://{bucket(moto)}/lanes"
+    group = f"s3-{uuid.uuid4().hex[:8]}"
+
+    def start(name: str) -> RunningGateway:
+        cache = tmp_path / f"cache-{name}"
+        return gateway_factory(
+            [topic],
+            data_dir=cache,
+            gateway={"data_dir": url, "object_store": store_cfg(moto, url, cache)},
+            group_id=group,
+        )
+
+    a, b = start("a"), start("b")
+    urls = {a.gateway.flight_url, b.gateway.flight_url}
+    wait_until(
+        lambda: all(set(g.gateway.owners.owners().get(topic, {}).values()) == urls for g in (a, b)),
+        60,
+        "a two-member map",
+    )
+    n = produce_json(
+        broker.bootstrap, topic, ({"n": i} for i in range(4000)), partition=lambda i: i % PARTITIONS
+    )
+    per = dict.fromkeys(range(PARTITIONS), n // PARTITIONS)
+    wait_until(
+        lambda: committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == per,
+        60,
+        "every record committed",
+    )
+    store = open_store(moto, url)
+    seen = bucket_offsets(store, topic, tmp_path / "check-1")
+    want = {(p, o) for p in range(PARTITIONS) for o in range(per[p])}
+    assert set(seen) == want and max(seen.values()) == 1  # committed ⇒ in the bucket, once
+
+    # Any replica serves the whole topic's history from the bucket (its cache).
+    for g in (a, b):
+        assert set(read_whole(g.gateway.flight_url, topic, len(want))) == want
+
+    # b leaves; a restores b's partitions from the bucket and goes on from their commits.
+    b.stop()
+    wait_until(
+        lambda: set(a.gateway.owners.owners().get(topic, {}).values()) == {a.gateway.flight_url},
+        60,
+        "a owns every partition",
+    )
+    more = produce_json(
+        broker.bootstrap,
+        topic,
+        ({"n": i} for i in range(n, n + 400)),
+        partition=lambda i: i % PARTITIONS,
+    )
+    total = n + more
+    per = dict.fromkeys(range(PARTITIONS), total // PARTITIONS)
+    wait_until(
+        lambda: committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == per,
+        60,
+        "the rest committed",
+    )
+    time.sleep(0.5)
+    want = {(p, o) for p in range(PARTITIONS) for o in range(per[p])}
+    with thalweg_client.connect(a.gateway.flight_url) as client:
+        got = pairs(client.read(topic, lane="raw"))
+    assert len(got) == len(want) and set(got) == want
+    seen = bucket_offsets(store, topic, tmp_path / "check-2")
+    assert set(seen) == want and max(seen.values()) == 1
+    names = [k for k in store.listing("raw/") if k.endswith(".parquet")]
+    assert names and all(".g" in k for k in names), names[:3]
+    assert json.loads(json.dumps(a.gateway.owners.snapshot()))["shared_lane"] is True
