@@ -1,13 +1,14 @@
-"""Three ``twg stream`` replicas on one consumer group and one shared data_dir, under
-faults: while 200 k records arrive, one replica is SIGKILLed and another SIGSTOPped past
-its session timeout, then resumed.
+"""Three ``twg stream`` replicas on one consumer group and one shared lane — a shared
+data_dir, or a bucket of an S3 server (moto) with a cache per replica — under faults:
+while 200 k records arrive, one replica is SIGKILLed and another SIGSTOPped past its
+session timeout, then resumed.
 
 Checked afterwards: every offset is in the shared lane exactly once (no overlapping
-segments); the paused replica's late writes were refused and counted
-(``twg_fenced_records_total``); a client connected to any one replica — the one never
-faulted, and the former zombie — reads the whole topic; and a follow stream opened
-through the unfaulted replica before the faults saw every record exactly once, its
-partitions following their owners across both rebalances.
+segments; in the bucket, as readers resolve generations); the paused replica's late
+writes were refused and counted (``twg_fenced_records_total``); a client connected to
+any one replica — the one never faulted, and the former zombie — reads the whole topic;
+and a follow stream opened through the unfaulted replica before the faults saw every
+record exactly once, its partitions following their owners across both rebalances.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.helpers import committed_offsets, start_stream, wait_until
+from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from thalweg.config.models import ObjectStoreConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.mirror import LaneMirror, resolve
+from thalweg.lane.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,15 +47,15 @@ TOTAL = 200_000
 SESSION_MS = 2000
 
 
-def write_config(path: Path, bootstrap: str, topic: str, group: str, data: Path) -> tuple[int, int]:
+def write_config(path: Path, bootstrap: str, topic: str, group: str, lane: str) -> tuple[int, int]:
+    """One replica's configuration; ``lane`` is the [gateway] lines placing its lane."""
     http, flight = free_port(), free_port()
     path.write_text(
         f"""
 [gateway]
-data_dir = "{data}"
-shared_data_dir = true
 flight_listen = "grpc://127.0.0.1:{flight}"
 http_listen = "127.0.0.1:{http}"
+{lane}
 
 [raw_lane]
 roll_age_s = 1.0
@@ -67,6 +72,25 @@ heartbeat_interval_ms = 400
 """
     )
     return flight, http
+
+
+def shared_dir(data: Path) -> Callable[[str], str]:
+    return lambda _name: f'data_dir = "{data}"\nshared_data_dir = true'
+
+
+def object_store(moto: MotoServer, url: str, caches: Path) -> Callable[[str], str]:
+    def lines(name: str) -> str:
+        return f"""data_dir = "{url}"
+
+[gateway.object_store]
+endpoint_url = "{moto.endpoint}"
+region = "{REGION}"
+access_key_id = "{ACCESS_KEY}"
+secret_access_key = "{SECRET_KEY}"
+cache_dir = "{caches / name}"
+sync_interval_s = 0.5"""
+
+    return lines
 
 
 def get_json(http: int, path: str) -> dict[str, object]:
@@ -135,6 +159,18 @@ class Follower(threading.Thread):
         return sum(self.seen.values())
 
 
+def read_whole(url: str, topic: str) -> list[tuple[int, int]]:
+    got: list[tuple[int, int]] = []
+    with thalweg_client.connect(url) as client:
+
+        def whole() -> bool:
+            got[:] = pairs(client.read(topic, lane="raw"))
+            return len(got) >= TOTAL
+
+        wait_until(whole, 30, lambda: f"the whole topic through {url} ({len(got)})")
+    return got
+
+
 def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list[str]]:
     layout = LaneLayout(data)
     seen: Counter[tuple[int, int]] = Counter()
@@ -150,14 +186,59 @@ def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list
     return seen, overlapping
 
 
+def bucket_offsets(
+    store: ObjectStore, topic: str, tmp: Path
+) -> tuple[Counter[tuple[int, int]], list[str]]:
+    """The bucket's raw lane as readers resolve it (newest generation where objects
+    overlap), and the resolved objects that still overlap (none may)."""
+    mirror = LaneMirror(LaneLayout(tmp), store)
+    seen: Counter[tuple[int, int]] = Counter()
+    overlapping = []
+    for p in range(PARTITIONS):
+        objects = resolve(mirror.objects(Lane.RAW, topic, p))
+        for a, b in itertools.pairwise(objects):
+            if a.last >= b.first:
+                overlapping.append(f"{a.rel} / {b.rel}")
+        for obj in objects:
+            dest = tmp / obj.rel.replace("/", "_")
+            store.get(obj.rel, dest)
+            col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
+            seen.update((p, o) for o in col.to_pylist())
+    return seen, overlapping
+
+
+@pytest.mark.parametrize("lane", ["shared-dir", "object-store"])
 def test_three_replicas_one_killed_one_paused(
-    broker: TansuBroker, topic_factory: Callable[..., str], tmp_path: Path
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    lane: str,
 ) -> None:
     topic = topic_factory(PARTITIONS, prefix="replicas")
     group = f"replicas-{uuid.uuid4().hex[:8]}"
     data = tmp_path / "lane"
+    store: ObjectStore | None = None
+    if lane == "object-store":
+        moto: MotoServer = request.getfixturevalue("moto")
+        name = f"lanes-{uuid.uuid4().hex[:8]}"
+        moto.client().create_bucket(Bucket=name)  # type: ignore[attr-defined]
+        url = f"s3://{name}/replicas"
+        place = object_store(moto, url, tmp_path / "caches")
+        store = ObjectStore(
+            ObjectStoreConfig(
+                url=url,
+                endpoint_url=moto.endpoint,
+                region=REGION,
+                access_key_id=ACCESS_KEY,
+                secret_access_key=SECRET_KEY,
+            )
+        )
+    else:
+        place = shared_dir(data)
     ports = [
-        write_config(tmp_path / f"{n}.toml", broker.bootstrap, topic, group, data) for n in "abc"
+        write_config(tmp_path / f"{n}.toml", broker.bootstrap, topic, group, place(n))
+        for n in "abc"
     ]
     procs: list[subprocess.Popen[bytes]] = []
     progress = [0]
@@ -183,8 +264,14 @@ def test_three_replicas_one_killed_one_paused(
         # roll period: it has records buffered that it must never write.
         wait_until(lambda: len(owners(pause_http, topic)) == 2, 60, "a two-member map")
         wait_until(lambda: progress[0] >= TOTAL * 0.5, 120, "50 % produced")
-        wait_until(
-            lambda: metric(pause_http, "twg_buffered_bytes") > 0, 30, "the second replica buffering"
+        written = metric(pause_http, "twg_raw_files_written_total")
+        wait_until(  # writing again (past restoring its new partitions), and buffering
+            lambda: (
+                metric(pause_http, "twg_raw_files_written_total") >= written + 2
+                and metric(pause_http, "twg_buffered_bytes") > 0
+            ),
+            60,
+            "b ingesting",
         )
         os.kill(paused.pid, signal.SIGSTOP)
         time.sleep(SESSION_MS / 1000 + 3)  # the session expires; the steady one takes over
@@ -207,9 +294,9 @@ def test_three_replicas_one_killed_one_paused(
         client.close()
 
         # Any one replica serves the whole topic: the steady one and the former zombie.
+        # (A replica's copy of an object-store lane is a sync interval old at most.)
         for flight in (steady_flight, ports[1][0]):
-            with thalweg_client.connect(f"grpc://127.0.0.1:{flight}") as c:
-                got = pairs(c.read(topic, lane="raw"))
+            got = read_whole(f"grpc://127.0.0.1:{flight}", topic)
             assert len(got) == TOTAL and set(got) == want, f"via {flight}: {len(got)} rows"
 
         # The zombie's overdue writes were refused, and counted.
@@ -226,7 +313,10 @@ def test_three_replicas_one_killed_one_paused(
         if producer.is_alive():
             producer.join(120)
 
-    seen, overlapping = lane_offsets(data, topic)
+    if store is not None:
+        seen, overlapping = bucket_offsets(store, topic, tmp_path / "check")
+    else:
+        seen, overlapping = lane_offsets(data, topic)
     assert not overlapping, overlapping
     dupes = {k: n for k, n in seen.items() if n > 1}
     assert not dupes, f"{len(dupes)} offsets in the lane twice, e.g. {list(dupes)[:5]}"

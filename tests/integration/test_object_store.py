@@ -22,7 +22,7 @@ from tests.conftest import RunningGateway
 from tests.helpers import committed_offsets, produce_json, wait_until
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
-from thalweg.errors import SegmentConflictError
+from thalweg.errors import OwnershipLostError, SegmentConflictError
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.mirror import LaneMirror, LaneObject, object_name, resolve
 from thalweg.lane.objectstore import ObjectStore
@@ -212,3 +212,39 @@ def test_two_gateways_one_bucket(
     names = [k for k in store.listing("raw/") if k.endswith(".parquet")]
     assert names and all(".g" in k for k in names), names[:3]
     assert json.loads(json.dumps(a.gateway.owners.snapshot()))["shared_lane"] is True
+
+
+def test_a_publish_the_fence_stopped_leaves_nothing_behind(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """The fence refuses the raw PUT after the decoded twin's landed: the segment is not
+    in the store (``landed``), its local files go, and the records written again (other
+    bytes, same name) replace the orphaned twin."""
+    store = open_store(moto, f"s3://{bucket(moto)}/lane")
+    layout = LaneLayout(tmp_path / "cache")
+    mirror = LaneMirror(layout, store)
+    name = "00000000000000000000-00000000000000000009.parquet"
+    for lane in (Lane.RAW, Lane.DECODED):
+        layout.partition_dir(lane, "t", 0).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1]}), layout.partition_dir(lane, "t", 0) / name)
+    calls = []
+
+    def fence() -> None:
+        calls.append(1)
+        if len(calls) == 2:  # before the raw PUT
+            raise OwnershipLostError("in doubt")
+
+    with pytest.raises(OwnershipLostError):
+        mirror.publish("t", 0, name, 3, fence)
+    assert not mirror.landed("t", 0, name, 3)
+    mirror.discard_local("t", 0, name)
+    for lane in (Lane.RAW, Lane.DECODED):
+        assert not list(layout.partition_dir(lane, "t", 0).iterdir())
+
+    for lane in (Lane.RAW, Lane.DECODED):
+        pq.write_table(pa.table({"x": [1, 2]}), layout.partition_dir(lane, "t", 0) / name)
+    mirror.publish("t", 0, name, 3, lambda: None)
+    assert mirror.landed("t", 0, name, 3)
+    got = tmp_path / "twin.parquet"
+    store.get(f"decoded/topic=t/partition=0/{object_name(name, 3)}", got)
+    assert pq.read_table(got).num_rows == 2  # the orphan twin was replaced

@@ -133,24 +133,43 @@ class Checkpoint:
     async def _publish(self, key: PartitionKey, written: WrittenSegment) -> None:
         """PUT the segment to the object store (lane/mirror.py): it is durable — and its
         positions committable — only then. Retried like a local write; the fence is asked
-        before every PUT."""
+        before every PUT and after the last.
+
+        A member whose ownership is in doubt commits nothing anyway; what matters is
+        whether the segment is in the store. If its raw object landed (a member that
+        froze during the PUT), the segment is durable there under this member's
+        generation — the next owner's newer generation supersedes it where they overlap
+        — and it is not written again. If it did not, the local files are removed so the
+        records are fetched and written again, by whichever member owns them.
+
+        Raises:
+            OwnershipLostError: in doubt, and the raw object is not in the store.
+        """
         s, ctx = self.s, self.s.ctx
-        assert ctx.mirror is not None
+        mirror = ctx.mirror
+        assert mirror is not None
         fence = s.fence.check if s.fence is not None else _unfenced
+        name, generation = written.segment.path.name, s.source.generation()
         backoff = new_backoff()
         while True:
             try:
                 with ctx.tracing.span("twg.publish", {"topic": key[0], "partition": key[1]}):
-                    await asyncio.to_thread(
-                        ctx.mirror.publish,
-                        key[0],
-                        key[1],
-                        written.segment.path.name,
-                        s.source.generation(),
-                        fence,
-                    )
+                    await asyncio.to_thread(mirror.publish, key[0], key[1], name, generation, fence)
+                fence()
                 ctx.health.set(RAW_LANE, State.UP, "writing")
                 return
+            except OwnershipLostError:
+                if await self._landed(key, name, generation):
+                    ctx.metrics.fenced.labels(*s.labels(key)).inc(written.rows)
+                    log.warning(
+                        "%s[%d]: %s reached the object store while ownership was in doubt; "
+                        "not committed from here",
+                        *key,
+                        name,
+                    )
+                    return
+                await asyncio.to_thread(mirror.discard_local, key[0], key[1], name)
+                raise
             except LaneError as exc:
                 if not exc.retriable:
                     raise
@@ -159,6 +178,18 @@ class Checkpoint:
                 ctx.metrics.retries.labels("publish").inc()
                 delay = await backoff.wait()
                 log.error("%s; retried in %.1fs", exc, delay)
+
+    async def _landed(self, key: PartitionKey, name: str, generation: int) -> bool:
+        """Whether the segment's raw object is in the store, asked until it answers."""
+        mirror = self.s.ctx.mirror
+        assert mirror is not None
+        backoff = new_backoff()
+        while True:
+            try:
+                return await asyncio.to_thread(mirror.landed, key[0], key[1], name, generation)
+            except LaneError as exc:
+                delay = await backoff.wait()
+                log.error("%s; asked again in %.1fs", exc, delay)
 
     def _account(self, key: PartitionKey, written: WrittenSegment, started: float) -> None:
         ctx, m = self.s.ctx, self.s.ctx.metrics

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+from thalweg.errors import SegmentConflictError
 from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout
 from thalweg.lane.objectstore import ObjectStore
 
@@ -117,13 +118,33 @@ class LaneMirror:
             LaneError: the store did not take it (retriable: call again).
         """
         with self._lock(topic, partition):
+            raw_rel = self._dir_rel(Lane.RAW, topic, partition) + object_name(name, generation)
             for lane in _ORDER:
                 path = self.layout.partition_dir(lane, topic, partition) / name
                 if lane is not Lane.RAW and not path.exists():
                     continue  # no dead letters, or no decoded twin (rebuilt from raw)
                 fence()
                 rel = self._dir_rel(lane, topic, partition) + object_name(name, generation)
-                self.store.put_new(rel, path)
+                try:
+                    self.store.put_new(rel, path)
+                except SegmentConflictError:
+                    if lane is Lane.RAW or self.store.exists(raw_rel):
+                        raise
+                    # A twin PUT before a raw PUT that never happened (the fence refused
+                    # it): without its raw object it is nobody's, so it is replaced.
+                    self.store.delete([rel])
+                    self.store.put_new(rel, path)
+
+    def landed(self, topic: str, partition: int, name: str, generation: int) -> bool:
+        """Whether the segment's raw object is in the store (durable there)."""
+        rel = self._dir_rel(Lane.RAW, topic, partition) + object_name(name, generation)
+        return self.store.exists(rel)
+
+    def discard_local(self, topic: str, partition: int, name: str) -> None:
+        """Remove a segment written locally whose raw object never reached the store:
+        it was never durable, and its records are fetched and written again."""
+        for lane in _ORDER:
+            (self.layout.partition_dir(lane, topic, partition) / name).unlink(missing_ok=True)
 
     # -- read ------------------------------------------------------------------------
 

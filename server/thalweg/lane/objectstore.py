@@ -131,6 +131,24 @@ class ObjectStore:
             except (ClientError, BotoCoreError) as exc:
                 raise LaneError(f"{self.url}: DELETE failed: {exc}", retriable=True) from exc
 
+    def exists(self, rel: str) -> bool:
+        """Whether ``rel`` is in the store.
+
+        Raises:
+            LaneError: the store did not answer (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=self.key(rel))
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return False
+            raise LaneError(f"{self.url}/{rel}: HEAD failed: {exc}", retriable=True) from exc
+        except BotoCoreError as exc:
+            raise LaneError(f"{self.url}/{rel}: HEAD failed: {exc}", retriable=True) from exc
+        return True
+
     def _etag(self, rel: str) -> str | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
