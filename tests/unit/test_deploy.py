@@ -126,6 +126,54 @@ def test_the_image_installs_every_extra_the_gateway_can_use() -> None:
         "embedded",
     }
     docker = (DEPLOY / "Dockerfile").read_text()
-    installed = set(re.search(r'"\.\[([a-z,]+)\]"', docker)[1].split(","))  # type: ignore[index]
+    installed = set(re.search(r'"\.\[([a-z0-9,]+)\]"', docker)[1].split(","))  # type: ignore[index]
     assert installed == runtime
     assert "USER 999" in docker and "fsGroup: 999" in (BASE / "statefulset.yaml").read_text()
+
+
+OVERLAY = DEPLOY / "kubernetes" / "overlays" / "object-store"
+
+
+def json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The two RFC 6902 operations the overlay uses (remove; add, with ``-`` to append)."""
+    for op in ops:
+        *parents, last = [p for p in op["path"].split("/") if p]
+        node: Any = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if op["op"] == "remove":
+            del node[last]
+        elif last == "-":
+            node.append(op["value"])
+        else:
+            node[last] = op["value"]
+    return doc
+
+
+def test_the_object_store_overlay_keeps_the_lane_in_the_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../../base"]
+    base = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    (generated,) = kustomization["configMapGenerator"]
+    assert generated["behavior"] == "replace"
+    assert generated["name"] == base["configMapGenerator"][0]["name"]
+    monkeypatch.setenv("POD_NAME", "thalweg-1")
+    monkeypatch.setenv("KAFKA_PASSWORD", "s3cret")
+    cfg = load_config(OVERLAY / generated["files"][0])
+    assert cfg.gateway.lanes_in_object_store
+    assert not cfg.retention.enabled and not cfg.compaction.enabled  # not built there yet
+
+    (patch,) = kustomization["patches"]
+    (sts,) = manifests()["StatefulSet"]
+    assert patch["target"] == {"kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    sts = json_patch(sts, yaml.safe_load(patch["patch"]))
+    assert "volumeClaimTemplates" not in sts["spec"]
+    pod = sts["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["lane"]  # only a cache: the bucket is the lane
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert Path(mounts["lane"]) == cfg.gateway.object_store.cache_dir == cfg.gateway.data_dir
+    assert container["envFrom"] == [{"secretRef": {"name": "thalweg-s3"}}]
