@@ -33,6 +33,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -46,6 +47,7 @@ _OBJECT_RE = re.compile(r"^(\d{20})-(\d{20})\.g(\d{10})\.parquet$")
 _LOCAL_RE = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 _PARTITION_RE = re.compile(r"^raw/topic=([^/]+)/partition=(\d+)/")
 _ORDER = (Lane.DLQ, Lane.DECODED, Lane.RAW)  # the raw object last: it makes it durable
+_FETCHERS = 8  # objects fetched at once (a store's latency, not its bandwidth, is the cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +195,11 @@ class LaneMirror:
                     }
                 directory = self.layout.partition_dir(lane, topic, partition)
                 removed += self._remove_unknown(directory, names, orphan_age_s)
-                for name, obj in sorted(wanted.items()):
-                    dest = directory / name
-                    if not dest.exists() and self.store.get(obj.rel, dest):
-                        fetched += 1
+                missing = [(o.rel, directory / n) for n, o in sorted(wanted.items())]
+                missing = [(rel, dest) for rel, dest in missing if not dest.exists()]
+                if missing:  # each lane whole before the next: the raw files last
+                    with ThreadPoolExecutor(min(_FETCHERS, len(missing))) as pool:
+                        fetched += sum(pool.map(lambda m: self.store.get(*m), missing))
             return SyncReport(fetched, removed, len(raw) - len(lane_objects))
 
     def _remove_unknown(self, directory: os.PathLike[str], names: set[str], age_s: float) -> int:
