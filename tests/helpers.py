@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -252,3 +253,59 @@ def start_stream(config: Path, log: Path, level: str = "info") -> subprocess.Pop
     reader.join(60)
     assert line and line[0].startswith(b"thalweg"), f"gateway did not start: {line}"
     return proc
+
+
+def partition_offsets(table: pa.Table) -> list[tuple[int, int]]:
+    """The (partition, offset) of every row of a read that kept the locator columns."""
+    return list(
+        zip(
+            table.column("_twg_source_partition").to_pylist(),
+            table.column("_twg_source_offset").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def read_whole(url: str, topic: str, rows: int, timeout: float = 30) -> list[tuple[int, int]]:
+    """A raw read of ``topic`` through the gateway at ``url`` once it returns at least
+    ``rows`` records (a replica's copy of other members' partitions may lag a little)."""
+    import thalweg_client
+
+    got: list[tuple[int, int]] = []
+    with thalweg_client.connect(url) as client:
+
+        def whole() -> bool:
+            got[:] = partition_offsets(client.read(topic, lane="raw"))
+            return len(got) >= rows
+
+        wait_until(whole, timeout, lambda: f"the whole of {topic} through {url} ({len(got)})")
+    return got
+
+
+def bucket_offsets(
+    store: Any, topic: str, partitions: int, tmp: Path
+) -> tuple[Counter[tuple[int, int]], list[str]]:
+    """Every (partition, offset) of an object-store lane's raw objects as readers
+    resolve them (the newest generation where objects overlap), and the resolved
+    objects that still overlap one another (none may)."""
+    import itertools
+
+    import pyarrow.parquet as pq
+
+    from thalweg.lane.layout import Lane, LaneLayout
+    from thalweg.lane.mirror import LaneMirror, resolve
+
+    mirror = LaneMirror(LaneLayout(tmp), store)
+    seen: Counter[tuple[int, int]] = Counter()
+    overlapping = []
+    for p in range(partitions):
+        objects = resolve(mirror.objects(Lane.RAW, topic, p))
+        for a, b in itertools.pairwise(objects):
+            if a.last >= b.first:
+                overlapping.append(f"{a.rel} / {b.rel}")
+        for obj in objects:
+            dest = tmp / obj.rel.replace("/", "_")
+            store.get(obj.rel, dest)
+            col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
+            seen.update((p, o) for o in col.to_pylist())
+    return seen, overlapping

@@ -32,12 +32,18 @@ import pytest
 from confluent_kafka import Producer
 
 import thalweg_client
-from tests.helpers import committed_offsets, start_stream, wait_until
+from tests.helpers import (
+    bucket_offsets,
+    committed_offsets,
+    partition_offsets,
+    read_whole,
+    start_stream,
+    wait_until,
+)
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.mirror import LaneMirror, resolve
 from thalweg.lane.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -129,16 +135,6 @@ def produce(bootstrap: str, topic: str, progress: list[int]) -> None:
     progress[0] = TOTAL
 
 
-def pairs(table: pa.Table) -> list[tuple[int, int]]:
-    return list(
-        zip(
-            table.column("_twg_source_partition").to_pylist(),
-            table.column("_twg_source_offset").to_pylist(),
-            strict=True,
-        )
-    )
-
-
 class Follower(threading.Thread):
     def __init__(self, client: thalweg_client.Client, topic: str) -> None:
         super().__init__(daemon=True)
@@ -149,7 +145,7 @@ class Follower(threading.Thread):
     def run(self) -> None:
         try:
             for batch in self.reader:
-                self.seen.update(pairs(pa.Table.from_batches([batch])))
+                self.seen.update(partition_offsets(pa.Table.from_batches([batch])))
         except BaseException as exc:
             self.error = exc
 
@@ -157,18 +153,6 @@ class Follower(threading.Thread):
         if self.error is not None:
             raise self.error
         return sum(self.seen.values())
-
-
-def read_whole(url: str, topic: str) -> list[tuple[int, int]]:
-    got: list[tuple[int, int]] = []
-    with thalweg_client.connect(url) as client:
-
-        def whole() -> bool:
-            got[:] = pairs(client.read(topic, lane="raw"))
-            return len(got) >= TOTAL
-
-        wait_until(whole, 30, lambda: f"the whole topic through {url} ({len(got)})")
-    return got
 
 
 def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list[str]]:
@@ -182,27 +166,6 @@ def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list
                 overlapping.append(f"{a.path.name} / {b.path.name}")
         for seg in segments:
             col = pq.read_table(seg.path, columns=["_twg_source_offset"]).column(0)
-            seen.update((p, o) for o in col.to_pylist())
-    return seen, overlapping
-
-
-def bucket_offsets(
-    store: ObjectStore, topic: str, tmp: Path
-) -> tuple[Counter[tuple[int, int]], list[str]]:
-    """The bucket's raw lane as readers resolve it (newest generation where objects
-    overlap), and the resolved objects that still overlap (none may)."""
-    mirror = LaneMirror(LaneLayout(tmp), store)
-    seen: Counter[tuple[int, int]] = Counter()
-    overlapping = []
-    for p in range(PARTITIONS):
-        objects = resolve(mirror.objects(Lane.RAW, topic, p))
-        for a, b in itertools.pairwise(objects):
-            if a.last >= b.first:
-                overlapping.append(f"{a.rel} / {b.rel}")
-        for obj in objects:
-            dest = tmp / obj.rel.replace("/", "_")
-            store.get(obj.rel, dest)
-            col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
             seen.update((p, o) for o in col.to_pylist())
     return seen, overlapping
 
@@ -296,7 +259,7 @@ def test_three_replicas_one_killed_one_paused(
         # Any one replica serves the whole topic: the steady one and the former zombie.
         # (A replica's copy of an object-store lane is a sync interval old at most.)
         for flight in (steady_flight, ports[1][0]):
-            got = read_whole(f"grpc://127.0.0.1:{flight}", topic)
+            got = read_whole(f"grpc://127.0.0.1:{flight}", topic, TOTAL)
             assert len(got) == TOTAL and set(got) == want, f"via {flight}: {len(got)} rows"
 
         # The zombie's overdue writes were refused, and counted.
@@ -314,7 +277,7 @@ def test_three_replicas_one_killed_one_paused(
             producer.join(120)
 
     if store is not None:
-        seen, overlapping = bucket_offsets(store, topic, tmp_path / "check")
+        seen, overlapping = bucket_offsets(store, topic, PARTITIONS, tmp_path / "check")
     else:
         seen, overlapping = lane_offsets(data, topic)
     assert not overlapping, overlapping

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import committed_offsets, produce_json, wait_until
+from tests.helpers import bucket_offsets, committed_offsets, produce_json, read_whole, wait_until
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import OwnershipLostError, SegmentConflictError
@@ -100,43 +99,6 @@ def test_restore_makes_the_local_lane_the_buckets(moto: MotoServer, tmp_path: Pa
     ]
 
 
-def pairs(table: pa.Table) -> list[tuple[int, int]]:
-    return list(
-        zip(
-            table.column("_twg_source_partition").to_pylist(),
-            table.column("_twg_source_offset").to_pylist(),
-            strict=True,
-        )
-    )
-
-
-def bucket_offsets(store: ObjectStore, topic: str, tmp: Path) -> Counter[tuple[int, int]]:
-    """Every (partition, offset) in the bucket's raw lane, as readers resolve it."""
-    mirror = LaneMirror(LaneLayout(tmp), store)
-    seen: Counter[tuple[int, int]] = Counter()
-    for p in range(PARTITIONS):
-        for obj in resolve(mirror.objects(Lane.RAW, topic, p)):
-            dest = tmp / obj.rel.replace("/", "_")
-            store.get(obj.rel, dest)
-            col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
-            seen.update((p, o) for o in col.to_pylist())
-    return seen
-
-
-def read_whole(url: str, topic: str, rows: int) -> list[tuple[int, int]]:
-    """A raw read through one replica, once its cache holds ``rows`` records (its copy
-    of other members' partitions is at most a sync interval old)."""
-    got: list[tuple[int, int]] = []
-    with thalweg_client.connect(url) as client:
-
-        def whole() -> bool:
-            got[:] = pairs(client.read(topic, lane="raw"))
-            return len(got) == rows
-
-        wait_until(whole, 30, lambda: f"the whole topic through {url} ({len(got)})")
-    return got
-
-
 def test_two_gateways_one_bucket(
     moto: MotoServer,
     broker: Any,
@@ -174,7 +136,7 @@ def test_two_gateways_one_bucket(
         "every record committed",
     )
     store = open_store(moto, url)
-    seen = bucket_offsets(store, topic, tmp_path / "check-1")
+    seen = bucket_offsets(store, topic, PARTITIONS, tmp_path / "check-1")[0]
     want = {(p, o) for p in range(PARTITIONS) for o in range(per[p])}
     assert set(seen) == want and max(seen.values()) == 1  # committed ⇒ in the bucket, once
 
@@ -204,10 +166,9 @@ def test_two_gateways_one_bucket(
     )
     time.sleep(0.5)
     want = {(p, o) for p in range(PARTITIONS) for o in range(per[p])}
-    with thalweg_client.connect(a.gateway.flight_url) as client:
-        got = pairs(client.read(topic, lane="raw"))
+    got = read_whole(a.gateway.flight_url, topic, len(want))
     assert len(got) == len(want) and set(got) == want
-    seen = bucket_offsets(store, topic, tmp_path / "check-2")
+    seen = bucket_offsets(store, topic, PARTITIONS, tmp_path / "check-2")[0]
     assert set(seen) == want and max(seen.values()) == 1
     names = [k for k in store.listing("raw/") if k.endswith(".parquet")]
     assert names and all(".g" in k for k in names), names[:3]
@@ -248,3 +209,75 @@ def test_a_publish_the_fence_stopped_leaves_nothing_behind(
     got = tmp_path / "twin.parquet"
     store.get(f"decoded/topic=t/partition=0/{object_name(name, 3)}", got)
     assert pq.read_table(got).num_rows == 2  # the orphan twin was replaced
+
+
+def test_retention_and_compaction_of_a_bucket_lane(
+    moto: MotoServer,
+    broker: Any,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    """The owner merges small segments and PUTs the merged objects before the parts
+    leave the bucket; retention publishes the floor before deleting what lies below it;
+    a replica that owns nothing (recovery only) follows both from the bucket."""
+    topic = topic_factory(1, prefix="s3keep")
+    url = f"s3://{bucket(moto)}/lanes"
+
+    def lane(name: str) -> dict[str, Any]:
+        cache = tmp_path / f"cache-{name}"
+        return {"data_dir": url, "object_store": store_cfg(moto, url, cache)}
+
+    owner = gateway_factory(
+        [topic],
+        data_dir=tmp_path / "cache-owner",
+        gateway=lane("owner"),
+        raw_lane={"roll_age_s": 0.05},
+        # Merged files of two or three segments, and a bound of a few of them: the floor
+        # lands inside the lane whatever the merges grouped.
+        compaction={"enabled": True, "min_files": 2, "min_age_s": 0, "grace_s": 0.5,
+                    "interval_s": 0.3, "target_bytes": 45_000},
+        retention={"max_bytes": 100_000, "grace_s": 0.5, "interval_s": 0.3},
+    )  # fmt: skip
+    for batch in range(12):  # small segments, each a fetch of its own
+        produce_json(broker.bootstrap, topic, ({"n": batch * 500 + i, "pad": "x" * 80}
+                                               for i in range(500)))  # fmt: skip
+        owner.wait_durable(topic, {0: (batch + 1) * 500})
+    store = open_store(moto, url)
+    mirror = LaneMirror(LaneLayout(tmp_path / "check"), store)
+
+    def settled() -> bool:
+        raw = mirror.objects(Lane.RAW, topic, 0)
+        floor = owner.gateway.layout.floor(topic, 0)
+        return (
+            floor > 0
+            and len(raw) == len(resolve(raw))  # no part left beside its merged object
+            and all(o.first >= floor or o.last >= floor for o in raw)  # none wholly below
+            and any(".g" in o.rel for o in raw)
+        )
+
+    def still() -> bool:
+        """Settled, and the floor no longer moving (retention and compaction done)."""
+        before = owner.gateway.layout.floor(topic, 0)
+        time.sleep(1.0)
+        return settled() and owner.gateway.layout.floor(topic, 0) == before
+
+    wait_until(still, 60, lambda: f"the bucket compacted and trimmed: {store.listing('raw/')}")
+    floor = owner.gateway.layout.floor(topic, 0)
+    objects = resolve(mirror.objects(Lane.RAW, topic, 0))
+    assert len(objects) < 12
+    assert objects[-1].last == 5999
+    assert objects[0].first <= floor
+    assert store.read(f"retention/topic={topic}/0.json") is not None
+
+    # A replica that owns nothing serves the same lane from the bucket: from the floor.
+    reader = gateway_factory(
+        [topic], data_dir=tmp_path / "cache-reader", gateway={**lane("reader"), "role": "recovery"}
+    )
+    got = read_whole(reader.gateway.flight_url, topic, 6000 - floor)
+    assert [o for _, o in got] == list(range(floor, 6000))
+    with (
+        thalweg_client.connect(reader.gateway.flight_url) as client,
+        pytest.raises(pa.ArrowInvalid, match=f"earliest available is {floor}"),
+    ):
+        client.read(topic, start={"offset": 0})

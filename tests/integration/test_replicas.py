@@ -22,22 +22,12 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import committed_offsets, produce_json, wait_until
+from tests.helpers import committed_offsets, partition_offsets, produce_json, wait_until
 from thalweg.embedded import TansuBroker
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 4
-
-
-def pairs(table: pa.Table) -> list[tuple[int, int]]:
-    return list(
-        zip(
-            table.column("_twg_source_partition").to_pylist(),
-            table.column("_twg_source_offset").to_pylist(),
-            strict=True,
-        )
-    )
 
 
 def owners_of(rg: RunningGateway, topic: str) -> dict[str, Any]:
@@ -71,7 +61,7 @@ class Follower:
     def _run(self) -> None:
         try:
             for batch in self._reader:
-                got = pairs(pa.Table.from_batches([batch]))
+                got = partition_offsets(pa.Table.from_batches([batch]))
                 with self._lock:
                     self.seen.extend(got)
         except BaseException as exc:
@@ -123,7 +113,7 @@ def test_any_replica_reaches_every_partition_and_follows_a_move(
             assert meta["location"] == expect
 
         # The client follows the endpoints: the whole topic through one replica.
-        got = pairs(client.read(topic))
+        got = partition_offsets(client.read(topic))
         assert len(got) == len(set(got)) and set(got) == want
 
     # A plain do_get of the whole topic at a is refused, naming b — never partial.
@@ -174,5 +164,7 @@ def test_any_replica_reaches_every_partition_and_follows_a_move(
             client.read(topic)
         p = min(theirs)
         a.wait_durable(topic, {p: n})
-        later = pairs(client.read(topic, partitions=[p], start={"offset": per[p] + 100}))
+        later = partition_offsets(
+            client.read(topic, partitions=[p], start={"offset": per[p] + 100})
+        )
         assert later == [(p, o) for o in range(per[p] + 100, n)]

@@ -11,11 +11,19 @@ from collections.abc import Callable, Iterable
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
-from thalweg.lane.layout import LaneLayout
+from thalweg.lane.coverage import is_compacted
+from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.mirror import LaneMirror
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.periodic import run_every
 
 log = logging.getLogger(__name__)
+
+
+def _unfenced() -> None:
+    """Compaction rewrites what this member already made durable and committed: a merged
+    object that lands after the partition moved holds the same records (contained in
+    nothing newer), so it needs no fence."""
 
 
 class CompactionJob:
@@ -29,7 +37,11 @@ class CompactionJob:
         layout: LaneLayout,
         metrics: Metrics,
         owned: Callable[[], Iterable[tuple[str, int]]],
+        mirror: LaneMirror | None = None,
+        generation: Callable[[str], int] = lambda _topic: 0,
     ) -> None:
+        self.mirror = mirror
+        self.generation = generation
         self.cfg = cfg.compaction
         self.raw_cfg = cfg.raw_lane
         self.layout = layout
@@ -51,12 +63,25 @@ class CompactionJob:
                 merged += 1
                 self.metrics.compaction_merged.labels(topic).inc(done.parts)
                 self.metrics.compaction_seconds.observe(time.monotonic() - started)
+            if self.mirror is not None:
+                self._publish_merged(topic, p)
             sweep_merged(self.layout, topic, p, self.cfg.grace_s, now)
+            if self.mirror is not None:
+                self.mirror.delete_contained(topic, p)
             self.metrics.lane_files.labels(topic, str(p)).set(
                 files_per_partition(self.layout, topic, p)
             )
             self.metrics.compaction_backlog.labels(topic, str(p)).set(waiting)
         return merged
+
+    def _publish_merged(self, topic: str, p: int) -> None:
+        """Every merged file in the object store before any of its parts leaves it (a
+        merge whose PUT failed is PUT by the next run; lane/mirror.py)."""
+        assert self.mirror is not None
+        stored = {o.name for o in self.mirror.objects(Lane.RAW, topic, p)}
+        for seg in self.layout.segments(Lane.RAW, topic, p):
+            if is_compacted(seg) and seg.path.name not in stored:
+                self.mirror.publish(topic, p, seg.path.name, self.generation(topic), _unfenced)
 
     async def run(self, stop: asyncio.Event) -> None:
         await run_every(stop, self.cfg.interval_s, self.run_once, "compaction run")

@@ -71,26 +71,21 @@ class _NodeObserver:
 
 
 def _object_store_mirror(cfg: ThalwegConfig, layout: LaneLayout) -> LaneMirror | None:
-    """The object store holding the lanes, checked reachable (None: local lanes).
+    """The object store holding the lanes, checked reachable and its retention floors
+    taken before anything is served (None: local lanes).
 
     Raises:
-        ConfigError: retention or compaction asked for (not built for object stores
-            yet), or the bucket does not answer.
+        ConfigError: the bucket does not answer.
     """
     g = cfg.gateway
     if not g.lanes_in_object_store:
         return None
-    if cfg.retention.enabled or cfg.compaction.enabled:
-        raise ConfigError(
-            "retention and compaction of lanes in an object store are not built yet "
-            "(docs/status.md): use a lifecycle rule on the bucket, or a local data_dir"
-        )
-    store = ObjectStore(g.object_store)
+    mirror = LaneMirror(layout, ObjectStore(g.object_store))
     try:
-        store.listing("raw/_thalweg")
+        mirror.sync_floors()
     except LaneError as exc:
         raise ConfigError(f"gateway.data_dir: the object store does not answer: {exc}") from exc
-    return LaneMirror(layout, store)
+    return mirror
 
 
 def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
@@ -281,6 +276,13 @@ class Gateway:
                 mine = location is None or location == owners.location
                 self.metrics.owned.labels(topic, str(p)).set(1 if mine else 0)
 
+    def _generation(self, topic: str) -> int:
+        """The ownership generation of the source ingesting ``topic`` (object names)."""
+        for r in self.runners:
+            if topic in r.cfg.topics:
+                return r.source.generation()
+        return 0
+
     def _owned(self) -> list[tuple[str, int]]:
         """The partitions this gateway ingests now."""
         return [key for r in self.runners for key in list(r.state.parts)]
@@ -326,10 +328,19 @@ class Gateway:
         if self.gate is not None:
             tasks.append(asyncio.create_task(self.gate.run(stop)))
         if self.cfg.compaction.enabled and self.runners:  # only the owner merges
-            compaction = CompactionJob(self.cfg, self.layout, self.metrics, self._owned)
+            compaction = CompactionJob(
+                self.cfg,
+                self.layout,
+                self.metrics,
+                self._owned,
+                mirror=self.mirror,
+                generation=self._generation,
+            )
             tasks.append(asyncio.create_task(compaction.run(stop)))
         if self.cfg.retention.enabled and self.runners:  # the lanes' writer keeps them
-            job = RetentionJob(self.cfg, self.layout, self.metrics)
+            job = RetentionJob(
+                self.cfg, self.layout, self.metrics, mirror=self.mirror, owned=self._owned
+            )
             tasks.append(asyncio.create_task(job.run(stop)))
         if self.mirror is not None:
             sync = LaneSync(

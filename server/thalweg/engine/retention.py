@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.mirror import LaneMirror
 from thalweg.lane.retention import decide, raise_floor, sweep
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.periodic import run_every
@@ -22,7 +24,19 @@ log = logging.getLogger(__name__)
 
 
 class RetentionJob:
-    def __init__(self, cfg: ThalwegConfig, layout: LaneLayout, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        cfg: ThalwegConfig,
+        layout: LaneLayout,
+        metrics: Metrics,
+        *,
+        mirror: LaneMirror | None = None,
+        owned: Callable[[], Iterable[tuple[str, int]]] | None = None,
+    ) -> None:
+        # Lanes in an object store: the owner of a partition keeps it (its floor goes to
+        # the store first, then what lies below it); the others follow the store.
+        self.mirror = mirror
+        self.owned = owned
         self.cfg = cfg
         self.retention = cfg.retention
         self.layout = layout
@@ -57,8 +71,11 @@ class RetentionJob:
         stores = {}
         if self.retention.wait_for_sinks:
             stores = {n: CoverageStore(self.cfg.gateway.data_dir, n) for n, _ in self._readers}
+        owned = set(self.owned()) if self.owned is not None else None
         for topic in self.layout.topics():
             for p in self.layout.partitions(topic):
+                if self.mirror is not None and (owned is None or (topic, p) not in owned):
+                    continue
                 keep, who = (None, "")
                 if self.retention.wait_for_sinks:
                     keep, who = self.keep_from(topic, p, stores)
@@ -67,11 +84,15 @@ class RetentionJob:
                 )
                 if decision.floor is not None:
                     raise_floor(self.layout, topic, p, decision.floor, now)
+                    if self.mirror is not None:
+                        self.mirror.publish_floor(topic, p)
                 self.metrics.retention_held.labels(topic, str(p)).set(1 if decision.held_by else 0)
                 if decision.held_by:
                     log.info("retention held back: %s", decision.held_by)
                 self.metrics.lane_floor.labels(topic, str(p)).set(self.layout.floor(topic, p))
                 files, nbytes = sweep(self.layout, topic, p, self.retention.grace_s, now)
+                if self.mirror is not None and files:
+                    self.mirror.delete_below(topic, p, self.layout.floor(topic, p))
                 self.metrics.retention_removed_files.labels(topic).inc(files)
                 self.metrics.retention_removed_bytes.labels(topic).inc(nbytes)
 

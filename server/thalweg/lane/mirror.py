@@ -27,6 +27,7 @@ Layout in the bucket, beside the local one::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -40,6 +41,7 @@ from urllib.parse import quote, unquote
 from thalweg.errors import SegmentConflictError
 from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout
 from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.retention import raise_floor
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ class LaneMirror:
         self.store = store
         self.orphan_age_s = orphan_age_s
         self._locks: dict[tuple[str, int], threading.Lock] = {}
+        self._leaving: dict[str, float] = {}  # local file → when it was first out of the lane
         self._guard = threading.Lock()
 
     # -- names -----------------------------------------------------------------------
@@ -168,6 +171,76 @@ class LaneMirror:
                 found.setdefault(unquote(m[1]), set()).add(int(m[2]))
         return found
 
+    # -- retention and compaction (the owner) ---------------------------------------
+
+    def publish_floor(self, topic: str, partition: int) -> None:
+        """Put the partition's retention floor (lane/retention.py) where every replica's
+        sync finds it, before anything below it is deleted from the store."""
+        path = self.layout.floor_path(topic, partition)
+        if path.exists():
+            self.store.put(self._floor_rel(topic, partition), path.read_bytes())
+
+    def delete_below(self, topic: str, partition: int, floor: int) -> int:
+        """Remove every object of the partition wholly below ``floor`` (retention swept
+        the local files after its grace); the objects removed."""
+        with self._lock(topic, partition):
+            doomed = [
+                o.rel
+                for lane in _ORDER
+                for o in self.objects(lane, topic, partition)
+                if o.last < floor
+            ]
+            self.store.delete(doomed)
+            return len(doomed)
+
+    def delete_contained(self, topic: str, partition: int) -> int:
+        """Remove the objects the lane no longer holds because another, of the same or a
+        newer generation, contains them (a compaction's parts once its merged object is
+        in the store; a superseded object inside a newer one); the objects removed."""
+        with self._lock(topic, partition):
+            raw = self.objects(Lane.RAW, topic, partition)
+            lane = resolve(raw)
+            gone = {
+                (o.name, o.generation)
+                for o in raw
+                if o not in lane
+                and any(
+                    k.generation >= o.generation and k.first <= o.first and o.last <= k.last
+                    for k in lane
+                )
+            }
+            doomed = [
+                o.rel
+                for lane_ in _ORDER
+                for o in (raw if lane_ is Lane.RAW else self.objects(lane_, topic, partition))
+                if (o.name, o.generation) in gone
+            ]
+            self.store.delete(doomed)
+            return len(doomed)
+
+    def sync_floors(self) -> None:
+        """Take every partition's retention floor from the store (at start, before
+        serving: ``earliest`` must never name a position the bucket no longer has)."""
+        for topic, partitions in self.partitions().items():
+            for p in partitions:
+                self._sync_floor(topic, p)
+
+    def _floor_rel(self, topic: str, partition: int) -> str:
+        return f"retention/topic={quote(topic, safe='')}/{partition}.json"
+
+    def _sync_floor(self, topic: str, partition: int) -> None:
+        body = self.store.read(self._floor_rel(topic, partition))
+        if body is None:
+            return
+        try:
+            floor = int(json.loads(body)["floor"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s[%d]: unreadable retention floor in the store", topic, partition)
+            return
+        raise_floor(self.layout, topic, partition, floor, time.time())
+
+    # -- restore and sync ------------------------------------------------------------
+
     def restore(self, topic: str, partition: int) -> SyncReport:
         """Make the partition's local lane the bucket's, now (its new owner, at
         assignment): nothing local that the bucket lacks survives."""
@@ -179,6 +252,7 @@ class LaneMirror:
 
     def _sync(self, topic: str, partition: int, orphan_age_s: float) -> SyncReport:
         with self._lock(topic, partition):
+            self._sync_floor(topic, partition)
             raw = self.objects(Lane.RAW, topic, partition)
             lane_objects = resolve(raw)
             keep = {(o.name, o.generation) for o in lane_objects}
@@ -203,23 +277,28 @@ class LaneMirror:
             return SyncReport(fetched, removed, len(raw) - len(lane_objects))
 
     def _remove_unknown(self, directory: os.PathLike[str], names: set[str], age_s: float) -> int:
-        """Local segments the bucket's lane does not hold: never made durable (a crash
-        between the local write and the PUT) or a zombie's; old enough to be no write of
-        this process still in flight."""
+        """Remove local segments the bucket's lane does not hold — never made durable (a
+        crash between the local write and the PUT), a zombie's, a compaction's parts,
+        below a retention floor — once they have been out of the lane for ``age_s``
+        (reads in flight finish; a write of this process on its way to the bucket lands
+        first). ``age_s`` 0: at once (a new owner's restore)."""
         try:
             entries = list(os.scandir(directory))
         except FileNotFoundError:
             return 0
-        now = time.time()
+        now = time.monotonic()
         removed = 0
         for entry in entries:
             if TMP_MARK in entry.name or not _LOCAL_RE.match(entry.name):
                 continue
             if entry.name in names:
+                self._leaving.pop(entry.path, None)
                 continue
-            if age_s and now - entry.stat().st_mtime < age_s:
+            since = self._leaving.setdefault(entry.path, now)
+            if age_s and now - since < age_s:
                 continue
             os.unlink(entry.path)
+            self._leaving.pop(entry.path, None)
             removed += 1
             log.info("removed %s: not in the object store's lane", entry.path)
         return removed

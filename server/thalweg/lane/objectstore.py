@@ -80,6 +80,38 @@ class ObjectStore:
         except BotoCoreError as exc:
             raise LaneError(f"{self.url}/{rel}: PUT failed: {exc}", retriable=True) from exc
 
+    def put(self, rel: str, body: bytes) -> None:
+        """Create or replace ``rel`` (small records that change: a retention floor).
+
+        Raises:
+            LaneError: the store did not take it (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body)
+        except (ClientError, BotoCoreError) as exc:
+            raise LaneError(f"{self.url}/{rel}: PUT failed: {exc}", retriable=True) from exc
+
+    def read(self, rel: str) -> bytes | None:
+        """``rel``'s bytes; None when it does not exist.
+
+        Raises:
+            LaneError: the store did not answer (retriable).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            got = self._s3.get_object(Bucket=self.bucket, Key=self.key(rel))
+            body: bytes = got["Body"].read()
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
+        except BotoCoreError as exc:
+            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
+        return body
+
     def listing(self, rel_prefix: str) -> dict[str, int]:
         """Relative keys under ``rel_prefix`` and their sizes.
 

@@ -139,8 +139,11 @@ def plan_read(
         durable = catalog.durable_end(ticket.topic, p)
         start = _start(catalog, ticket.topic, p, ticket.start, durable)
         end = _end(catalog, ticket.topic, p, ticket.end, durable)
-        if end is not None:
-            start = min(start, end)  # an empty range, and an endpoint ticket that parses
+        if end is not None and end < start:
+            # Nothing to read: an empty range at the start (an endpoint ticket that parses,
+            # and never below a retention floor — a replica whose copy of a lane lags its
+            # floor has a durable end below it).
+            end = start
         if elsewhere is None or not elsewhere(p):
             _check_held(catalog, ticket.topic, p, start, end)
         ranges.append(PartitionRange(p, start, end))
