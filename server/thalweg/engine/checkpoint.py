@@ -24,6 +24,7 @@ from thalweg.errors import LaneError, OwnershipLostError, SourceError, ThalwegEr
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.writer import WrittenSegment
 from thalweg.ops.health import State
+from thalweg.ops.retry import Backoff
 from thalweg.sources.base import PartitionKey
 
 log = logging.getLogger(__name__)
@@ -124,11 +125,7 @@ class Checkpoint:
             except LaneError as exc:
                 if not exc.retriable:
                     raise
-                ctx.metrics.write_errors.labels(key[0]).inc()
-                ctx.health.set(RAW_LANE, State.DOWN, str(exc))
-                ctx.metrics.retries.labels("write").inc()
-                delay = await backoff.wait()
-                log.error("%s; retried in %.1fs", exc, delay)
+                await self._lane_down(key, exc, "write", backoff)
 
     async def _publish(self, key: PartitionKey, written: WrittenSegment) -> None:
         """PUT the segment to the object store (lane/mirror.py): it is durable — and its
@@ -173,11 +170,18 @@ class Checkpoint:
             except LaneError as exc:
                 if not exc.retriable:
                     raise
-                ctx.metrics.write_errors.labels(key[0]).inc()
-                ctx.health.set(RAW_LANE, State.DOWN, str(exc))
-                ctx.metrics.retries.labels("publish").inc()
-                delay = await backoff.wait()
-                log.error("%s; retried in %.1fs", exc, delay)
+                await self._lane_down(key, exc, "publish", backoff)
+
+    async def _lane_down(
+        self, key: PartitionKey, exc: LaneError, stage: str, backoff: Backoff
+    ) -> None:
+        """A retriable lane failure: counted, /ready down, then wait before the retry."""
+        ctx = self.s.ctx
+        ctx.metrics.write_errors.labels(key[0]).inc()
+        ctx.health.set(RAW_LANE, State.DOWN, str(exc))
+        ctx.metrics.retries.labels(stage).inc()
+        delay = await backoff.wait()
+        log.error("%s; retried in %.1fs", exc, delay)
 
     async def _landed(self, key: PartitionKey, name: str, generation: int) -> bool:
         """Whether the segment's raw object is in the store, asked until it answers."""

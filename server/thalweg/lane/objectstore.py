@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +88,8 @@ class ObjectStore:
         Raises:
             LaneError: the store did not take it (retriable).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with self._asking(f"{rel}: PUT"):
             self._s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body)
-        except (ClientError, BotoCoreError) as exc:
-            raise LaneError(f"{self.url}/{rel}: PUT failed: {exc}", retriable=True) from exc
 
     def read(self, rel: str) -> bytes | None:
         """``rel``'s bytes; None when it does not exist.
@@ -118,18 +116,14 @@ class ObjectStore:
         Raises:
             LaneError: the store did not answer (retriable).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
-
         out: dict[str, int] = {}
-        try:
+        with self._asking(f"{rel_prefix}: LIST"):
             pages = self._s3.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.key(rel_prefix)
             )
             for page in pages:
                 for obj in page.get("Contents", []):
                     out[obj["Key"][len(self.prefix) :]] = int(obj["Size"])
-        except (ClientError, BotoCoreError) as exc:
-            raise LaneError(f"{self.url}/{rel_prefix}: LIST failed: {exc}", retriable=True) from exc
         return out
 
     def get(self, rel: str, dest: Path) -> bool:
@@ -139,29 +133,33 @@ class ObjectStore:
         Raises:
             LaneError: the store did not answer, or the object is gone (retriable).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
 
         def write(tmp: Path) -> None:
             self._s3.download_file(self.bucket, self.key(rel), str(tmp))
 
         try:
-            write_file_durably(dest, write, exclusive=True)
+            with self._asking(f"{rel}: GET"):
+                write_file_durably(dest, write, exclusive=True)
         except FileExistsError:
             return False
-        except (ClientError, BotoCoreError) as exc:
-            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
         return True
 
     def delete(self, rels: list[str]) -> None:
         """Remove objects (absent ones are no error)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         for i in range(0, len(rels), 1000):
             chunk = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
-            try:
+            with self._asking("DELETE"):
                 self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
-            except (ClientError, BotoCoreError) as exc:
-                raise LaneError(f"{self.url}: DELETE failed: {exc}", retriable=True) from exc
+
+    @contextmanager
+    def _asking(self, what: str) -> Iterator[None]:
+        """The store's errors as a retriable :class:`LaneError` naming ``what``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except (ClientError, BotoCoreError) as exc:
+            raise LaneError(f"{self.url}/{what} failed: {exc}", retriable=True) from exc
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` is in the store.
