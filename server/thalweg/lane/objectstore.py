@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import ConfigError, LaneError, SegmentConflictError
 from thalweg.lane.layout import write_file_durably
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ObjectStore:
@@ -97,18 +99,12 @@ class ObjectStore:
         Raises:
             LaneError: the store did not answer (retriable).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
-            got = self._s3.get_object(Bucket=self.bucket, Key=self.key(rel))
-            body: bytes = got["Body"].read()
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
-        except BotoCoreError as exc:
-            raise LaneError(f"{self.url}/{rel}: GET failed: {exc}", retriable=True) from exc
-        return body
+        def get() -> bytes:
+            body: bytes = self._s3.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
+            return body
+
+        return self._found(f"{rel}: GET", get)
 
     def listing(self, rel_prefix: str) -> dict[str, int]:
         """Relative keys under ``rel_prefix`` and their sizes.
@@ -151,6 +147,18 @@ class ObjectStore:
             with self._asking("DELETE"):
                 self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
 
+    def _found(self, what: str, call: Callable[[], T]) -> T | None:
+        """``call()``; None when the object does not exist (404)."""
+        from botocore.exceptions import ClientError
+
+        with self._asking(what):
+            try:
+                return call()
+            except ClientError as exc:
+                if _status(exc) == 404:
+                    return None
+                raise
+
     @contextmanager
     def _asking(self, what: str) -> Iterator[None]:
         """The store's errors as a retriable :class:`LaneError` naming ``what``."""
@@ -167,17 +175,10 @@ class ObjectStore:
         Raises:
             LaneError: the store did not answer (retriable).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self._s3.head_object(Bucket=self.bucket, Key=self.key(rel))
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return False
-            raise LaneError(f"{self.url}/{rel}: HEAD failed: {exc}", retriable=True) from exc
-        except BotoCoreError as exc:
-            raise LaneError(f"{self.url}/{rel}: HEAD failed: {exc}", retriable=True) from exc
-        return True
+        head = self._found(
+            f"{rel}: HEAD", lambda: self._s3.head_object(Bucket=self.bucket, Key=self.key(rel))
+        )
+        return head is not None
 
     def _etag(self, rel: str) -> str | None:
         from botocore.exceptions import BotoCoreError, ClientError
