@@ -547,6 +547,15 @@ class KafkaSourceConfig(_SourceBase):
     )
     fetch_max_bytes: int = Field(50 * MiB, gt=0)
     max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
+    fetch_max_wait_ms: int = Field(
+        50,
+        ge=0,
+        le=60_000,
+        description="How long the broker may hold a fetch for data to arrive. It bounds "
+        "the live tail's latency on a quiet or steady topic (tansu holds a fetch this "
+        "long whatever arrives: 500 ms, the client's default, gave follow streams a p50 "
+        "of 130 ms and a p99 of 270 ms); an idle source asks this often.",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None

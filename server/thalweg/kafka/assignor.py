@@ -7,9 +7,11 @@ exactly as aiokafka's default assignor does; only the map is added. The broker s
 and forwards these bytes without reading them, so this works on every Kafka-protocol
 broker (tested on tansu) and needs no coordination of Thalweg's own.
 
-Members announce this protocol first and plain ``roundrobin`` second, so a group that
-still has an older gateway in it forms on ``roundrobin`` (same partitions, no map; the
-directory then stays inactive and every replica serves what it holds, as before).
+Members announce this protocol alone: a second one (plain ``roundrobin``, for a group
+that still has an older gateway) cost tansu a second join round — 10 s to the first
+assignment instead of 5 s. A group is therefore all of one version: replace every
+member of an older one, or start the new version on a new ``group_id`` (it resumes from
+the lanes, not from the old group's commits).
 
 aiokafka's assignor interface is class-level, so each source gets its own subclass
 bound to its directory and location (:func:`owner_assignor`).

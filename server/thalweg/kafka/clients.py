@@ -47,6 +47,7 @@ def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
         "request_timeout_ms": cfg.request_timeout_ms,
         "fetch_max_bytes": cfg.fetch_max_bytes,
         "max_partition_fetch_bytes": cfg.max_partition_fetch_bytes,
+        "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
         **security_kwargs(cfg),
     }
 

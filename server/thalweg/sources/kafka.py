@@ -14,7 +14,6 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
@@ -95,12 +94,12 @@ class KafkaSource:
         self._watch_heartbeats(consumer)
 
     def _assignors(self) -> tuple[Any, ...]:
-        """The owner-map assignor first (docs/lanes.md, "Many gateways"), then plain
-        round-robin so a group with an older member still forms."""
+        """The owner-map assignor alone (docs/lanes.md, "Many gateways"). Announcing a
+        second protocol for groups with older members doubled the join on tansu (a
+        second join round: 10 s instead of 5 s), so a group is all of one version."""
         if self._owners is None:
             return ()
-        owners = owner_assignor(self._owners, self.generation)
-        return (owners, RoundRobinPartitionAssignor)
+        return (owner_assignor(self._owners, self.generation),)
 
     def generation(self) -> int:
         """The member's consumer-group generation (-1 before it joined)."""
