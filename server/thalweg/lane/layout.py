@@ -50,6 +50,15 @@ NODES_DIR = "nodes"  # the pipeline's node lanes and node dead letters (docs/pip
 _NODE_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
 
+def _matching(directory: Path, pattern: re.Pattern[str]) -> list[re.Match[str]]:
+    """The names in ``directory`` that ``pattern`` matches (none when it is absent)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [m for m in map(pattern.match, names) if m]
+
+
 class LaneLayout:
     """Where everything lives under one ``data_dir``.
 
@@ -105,15 +114,10 @@ class LaneLayout:
         — the small files a compaction merged, until they are deleted — is left out
         unless ``contained`` (start-up repair looks at them)."""
         directory = self.partition_dir(lane, topic, partition)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return []
-        out = []
-        for name in names:
-            match = _SEGMENT_RE.match(name)
-            if match:
-                out.append(Segment(int(match[1]), int(match[2]), directory / name))
+        out = [
+            Segment(int(m[1]), int(m[2]), directory / m[0])
+            for m in _matching(directory, _SEGMENT_RE)
+        ]
         out.sort(key=lambda s: (s.first, -s.last))
         if not contained:
             out = _outermost(out)
@@ -129,17 +133,10 @@ class LaneLayout:
         """A node lane's files of one partition as (epoch, start, end exclusive, path), in
         order — what the lane covers is their names."""
         directory = self.node_dir(node, topic, partition)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return []
-        out = []
-        for name in names:
-            m = _NODE_FILE_RE.match(name)
-            if m:
-                out.append((int(m[1]), int(m[2]), int(m[3]), directory / name))
-        out.sort()
-        return out
+        return sorted(
+            (int(m[1]), int(m[2]), int(m[3]), directory / m[0])
+            for m in _matching(directory, _NODE_FILE_RE)
+        )
 
     def nodes(self) -> list[str]:
         """The nodes with anything on disk (a lane or dead letters)."""

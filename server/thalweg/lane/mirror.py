@@ -257,16 +257,22 @@ class LaneMirror:
             lane_objects = resolve(raw)
             keep = {(o.name, o.generation) for o in lane_objects}
             names = {o.name for o in lane_objects}
+            raw_dir = self.layout.partition_dir(Lane.RAW, topic, partition)
+            # Twins are fetched before their raw file: with every raw file here, so are
+            # they, and the twin lanes need no listing (a steady sync is one LIST).
+            behind = any(not (raw_dir / n).exists() for n in names)
             fetched = removed = 0
             for lane in _ORDER:
                 if lane is Lane.RAW:
                     wanted = {o.name: o for o in lane_objects}
-                else:
+                elif behind:
                     wanted = {
                         o.name: o
                         for o in self.objects(lane, topic, partition)
                         if (o.name, o.generation) in keep
                     }
+                else:
+                    wanted = {}
                 directory = self.layout.partition_dir(lane, topic, partition)
                 removed += self._remove_unknown(directory, names, orphan_age_s)
                 missing = [(o.rel, directory / n) for n, o in sorted(wanted.items())]
