@@ -14,6 +14,10 @@ import pyarrow.flight as fl
 from thalweg_client.spread import SpreadStream, relocation
 from thalweg_client.wire import encode_ticket
 
+#: Put batches written before the first unread acknowledgement is read.
+WRITE_AHEAD = 1
+AHEAD_METADATA = pa.py_buffer(json.dumps({"write_ahead": WRITE_AHEAD}).encode())
+
 Position = str | dict[str, int]
 
 
@@ -256,6 +260,10 @@ class Client:
         gateway encodes with the topic's format. ``key``, ``headers``, ``partition`` and
         ``timestamp`` may be columns of ``table`` or given here (one value per row).
 
+        Batches of 64k rows are sent one ahead of their acknowledgements. If the put
+        fails, the error names how many rows were acknowledged; rows after those may
+        have landed as well.
+
         Returns:
             One acknowledgement per batch: ``{"rows": n, "partitions": {"<p>": [first,
             last]}}`` with the offsets the broker assigned.
@@ -277,12 +285,22 @@ class Client:
                 )
         descriptor = fl.FlightDescriptor.for_path("topics", topic)
         writer, reader = self._flight.do_put(descriptor, table.schema, options=self._options)
-        acks = []
+        acks: list[dict[str, Any]] = []
+        sent = 0
         try:
             for batch in table.to_batches(max_chunksize=65536):
-                writer.write_batch(batch)
-                acks.append(json.loads(reader.read().to_pybytes()))
+                if sent:
+                    writer.write_batch(batch)
+                else:  # tell the gateway it may read this far ahead of its acks
+                    writer.write_with_metadata(batch, AHEAD_METADATA)
+                sent += 1
+                # One batch ahead: the gateway encodes the next batch while the broker
+                # acknowledges the last.
+                while sent - len(acks) > WRITE_AHEAD:
+                    acks.append(json.loads(reader.read().to_pybytes()))
             writer.done_writing()
+            while len(acks) < sent:
+                acks.append(json.loads(reader.read().to_pybytes()))
         finally:
             writer.close()
         return acks

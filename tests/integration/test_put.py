@@ -191,3 +191,52 @@ def test_put_acks_are_the_broker_offsets_of_each_batch(
                 )
                 sent = [b"b%d-r%d" % (b, r) for r, q in enumerate(parts) if q == int(p)]
                 assert back.column("_twg_source_value").to_pylist() == sent, (b, p)
+
+
+def test_a_caller_that_waits_for_each_ack_before_sending_more_is_served(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    """The gateway produces one batch while reading the next, but a plain pyarrow caller
+    that sends a batch only after the last one's acknowledgement must not wait on it:
+    acknowledgements are written while the next read is pending."""
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="none")
+    schema = pa.schema([("value", pa.binary())])
+    flight = fl.connect(gw.flight_url)
+    writer, reader = flight.do_put(fl.FlightDescriptor.for_path("topics", topic), schema)
+    acks = []
+    for b in range(4):
+        writer.write_batch(pa.record_batch({"value": [b"b%d-%d" % (b, i) for i in range(3)]}))
+        acks.append(json.loads(reader.read().to_pybytes()))  # blocks until the ack comes
+    writer.done_writing()
+    writer.close()
+    assert [a["partitions"] for a in acks] == [{"0": [3 * b, 3 * b + 2]} for b in range(4)]
+
+
+def test_records_without_keys_spread_over_partitions_and_keyed_ones_follow_the_key(
+    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+) -> None:
+    topic = topic_factory(3)
+    gw = gateway_factory([topic], format="none")
+    n = 3000
+    with thalweg_client.connect(gw.flight_url) as client:
+        (keyless,) = client.write(topic, pa.table({"value": [b"v%d" % i for i in range(n)]}))
+        keys = [b"customer-%d" % (i % 7) for i in range(n)]
+        (keyed,) = client.write(topic, pa.table({"value": [b"k"] * n}), key=keys)
+        gw.wait_durable(
+            topic,
+            {
+                int(p): max(
+                    r[1] for a in (keyless, keyed) for q, r in a["partitions"].items() if q == p
+                )
+                + 1
+                for p in {*keyless["partitions"], *keyed["partitions"]}
+            },
+        )
+        raw = client.read(topic, lane="raw")
+    assert set(keyless["partitions"]) == {"0", "1", "2"}  # every partition takes a share
+    got = raw.filter(pa.compute.equal(raw["_twg_source_value"], b"k")).to_pylist()
+    where: dict[bytes, set[int]] = {}
+    for r in got:
+        where.setdefault(r["_twg_source_key"], set()).add(r["_twg_source_partition"])
+    assert len(got) == n and all(len(ps) == 1 for ps in where.values())

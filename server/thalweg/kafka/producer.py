@@ -3,24 +3,29 @@
 Accepts all three representations — :class:`RawRecord`, a raw-lane ``RecordBatch`` and
 Value dicts — and preserves key, value, headers (order, duplicate keys, null values) and
 the timestamp. The offset a record gets is the broker's to assign; the writer returns
-it. aiokafka cannot send a record whose key *and* value are both null; such a record is
-refused with a clear error rather than silently altered.
+it. Records are encoded by :mod:`thalweg.kafka.wire`, which writes a null key and a null
+value as Kafka does (aiokafka's own ``send`` refuses a record with both null).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import murmur2
 
-from thalweg.errors import ProduceError, ThalwegError
+from thalweg.errors import ProduceError
+from thalweg.kafka import wire
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.convert import records_from_batch
 from thalweg.records.model import Locator, RawRecord, Timestamp
@@ -33,6 +38,28 @@ class Written:
 
     partition: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where every record of one call landed, in input order."""
+
+    partitions: np.ndarray
+    offsets: np.ndarray
+
+    def written(self) -> list[Written]:
+        return [
+            Written(p, o)
+            for p, o in zip(self.partitions.tolist(), self.offsets.tolist(), strict=True)
+        ]
+
+    def ranges(self) -> dict[str, list[int]]:
+        """``{"<partition>": [first offset, last offset]}``."""
+        out: dict[str, list[int]] = {}
+        for p in np.unique(self.partitions).tolist():
+            at = self.offsets[self.partitions == p]
+            out[str(p)] = [int(at.min()), int(at.max())]
+        return out
 
 
 def _json_payload(row: dict[str, Any], prefix: str) -> bytes:
@@ -63,13 +90,13 @@ class KafkaWriter:
         self.columns = columns or MetadataColumns()
         self.keep_partition = keep_partition
         producer.setdefault("max_batch_size", 1 << 20)  # 1 MiB batches: fewer requests
+        self._batch_size = int(producer["max_batch_size"])
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
             acks="all",
             enable_idempotence=idempotent,
             **producer,
         )
-        self._partitioner = DefaultPartitioner()
 
     async def start(self) -> None:
         """Connect; on failure the producer is closed again and ProduceError raised."""
@@ -91,86 +118,104 @@ class KafkaWriter:
 
     async def send_records(self, topic: str, records: Sequence[RawRecord]) -> list[Written]:
         """Produce ``records`` and wait for every acknowledgement; returns where each landed,
-        in input order (see :meth:`send_rows`)."""
-        for r in records:
-            if r.key is None and r.value is None:
-                raise ThalwegError(
-                    "a record with a null key and a null value cannot be produced with "
-                    f"aiokafka (offset {r.locator.offset} of {r.locator.topic})"
-                )
+        in input order (see :meth:`enqueue`)."""
         return await self.send_rows(topic, ProduceRows.of(list(records)))
 
     async def send_rows(self, topic: str, rows: ProduceRows) -> list[Written]:
-        """Produce ``rows`` and wait for every acknowledgement; returns where each landed,
-        in input order.
+        """Produce ``rows`` and wait for every acknowledgement; where each landed, in input
+        order."""
+        return (await (await self.enqueue(topic, rows))).written()
 
-        Records are packed into producer batches per partition (``create_batch`` /
-        ``send_batch``) instead of one ``send`` each: one future per batch, not per
-        record, which is most of a per-record produce's Python cost. The partition is the
-        row's own (``keep_partition``), else aiokafka's default partitioner (murmur2 of
-        the key; random without one), as ``send`` would choose. Within a partition the
-        input order is kept, and a record's offset is its batch's base offset plus its
-        place in the batch.
+    async def enqueue(self, topic: str, rows: ProduceRows) -> Coroutine[Any, Any, Placed]:
+        """Hand every row to the producer, in order, and return an awaitable of where they
+        landed — so a caller can encode and enqueue its next rows while these are being
+        acknowledged, and records of one partition still reach it in call order.
+
+        Records are encoded into record batches in bulk (:mod:`thalweg.kafka.wire`, at
+        most ``max_batch_size`` bytes each) and handed to aiokafka's ``send_batch``: one
+        future per batch, none per record. The partition is the row's own
+        (``keep_partition``), else the Kafka default partitioner's: murmur2 of the key
+        (computed once per distinct key), and for rows without a key contiguous runs over
+        all partitions (what a sticky partitioner does) instead of a random draw per row.
+        Within a partition the input order is kept, and a record's offset is its batch's
+        base offset plus its place in the batch.
         """
-        n = len(rows)
-        if not n:
-            return []
         try:
             partitions = sorted(await self._producer.partitions_for(topic))
         except KafkaError as exc:
             raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
-        keys, values, stamps = rows.keys, rows.values, rows.timestamps_ms
-        groups: dict[int, list[int]] = {}
-        keep = self.keep_partition
-        for i in range(n):
-            key, own = keys[i], rows.partitions[i]
-            if key is None and values[i] is None:
-                raise ThalwegError(
-                    f"row {i}: a record with a null key and a null value cannot be produced "
-                    "with aiokafka"
-                )
-            p = own if keep and own >= 0 else self._partitioner(key, partitions, partitions)
-            groups.setdefault(p, []).append(i)
-        pending: list[tuple[int, list[int], Any]] = []
+        target = self._targets(rows, partitions)
+        pending: list[tuple[int, np.ndarray, asyncio.Future[Any]]] = []
         try:
-            for p, members in groups.items():
-                batch = self._producer.create_batch()
-                held: list[int] = []
-                for i in members:
-                    headers = [(k.decode("utf-8"), v) for k, v in rows.headers[i]]
-                    if (
-                        batch.append(
-                            timestamp=stamps[i], key=keys[i], value=values[i], headers=headers
-                        )
-                        is None
-                    ):  # full: send it, start another
-                        if not held:
-                            raise ThalwegError(
-                                f"a record of {len(values[i] or b'')} bytes does not fit one "
-                                "producer batch (max_batch_size)"
-                            )
-                        fut = await self._producer.send_batch(batch, topic, partition=p)
-                        pending.append((p, held, fut))
-                        batch, held = self._producer.create_batch(), []
-                        if (
-                            batch.append(
-                                timestamp=stamps[i], key=keys[i], value=values[i], headers=headers
-                            )
-                            is None
-                        ):
-                            raise ThalwegError("a record does not fit an empty producer batch")
-                    held.append(i)
-                if held:
-                    fut = await self._producer.send_batch(batch, topic, partition=p)
-                    pending.append((p, held, fut))
-            out: list[Written | None] = [None] * n
-            for p, held, fut in pending:
-                meta = await fut
-                for j, i in enumerate(held):
-                    out[i] = Written(p, meta.offset + j)
+            for p, members, batch in self._round_robin(rows, target):
+                fut = await self._producer.send_batch(batch, topic, partition=p)
+                pending.append((p, members, fut))
         except KafkaError as exc:
             raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
-        return [w for w in out if w is not None]
+        return self._placed(topic, len(rows), pending)
+
+    def _targets(self, rows: ProduceRows, partitions: list[int]) -> np.ndarray:
+        """The partition of every row."""
+        n = len(rows)
+        target = rows.partitions.copy() if self.keep_partition else np.full(n, -1, np.int64)
+        free = target < 0
+        if not free.any():
+            return target
+        keyed = free & rows.keys.is_valid().to_numpy(zero_copy_only=False)
+        if keyed.any():
+            at = np.flatnonzero(keyed)
+            keys = pc.take(rows.keys, at).dictionary_encode()
+            count = len(partitions)
+            chosen = np.array(
+                [
+                    partitions[(murmur2(k) & 0x7FFFFFFF) % count]
+                    for k in keys.dictionary.to_pylist()
+                ],
+                np.int64,
+            )
+            target[at] = chosen[keys.indices.to_numpy(zero_copy_only=False)]
+        keyless = np.flatnonzero(free & ~keyed)
+        if len(keyless):
+            k, count = len(keyless), len(partitions)
+            runs = (random.randrange(count) + np.arange(k) * count // k) % count
+            target[keyless] = np.asarray(partitions, np.int64)[runs]
+        return target
+
+    def _round_robin(
+        self, rows: ProduceRows, target: np.ndarray
+    ) -> Iterator[tuple[int, np.ndarray, wire.PrebuiltBatch]]:
+        """Every partition's record batches, one partition after the other in turn, so
+        each partition has a batch ready while the last one is in flight."""
+        order = np.argsort(target, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(target[order])) + 1)
+        queues = [
+            (int(target[g[0]]), g, wire.batches(rows.take(g), self._batch_size))
+            for g in groups
+            if len(g)
+        ]
+        while queues:
+            left = []
+            for p, members, chunks in queues:
+                step = next(chunks, None)
+                if step is not None:
+                    start, stop, batch = step
+                    yield p, members[start:stop], batch
+                    left.append((p, members, chunks))
+            queues = left
+
+    async def _placed(
+        self, topic: str, n: int, pending: list[tuple[int, np.ndarray, asyncio.Future[Any]]]
+    ) -> Placed:
+        partitions = np.empty(n, np.int64)
+        offsets = np.empty(n, np.int64)
+        try:
+            for p, members, fut in pending:
+                meta = await fut
+                partitions[members] = p
+                offsets[members] = meta.offset + np.arange(len(members))
+        except KafkaError as exc:
+            raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
+        return Placed(partitions, offsets)
 
     async def send_batch(self, topic: str, batch: pa.RecordBatch | pa.Table) -> list[Written]:
         """Produce the rows of a raw-lane batch."""

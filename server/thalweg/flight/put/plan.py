@@ -21,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.config.models import SourceConfig
 from thalweg.errors import TicketError
-from thalweg.records.rows import ProduceRows
+from thalweg.records.rows import HEADER_TYPE, ProduceRows
 
 ENVELOPE = ("key", "headers", "partition", "timestamp")
 
@@ -44,27 +45,26 @@ class PutPlan:
     def rows(self, batch: pa.RecordBatch) -> ProduceRows:
         """The records of one (already validated) batch, in row order, as columns.
 
-        Converted column by column (``to_pylist`` on binary arrays), never record by
-        record: only headers, when present, need a Python step per row.
+        Converted column by column with Arrow casts, never record by record.
         """
         table = pa.Table.from_batches([batch])
         n = table.num_rows
         if self.encode is not None:
-            values: list[bytes | None] = list(self.encode(table.select(list(self.payload_columns))))
+            encoded = self.encode(table.select(list(self.payload_columns)))
+            values: pa.Array = pa.array(encoded, pa.binary())
         else:
             values = _binary(table.column("value"))
-        keys: list[bytes | None] = (
-            _binary(table.column("key")) if "key" in table.column_names else [None] * n
+        keys = (
+            _binary(table.column("key"))
+            if "key" in table.column_names
+            else pa.nulls(n, pa.binary())
         )
-        headers: list[tuple[tuple[bytes, bytes | None], ...]] = (
-            [_headers(v) for v in table.column("headers").to_pylist()]
-            if "headers" in table.column_names
-            else [()] * n
-        )
+        headers = _headers(table.column("headers")) if "headers" in table.column_names else None
         if "partition" in table.column_names:
-            partitions = pc.fill_null(table.column("partition").cast(pa.int64()), -1).to_pylist()
+            col = pc.fill_null(table.column("partition").cast(pa.int64()), -1)
+            partitions = col.to_numpy()
         else:
-            partitions = [-1] * n
+            partitions = np.full(n, -1, np.int64)
         return ProduceRows(keys, values, headers, _timestamps(table, n), partitions)
 
 
@@ -188,39 +188,43 @@ def _check_envelope(schema: pa.Schema) -> None:
             raise TicketError(f"column {name!r} has an unusable type {schema.field(name).type}")
 
 
-def _bytes(v: Any) -> bytes | None:
-    if v is None or isinstance(v, bytes):
-        return v
-    return str(v).encode("utf-8")
+def _headers(col: pa.ChunkedArray) -> pa.ListArray | None:
+    """The headers column as :data:`HEADER_TYPE` (string keys and values as UTF-8 bytes,
+    a null list as no headers); None when no record has one. A null header key is
+    refused: Kafka and Pulsar have no such thing."""
+    headers = col.combine_chunks()
+    if pa.types.is_null(headers.type):
+        return None
+    entries = pc.list_flatten(headers)  # null lists contribute nothing
+    if not len(entries):
+        return None
+    keys = pc.struct_field(entries, "key")
+    if keys.null_count:
+        raise TicketError("a header key is null")
+    counts = pc.fill_null(pc.list_value_length(headers), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(headers) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    canonical = pa.StructArray.from_arrays(
+        [keys.cast(pa.binary()), pc.struct_field(entries, "value").cast(pa.binary())],
+        fields=list(HEADER_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), canonical)
 
 
-def _headers(v: Any) -> tuple[tuple[bytes, bytes | None], ...]:
-    if v is None:
-        return ()
-    out = []
-    for h in v:
-        key = _bytes(h["key"])
-        if key is None:
-            raise TicketError("a header key is null")
-        out.append((key, _bytes(h["value"])))
-    return tuple(out)
-
-
-def _binary(col: pa.ChunkedArray) -> list[bytes | None]:
-    """A binary, string or null column as bytes (strings as UTF-8: a zero-copy cast)."""
+def _binary(col: pa.ChunkedArray) -> pa.Array:
+    """A binary, string or null column as one binary array (strings as UTF-8: a
+    zero-copy cast)."""
     if pa.types.is_null(col.type):
-        return [None] * len(col)
-    if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
-        col = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
-    return col.to_pylist()  # type: ignore[no-any-return]
+        return pa.nulls(len(col), pa.binary())
+    return col.combine_chunks().cast(pa.binary())
 
 
-def _timestamps(table: pa.Table, n: int) -> list[int]:
+def _timestamps(table: pa.Table, n: int) -> np.ndarray:
     """Epoch milliseconds per row; a missing or null timestamp is the time of the put."""
     now = time.time_ns() // 1_000_000
     if "timestamp" not in table.column_names:
-        return [now] * n
+        return np.full(n, now, np.int64)
     col = table.column("timestamp")
     if pa.types.is_timestamp(col.type):
         col = col.cast(pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
-    return pc.fill_null(col.cast(pa.int64()), now).to_pylist()  # type: ignore[no-any-return]
+    return pc.fill_null(col.cast(pa.int64()), now).to_numpy()  # type: ignore[no-any-return]

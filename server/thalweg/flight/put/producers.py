@@ -9,11 +9,11 @@ row's ``message_ids`` (hex of the serialized id, in row order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 from thalweg.config.models import PulsarSourceConfig
-from thalweg.kafka.producer import KafkaWriter
+from thalweg.kafka.producer import KafkaWriter, Placed
 from thalweg.pulsar.producer import PulsarWriter
 from thalweg.records.position import pack_message_id
 from thalweg.records.rows import ProduceRows
@@ -23,8 +23,17 @@ Ack = dict[str, Any]
 
 class TopicProducer(Protocol):
     async def start(self) -> None: ...
-    async def send(self, topic: str, rows: ProduceRows) -> Ack: ...
+
+    async def submit(self, topic: str, rows: ProduceRows) -> Awaitable[Ack]:
+        """Hand ``rows`` over for producing, in order after every earlier submit, and
+        return an awaitable of their acknowledgement."""
+        ...
+
     async def stop(self) -> None: ...
+
+
+async def _ready(ack: Ack) -> Ack:
+    return ack
 
 
 def _ranges(placed: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
@@ -45,12 +54,13 @@ class KafkaTopicProducer:
     async def stop(self) -> None:
         await self._writer.stop()
 
-    async def send(self, topic: str, rows: ProduceRows) -> Ack:
-        placed = await self._writer.send_rows(topic, rows)
-        return {
-            "rows": len(placed),
-            "partitions": _ranges([(w.partition, w.offset) for w in placed]),
-        }
+    async def submit(self, topic: str, rows: ProduceRows) -> Awaitable[Ack]:
+        return self._ack(await self._writer.enqueue(topic, rows))
+
+    @staticmethod
+    async def _ack(placing: Awaitable[Placed]) -> Ack:
+        placed = await placing
+        return {"rows": len(placed.offsets), "partitions": placed.ranges()}
 
 
 class PulsarTopicProducer:
@@ -72,7 +82,11 @@ class PulsarTopicProducer:
     async def stop(self) -> None:
         await self._writer.stop()
 
-    async def send(self, topic: str, rows: ProduceRows) -> Ack:
+    async def submit(self, topic: str, rows: ProduceRows) -> Awaitable[Ack]:
+        """Sends and waits here: the Pulsar writer flushes each call."""
+        return _ready(await self._send(topic, rows))
+
+    async def _send(self, topic: str, rows: ProduceRows) -> Ack:
         records = rows.records(self._cluster, topic)
         placed = await self._writer.send_records(self._prefix + topic, records)
         return {

@@ -2,8 +2,13 @@
 
 A put is checked whole before its first row is produced (schema, types, the topic's
 source and format), then produced batch by batch; each batch is acknowledged only once
-the broker has it, and every refusal says how many rows were already produced, so the
-caller knows exactly what landed.
+the broker has it, and every refusal says how many rows were already acknowledged, so
+the caller knows what landed for sure. A caller that sends ahead of its acknowledgements
+says so (``{"write_ahead": n}`` in a batch's app metadata, as ``thalweg_client.write``
+does): the next batch is then encoded and enqueued while the last is on its way to the
+broker, and after a failure rows of the batches after the last acknowledged one may have
+landed too (a produce retried by the caller may duplicate them, as with any Kafka
+producer without idempotence).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import deque
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -24,12 +30,42 @@ from thalweg.flight.errors import InvalidArgumentError
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.put.encoders import avro_encoder, protobuf_encoder
 from thalweg.flight.put.plan import PutPlan, plan_put, refuse_unsafe_types
-from thalweg.flight.put.producers import KafkaTopicProducer, PulsarTopicProducer, TopicProducer
+from thalweg.flight.put.producers import (
+    Ack,
+    KafkaTopicProducer,
+    PulsarTopicProducer,
+    TopicProducer,
+)
 from thalweg.flight.tracing import call_span_context
 from thalweg.kafka.clients import security_kwargs
 from thalweg.kafka.producer import KafkaWriter
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import traceparent_of
+from thalweg.records.rows import ProduceRows
+
+#: The most put batches a caller may have unacknowledged (``write_ahead``).
+MAX_WRITE_AHEAD = 4
+
+
+def _write_ahead(metadata: pa.Buffer, current: int) -> int:
+    """The ``write_ahead`` a caller announced in a batch's app metadata
+    (``{"write_ahead": n}``): it sends up to ``n`` batches before it reads the first
+    unread acknowledgement, so the gateway may read (and produce) that many batches
+    before it must write an acknowledgement. Without it, every batch is acknowledged
+    before the next is read: a caller that waits for each acknowledgement is never left
+    waiting on a read of ours."""
+    try:
+        said = json.loads(metadata.to_pybytes())
+    except ValueError as exc:
+        raise InvalidArgumentError(f"put app metadata is not JSON: {exc}") from exc
+    if not isinstance(said, dict) or "write_ahead" not in said:
+        return current
+    n = said["write_ahead"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_WRITE_AHEAD:
+        raise InvalidArgumentError(
+            f"write_ahead must be an integer from 0 to {MAX_WRITE_AHEAD}, not {n!r}"
+        )
+    return n
 
 
 class Puts:
@@ -112,7 +148,59 @@ class Puts:
         were already produced (and acknowledged), so the caller knows exactly what landed."""
         total = 0
         received = 0
-        limits = self._limits
+        out = await self._started(plan, source)
+        inflight: deque[tuple[asyncio.Future[Ack], int]] = deque()
+
+        async def acknowledge() -> None:
+            nonlocal total
+            acked, size = inflight.popleft()
+            try:
+                ack = await acked
+            except ThalwegError as exc:
+                raise fl.FlightServerError(
+                    f"producing to {plan.topic!r} failed after {total} rows: {exc}"
+                ) from exc
+            total += int(ack["rows"])
+            self._metrics.flight_bytes.labels("do_put").inc(size)
+            writer.write(pa.py_buffer(json.dumps(ack).encode()))
+
+        ahead = 0  # batches the caller may send before reading an acknowledgement
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError) as exc:  # ArrowIOError is an OSError
+                    raise InvalidArgumentError(
+                        f"unreadable Arrow stream ({exc}); {total} rows were produced"
+                    ) from exc
+                if chunk.app_metadata is not None:
+                    ahead = _write_ahead(chunk.app_metadata, ahead)
+                batch = chunk.data
+                if batch is None:  # metadata-only message
+                    continue
+                size = batch.get_total_buffer_size()
+                received += size
+                rows = self._rows(plan, batch, size, received, total, traceparent)
+                try:
+                    acked = asyncio.ensure_future(await out.submit(plan.topic, rows))
+                except ThalwegError as exc:
+                    raise fl.FlightServerError(
+                        f"producing to {plan.topic!r} failed after {total} rows: {exc}"
+                    ) from exc
+                inflight.append((acked, size))
+                while len(inflight) > ahead:
+                    await acknowledge()
+            while inflight:
+                await acknowledge()
+        finally:
+            for left, _ in inflight:
+                left.cancel()
+            await out.stop()
+        return total
+
+    async def _started(self, plan: PutPlan, source: SourceConfig) -> TopicProducer:
         out = self.producer_for(source)
         try:
             await out.start()
@@ -125,52 +213,39 @@ class Puts:
             raise fl.FlightServerError(
                 f"cannot start a producer for {plan.topic!r}: {exc}{hint}; 0 rows were produced"
             ) from exc
+        return out
+
+    def _rows(
+        self,
+        plan: PutPlan,
+        batch: pa.RecordBatch,
+        size: int,
+        received: int,
+        total: int,
+        traceparent: bytes | None,
+    ) -> ProduceRows:
+        """One put batch checked against the limits and made into produce columns."""
+        limits = self._limits
         try:
-            while True:
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    break
-                except (pa.ArrowException, OSError) as exc:  # ArrowIOError is an OSError
-                    raise InvalidArgumentError(
-                        f"unreadable Arrow stream ({exc}); {total} rows were produced"
-                    ) from exc
-                batch = chunk.data
-                if batch is None:  # metadata-only message
-                    continue
-                size = batch.get_total_buffer_size()
-                received += size
-                try:
-                    if size > limits.max_batch_bytes:
-                        raise TicketError(
-                            f"a batch of {size} bytes exceeds gateway.flight.max_batch_bytes "
-                            f"({limits.max_batch_bytes}); send smaller batches"
-                        )
-                    if received > limits.max_put_bytes:
-                        raise TicketError(
-                            f"this put exceeds gateway.flight.max_put_bytes "
-                            f"({limits.max_put_bytes}); split it into several puts"
-                        )
-                    batch.validate(full=True)
-                    rows = plan.rows(batch)
-                    if traceparent is not None:
-                        rows = rows.with_header(b"traceparent", traceparent)
-                except (pa.ArrowException, TicketError) as exc:
-                    raise InvalidArgumentError(
-                        f"invalid batch after row {total} ({exc}); {total} rows were produced"
-                    ) from exc
-                try:
-                    ack = await out.send(plan.topic, rows)
-                except ThalwegError as exc:
-                    raise fl.FlightServerError(
-                        f"producing to {plan.topic!r} failed after {total} rows: {exc}"
-                    ) from exc
-                total += int(ack["rows"])
-                self._metrics.flight_bytes.labels("do_put").inc(size)
-                writer.write(pa.py_buffer(json.dumps(ack).encode()))
-        finally:
-            await out.stop()
-        return total
+            if size > limits.max_batch_bytes:
+                raise TicketError(
+                    f"a batch of {size} bytes exceeds gateway.flight.max_batch_bytes "
+                    f"({limits.max_batch_bytes}); send smaller batches"
+                )
+            if received > limits.max_put_bytes:
+                raise TicketError(
+                    f"this put exceeds gateway.flight.max_put_bytes "
+                    f"({limits.max_put_bytes}); split it into several puts"
+                )
+            batch.validate(full=True)
+            rows = plan.rows(batch)
+            if traceparent is not None:
+                rows = rows.with_header(b"traceparent", traceparent)
+        except (pa.ArrowException, TicketError) as exc:
+            raise InvalidArgumentError(
+                f"invalid batch after row {total} ({exc}); {total} rows were produced"
+            ) from exc
+        return rows
 
     def producer_for(self, source: SourceConfig) -> TopicProducer:
         """A new (not started) producer into ``source``'s cluster."""
