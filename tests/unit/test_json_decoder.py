@@ -152,3 +152,15 @@ def test_each_row_fails_or_decodes_on_its_own_merits(rows: list[tuple[bool, int]
     assert reasons(r) == dict.fromkeys(bad_rows, DecodeReason.TYPE_CONFLICT)
     ids = r.table.column("id").to_pylist()
     assert ids == [None if i in bad_rows else 100 + i for i in range(len(rows))]
+
+
+def test_line_breaks_are_found_only_within_the_values_asked_about() -> None:
+    from thalweg.codecs.json import _has_line_breaks
+
+    values = pa.array([b'{"a": 1}', b'{"a":\r\n 2}', b'{"a": 3}'], pa.binary())
+    assert _has_line_breaks(values)
+    assert not _has_line_breaks(values.slice(2))
+    assert not _has_line_breaks(values.slice(0, 1))
+    assert _has_line_breaks(values.slice(1, 1))
+    assert _has_line_breaks(pa.array(['{"a":\n1}'], pa.large_string()))
+    assert not _has_line_breaks(pa.array([], pa.binary()))

@@ -52,13 +52,15 @@ def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
     }
 
 
-def new_consumer(cfg: KafkaSourceConfig, assignors: tuple[Any, ...] = ()) -> AIOKafkaConsumer:
+def new_consumer(
+    cfg: KafkaSourceConfig, assignors: tuple[Any, ...] = (), **extra: Any
+) -> AIOKafkaConsumer:
     """A (not started) consumer for ``cfg``; call on the event loop that will run it.
 
     ``assignors`` are the group protocols announced, preferred first (aiokafka's
-    round-robin when empty).
+    round-robin when empty); ``extra`` are further aiokafka arguments.
     """
-    kw = consumer_kwargs(cfg)
+    kw = {**consumer_kwargs(cfg), **extra}
     if assignors:
         kw["partition_assignment_strategy"] = assignors
     return AIOKafkaConsumer(**kw)

@@ -139,3 +139,42 @@ def build_raw_batch(
     arrays.append(built["offset"])  # a Kafka record's position is its offset
     arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
     return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)
+
+
+def raw_batch_from_columns(
+    *,
+    topic: str,
+    partition: int,
+    offsets: np.ndarray,
+    timestamps_ms: np.ndarray,
+    timestamp_types: np.ndarray,
+    keys: pa.Array,
+    values: pa.Array,
+    headers: pa.Array,
+    cluster: str,
+    ingest_ts_us: int,
+    columns: MetadataColumns,
+) -> pa.RecordBatch:
+    """The raw-lane batch of records of one (topic, partition) given as columns (a
+    columnar fetch: :mod:`thalweg.kafka.unpack`), in offset order; the same columns
+    :func:`build_raw_batch` makes from record objects."""
+    n = len(offsets)
+    offsets_arr = pa.array(offsets, pa.int64())
+    built: dict[str, pa.Array] = {
+        "cluster": constant(cluster, pa.string(), n),
+        "topic": constant(topic, pa.string(), n),
+        "partition": constant(partition, pa.int32(), n),
+        "offset": offsets_arr,
+        "key": keys,
+        "value": values,
+        "headers": headers,
+        "timestamp": pa.array(timestamps_ms, pa.int64()).view(TIMESTAMP_MS),
+        "timestamp_type": _TS_TYPE_DICT.take(pa.array(timestamp_types, pa.int8())),
+    }
+    arrays = [
+        built[suffix] if suffix in built else pa.nulls(n, type_) for suffix, type_ in SOURCE_COLUMNS
+    ]
+    arrays.append(record_ids(cluster, topic, partition, offsets))
+    arrays.append(offsets_arr)  # a Kafka record's position is its offset
+    arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
+    return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)

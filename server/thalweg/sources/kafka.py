@@ -20,9 +20,11 @@ from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import SourceError
 from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.clients import new_consumer
+from thalweg.kafka.columnar_fetch import ColumnarFetch
+from thalweg.kafka.unpack import KafkaColumns
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.raw_batch import build_raw_batch
+from thalweg.records.raw_batch import raw_batch_from_columns
 from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ class KafkaSource:
         self._consumer: AIOKafkaConsumer | None = None
         self._last_heartbeat_ok: float | None = None
         self._joined = False
+        # Fetched record batches come as columns (thalweg.kafka.unpack), not records.
+        self._columnar = ColumnarFetch()
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -68,7 +72,7 @@ class KafkaSource:
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         """Connect and join the group; partitions arrive through ``on_assigned``."""
-        consumer = new_consumer(self.cfg, self._assignors())
+        consumer = new_consumer(self.cfg, self._assignors(), value_deserializer=self._columnar)
         consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
         # Set before start(): the first assignment can arrive while start() still runs.
         self._consumer = consumer
@@ -162,22 +166,32 @@ class KafkaSource:
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """Records fetched since the last call as one raw-lane batch per partition, in
-        offset order."""
+        offset order; at most ``max_records`` of them (the rest stays for a later fetch)."""
+        self._columnar.remaining = max_records
         try:
-            data = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            data = await self.consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
             raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
         ingest_ts_us = time.time_ns() // 1000
-        return {
-            (tp.topic, tp.partition): build_raw_batch(
-                recs,
+        out = {}
+        for tp, chunks in data.items():
+            if not chunks:
+                continue
+            cols = KafkaColumns.concat(chunks)
+            out[(tp.topic, tp.partition)] = raw_batch_from_columns(
+                topic=tp.topic,
+                partition=tp.partition,
+                offsets=cols.offsets,
+                timestamps_ms=cols.timestamps,
+                timestamp_types=cols.timestamp_types,
+                keys=cols.keys,
+                values=cols.values,
+                headers=cols.headers,
                 cluster=self.cfg.cluster_name,
                 ingest_ts_us=ingest_ts_us,
                 columns=self._columns,
             )
-            for tp, recs in data.items()
-            if recs
-        }
+        return out
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         """Whether a broker answers a metadata request now.

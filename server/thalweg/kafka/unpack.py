@@ -1,0 +1,330 @@
+"""Kafka record batches (magic 2) decoded straight into Arrow columns.
+
+aiokafka turns every fetched record into two Python objects (its own record, then a
+``ConsumerRecord``), about 2 to 3 µs a record here, and the raw lane then reads every
+field back out of them. That per-record work was the floor of ingest. This module reads
+a batch's bytes instead: one short Python loop finds where each record starts (a record
+begins with its length), and every field of every record is then decoded at once with
+numpy — varints by gathering up to ten bytes per record, keys, values and header fields
+as Arrow binary views into the batch's own buffer, made contiguous by one Arrow cast.
+
+Everything a record carries is kept exactly: null keys and values, empty ones, headers
+in order with duplicate keys and null values, the batch's timestamp type (a
+LogAppendTime batch gives every record the broker's time, as Kafka's clients do), and
+offsets from the batch's base plus each record's own delta (compacted batches have
+gaps). A record that does not end where its length says it does is a
+:class:`CorruptRecordError`, never a silently shifted row.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
+from aiokafka.record.util import calc_crc32c
+
+from thalweg.errors import ThalwegError
+from thalweg.records.columns import HEADER_TYPE
+
+#: baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
+#: firstTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, records count.
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+LOG_OVERHEAD = 12  # baseOffset + batchLength: what the length does not count
+MAGIC_AT = 16
+_CRC_FROM = 21  # the CRC covers attributes to the end
+_CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+_PAD = 16  # zero bytes after a batch so every gather of up to ten bytes stays inside
+_HEADER_STRUCT = HEADER_TYPE.value_type
+
+
+class CorruptRecordError(ThalwegError):
+    """A record batch whose bytes do not parse (its CRC held: a broker or producer bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    length: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    count: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & 0x20)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & 0x10)
+
+    @property
+    def timestamp_type(self) -> int:
+        return (self.attributes >> 3) & 1
+
+    @classmethod
+    def parse(cls, buf: bytes | memoryview) -> BatchHeader:
+        f = BATCH_HEADER.unpack_from(buf)
+        return cls(f[0], f[1], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[12])
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaColumns:
+    """Fetched records of one partition as columns, in offset order."""
+
+    offsets: np.ndarray  # int64
+    timestamps: np.ndarray  # int64, epoch ms
+    timestamp_types: np.ndarray  # int8: 0 CreateTime, 1 LogAppendTime
+    keys: pa.Array  # binary
+    values: pa.Array  # binary
+    headers: pa.Array  # HEADER_TYPE
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def since(self, offset: int) -> KafkaColumns:
+        """The records at ``offset`` or after (a compressed batch may start earlier)."""
+        keep = int(np.searchsorted(self.offsets, offset, side="left"))
+        if keep == 0:
+            return self
+        return KafkaColumns(
+            self.offsets[keep:],
+            self.timestamps[keep:],
+            self.timestamp_types[keep:],
+            self.keys.slice(keep),
+            self.values.slice(keep),
+            self.headers.slice(keep),
+        )
+
+    def head(self, n: int) -> KafkaColumns:
+        """The first ``n`` records."""
+        return KafkaColumns(
+            self.offsets[:n],
+            self.timestamps[:n],
+            self.timestamp_types[:n],
+            self.keys.slice(0, n),
+            self.values.slice(0, n),
+            self.headers.slice(0, n),
+        )
+
+    @staticmethod
+    def concat(parts: list[KafkaColumns]) -> KafkaColumns:
+        if len(parts) == 1:
+            return parts[0]
+        return KafkaColumns(
+            np.concatenate([p.offsets for p in parts]),
+            np.concatenate([p.timestamps for p in parts]),
+            np.concatenate([p.timestamp_types for p in parts]),
+            pa.concat_arrays([p.keys for p in parts]),
+            pa.concat_arrays([p.values for p in parts]),
+            pa.concat_arrays([p.headers for p in parts]),
+        )
+
+
+def check_crc(batch: bytes | memoryview, header: BatchHeader) -> bool:
+    """Whether the batch's CRC-32C (attributes to the end) is the one it carries."""
+    return int(calc_crc32c(memoryview(batch)[_CRC_FROM:])) == header.crc
+
+
+def records_section(batch: bytes | memoryview, header: BatchHeader) -> bytes:
+    """The records of a batch, decompressed."""
+    body = memoryview(batch)[BATCH_HEADER.size :]
+    codec = header.attributes & 0x07
+    if codec == 0:
+        return bytes(body)
+    decode = _CODECS.get(codec)
+    if decode is None:
+        raise CorruptRecordError(f"unknown compression codec {codec} in a record batch")
+    return bytes(decode(body.tobytes()))
+
+
+def record_starts(data: bytes, count: int) -> np.ndarray:
+    """Where each of ``count`` records starts: each begins with its length (a zigzag
+    varint), so this is one step per record — the only per-record Python there is."""
+    starts = [0] * count
+    pos = 0
+    end = len(data)
+    for i in range(count):
+        if pos >= end:
+            raise CorruptRecordError(f"a record batch ends after {i} of its {count} records")
+        starts[i] = pos
+        b = data[pos]
+        if b < 0x80:
+            pos += 1 + (b >> 1)
+            continue
+        c = data[pos + 1] if pos + 1 < end else 0
+        if c < 0x80:
+            pos += 2 + (((b & 0x7F) | (c << 7)) >> 1)
+            continue
+        z, shift, size = 0, 0, 0
+        while True:
+            if pos + size >= end or size >= 5:
+                raise CorruptRecordError("a record length varint runs past its batch")
+            byte = data[pos + size]
+            z |= (byte & 0x7F) << shift
+            shift += 7
+            size += 1
+            if byte < 0x80:
+                break
+        pos += size + (z >> 1)
+    if pos != end:
+        raise CorruptRecordError(
+            f"a record batch has {end - pos} bytes after its {count} records"
+            if pos < end
+            else "the last record of a batch runs past its end"
+        )
+    return np.array(starts, np.int64)
+
+
+def varints_at(buf: np.ndarray, at: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The zigzag varints starting at each position: (values, sizes in bytes).
+
+    One gather per byte position, for the records whose varint is still going: most
+    fields are one or two bytes, so this is two or three numpy passes.
+    """
+    b = buf[at]
+    z = (b & 0x7F).astype(np.uint64)
+    sizes = np.ones(len(at), np.int64)
+    going = np.flatnonzero(b >= 0x80)
+    k = 1
+    while len(going):
+        if k >= width:
+            raise CorruptRecordError(f"a varint longer than {width} bytes")
+        b = buf[at[going] + k]
+        z[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        sizes[going] += 1
+        going = going[b >= 0x80]
+        k += 1
+    values = (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
+    return values, sizes
+
+
+def binary_at(data: pa.Buffer, buf: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Binary values ``buf[at[i] : at[i] + lengths[i]]`` (length -1: null), as views into
+    ``data`` (Arrow's binary view layout: 16 bytes a value, up to 12 inline) made
+    contiguous by one cast."""
+    n = len(at)
+    nulls = lengths < 0
+    null_count = int(nulls.sum())
+    if null_count == n:
+        return pa.nulls(n, pa.binary())
+    size = np.maximum(lengths, 0).astype(np.int32)
+    views = np.zeros((n, 4), np.int32)
+    views[:, 0] = size
+    long = size > 12
+    if long.any():
+        start = at[long]
+        views[long, 1] = buf[start[:, None] + np.arange(4)].view(np.int32).ravel()
+        views[long, 3] = start  # buffer 0, offset: the value stays where it is
+    short = np.flatnonzero((size > 0) & ~long)
+    if len(short):
+        grab = buf[at[short][:, None] + np.arange(12)]
+        grab *= np.arange(12)[None, :] < size[short, None]
+        views[short, 1:4] = grab.view(np.int32)
+    validity = None
+    if null_count:
+        validity = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
+    out = pa.Array.from_buffers(
+        pa.binary_view(), n, [validity, pa.py_buffer(views), data], null_count=null_count
+    )
+    return out.cast(pa.binary())
+
+
+def decode_records(data: bytes, header: BatchHeader) -> KafkaColumns:
+    """The records of one (decompressed) batch as columns."""
+    n = header.count
+    starts = record_starts(data, n)
+    padded = pa.py_buffer(data + bytes(_PAD))
+    buf = np.frombuffer(padded, np.uint8)
+    ends = np.append(starts[1:], len(data))
+    _, size = varints_at(buf, starts, 5)  # the length: record_starts checked it
+    at = starts + size + 1  # the attributes byte (unused in magic 2)
+    ts_delta, size = varints_at(buf, _within(at, ends), 10)
+    at += size
+    offset_delta, size = varints_at(buf, _within(at, ends), 5)
+    at += size
+    key_len, size = varints_at(buf, _within(at, ends), 5)
+    at += size
+    keys = binary_at(padded, buf, _within(at, ends), key_len)
+    at += np.maximum(key_len, 0)
+    value_len, size = varints_at(buf, _within(at, ends), 5)
+    at += size
+    values = binary_at(padded, buf, _within(at, ends), value_len)
+    at += np.maximum(value_len, 0)
+    count, size = varints_at(buf, _within(at, ends), 5)
+    at += size
+    headers, at = _headers(padded, buf, _within(at, ends), count, ends)
+    if (at != ends).any():
+        raise CorruptRecordError("a record's fields do not end where its length says")
+    if header.timestamp_type == 1:  # LogAppendTime: the broker's time for every record
+        timestamps = np.full(n, header.max_timestamp, np.int64)
+    else:
+        timestamps = header.first_timestamp + ts_delta
+    return KafkaColumns(
+        header.base_offset + offset_delta,
+        timestamps,
+        np.full(n, header.timestamp_type, np.int8),
+        keys,
+        values,
+        headers,
+    )
+
+
+def _within(at: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``at``, after checking that no position ran past its record's end (a corrupt
+    length would otherwise send the next read into another record, or past the batch)."""
+    if (at > ends).any():
+        raise CorruptRecordError("a record's fields run past the end its length gives")
+    return at
+
+
+def _headers(
+    data: pa.Buffer, buf: np.ndarray, at: np.ndarray, count: np.ndarray, ends: np.ndarray
+) -> tuple[pa.Array, np.ndarray]:
+    """Every record's headers (``count`` each, starting at ``at``) and where each record's
+    headers end. Decoded one header position at a time across all records that have it."""
+    n = len(at)
+    if (count < 0).any():
+        raise CorruptRecordError("a negative header count")
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(count, out=offsets[1:])
+    if offsets[-1] == 0:
+        empty = pa.array([], _HEADER_STRUCT)
+        return pa.ListArray.from_arrays(pa.array(offsets), empty, type=HEADER_TYPE), at
+    at = at.copy()
+    key_at, key_len, value_at, value_len, order = [], [], [], [], []
+    for j in range(int(count.max())):
+        rows = np.flatnonzero(count > j)
+        end = ends[rows]
+        p = at[rows]
+        klen, size = varints_at(buf, _within(p, end), 5)
+        if (klen < 0).any():
+            raise CorruptRecordError("a null header key")
+        p = _within(p + size, end)
+        key_at.append(p)
+        key_len.append(klen)
+        p = _within(p + klen, end)
+        vlen, size = varints_at(buf, p, 5)
+        p = _within(p + size, end)
+        value_at.append(p)
+        value_len.append(vlen)
+        at[rows] = _within(p + np.maximum(vlen, 0), end)
+        order.append(offsets[rows] + j)  # this header's place in the flat list
+    place = np.concatenate(order)
+    flat = np.empty(len(place), np.int64)
+    flat[place] = np.arange(len(place))
+    keys = binary_at(data, buf, np.concatenate(key_at)[flat], np.concatenate(key_len)[flat])
+    vals = binary_at(data, buf, np.concatenate(value_at)[flat], np.concatenate(value_len)[flat])
+    entries = pa.StructArray.from_arrays([keys, vals], fields=list(_HEADER_STRUCT))
+    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=HEADER_TYPE), at
