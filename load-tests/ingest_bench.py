@@ -75,8 +75,11 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int) -> int:
     return total
 
 
-async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
-    """Seconds from the first record to the n-th, counting only."""
+async def bare_aiokafka(
+    bootstrap: str, topic: str, n: int, broker_pid: int
+) -> tuple[float, float, float]:
+    """Seconds from the first record to the n-th, counting only; and the CPU seconds this
+    loop and the broker used in that time."""
     c = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -96,21 +99,32 @@ async def bare_aiokafka(bootstrap: str, topic: str, n: int) -> float:
         got = sum(len(v) for v in batches.values())
         if got and start is None:
             start = time.perf_counter()
+            cpu0, broker0 = time.process_time(), cpu_s(broker_pid)
         seen += got
     elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu, broker_cpu = time.process_time() - cpu0, cpu_s(broker_pid) - broker0
     await c.stop()
-    return elapsed
+    return elapsed, cpu, broker_cpu
 
 
-def metric_sum(admin: str, name: str) -> float:
-    """A metric summed over its label sets, from the gateway's /metrics (0 until it
-    answers)."""
+def metric_sums(admin: str, *names: str) -> list[float]:
+    """Metrics summed over their label sets, from one scrape of the gateway's /metrics
+    (0 until it answers)."""
     try:
         with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
-        return 0.0
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
+        return [0.0] * len(names)
+    lines = text.splitlines()
+    return [
+        sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(name + "{")) for name in names
+    ]
+
+
+#: How often the gateway's /metrics is read. Rendering it costs the gateway CPU (a few
+#: ms each under load): polling twice every 20 ms, as this bench first did, took a
+#: fifth of the gateway's GIL time (py-spy --gil) and pulled every ratio down.
+POLL_S = 0.1
 
 
 @dataclass
@@ -118,9 +132,19 @@ class Run:
     consume_s: float  # first record consumed -> last record consumed
     commit_s: float  # first record consumed -> last record durable and committed
     total_s: float  # process start -> last record committed (start-up and group join)
+    cpu_s: float  # CPU seconds the gateway used from its first record to the last committed
+    broker_cpu_s: float  # CPU seconds the broker used in the same window
 
 
-def time_stream(source: str, n: int, roll_age: float, consumed: str, done: str) -> Run:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_stream(
+    source: str, n: int, roll_age: float, consumed: str, done: str, broker_pid: int | None = None
+) -> Run:
     """Run ``twg stream`` (a subprocess, as deployed) over one ``[[sources]]`` table until
     the ``done`` metric reaches ``n``; times read from its own /metrics."""
     port = free_port()
@@ -141,28 +165,33 @@ roll_age_s = {roll_age}
         cmd = [sys.executable, "-m", "thalweg.cli.main", "--log-level", "warning", "stream"]
         proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
         first = all_consumed = None
+        cpu0 = broker0 = 0.0
         try:
             while True:
-                got = metric_sum(admin, consumed)
+                got, finished = metric_sums(admin, consumed, done)
                 now = time.perf_counter()
                 if got and first is None:
                     first = now
+                    cpu0 = cpu_s(proc.pid)
+                    broker0 = cpu_s(broker_pid) if broker_pid else 0.0
                 if got >= n and all_consumed is None:
                     all_consumed = now
-                if metric_sum(admin, done) >= n:
+                if finished >= n:
+                    cpu = cpu_s(proc.pid) - cpu0
+                    broker_cpu = cpu_s(broker_pid) - broker0 if broker_pid else 0.0
                     break
                 if proc.poll() is not None:
                     raise SystemExit(f"twg stream exited with {proc.returncode}")
-                time.sleep(0.02)
+                time.sleep(POLL_S)
         finally:
             proc.terminate()
             proc.wait(30)
     assert first is not None
     assert all_consumed is not None
-    return Run(all_consumed - first, now - first, now - start)
+    return Run(all_consumed - first, now - first, now - start, cpu, broker_cpu)
 
 
-def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float) -> Run:
+def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float, broker_pid: int) -> Run:
     source = f"""name = "bench"
 kind = "kafka"
 bootstrap_servers = "{bootstrap}"
@@ -178,6 +207,7 @@ heartbeat_interval_ms = 1000"""
         roll_age,
         "twg_partition_consumed_position",
         "twg_partition_committed_position",
+        broker_pid,
     )
 
 
@@ -209,8 +239,11 @@ def main() -> None:
         value_bytes = produce(broker.bootstrap, topic, n, parts)
         took = time.perf_counter() - t
         print(f"produced {n:,} records ({value_bytes / n:.0f} B avg) in {took:.1f}s")
-        bare = asyncio.run(bare_aiokafka(broker.bootstrap, topic, n))
-        run = thalweg(broker.bootstrap, topic, n, args.format, args.roll_age)
+        broker_pid = broker.pid
+        bare, bare_cpu, bare_broker = asyncio.run(
+            bare_aiokafka(broker.bootstrap, topic, n, broker_pid)
+        )
+        run = thalweg(broker.bootstrap, topic, n, args.format, args.roll_age, broker_pid)
     mb = value_bytes / 1e6
     py = platform.python_version()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}")
@@ -226,6 +259,10 @@ def main() -> None:
     for label, secs in rows:
         print(f"{label:40} {n / secs:10,.0f} rec/s {mb / secs:7.1f} MB/s ({secs:.2f}s)")
     print(f"start-up and group join of twg stream: {run.total_s - run.commit_s:.2f}s")
+    print(
+        f"CPU per record: (a) {bare_cpu / n * 1e6:.2f} us + broker {bare_broker / n * 1e6:.2f} us;"
+        f"  (b) gateway {run.cpu_s / n * 1e6:.2f} us + broker {run.broker_cpu_s / n * 1e6:.2f} us"
+    )
     print(
         f"ratio consumed/(a): {bare / run.consume_s:.2f}   "
         f"ratio durable+committed/(a): {bare / run.commit_s:.2f}"

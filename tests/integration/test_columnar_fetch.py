@@ -77,8 +77,14 @@ async def _columnar(
     fetches = 0
     try:
         while len(out) < n:
-            marker.remaining = budget
-            got = (await c.getmany(timeout_ms=1000)).get(tp, [])
+            got: list[KafkaColumns] = []
+            marker.remaining, wait = budget, 1000
+            while marker.remaining > 0:  # as KafkaSource.fetch does: a batch a call
+                more = (await c.getmany(timeout_ms=wait, max_records=1)).get(tp, [])
+                if not more:
+                    break
+                got += more
+                wait = 0
             if not got:
                 continue
             cols = KafkaColumns.concat(got)

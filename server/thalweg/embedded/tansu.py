@@ -56,6 +56,13 @@ class TansuBroker:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int:
+        """The broker's process id (for measuring what it costs)."""
+        if self._proc is None:
+            raise ThalwegError("tansu is not running")
+        return self._proc.pid
+
+    @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
 

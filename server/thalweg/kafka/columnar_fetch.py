@@ -32,6 +32,7 @@ from thalweg.kafka.unpack import (
     LOG_OVERHEAD,
     MAGIC_AT,
     BatchHeader,
+    CorruptRecordError,
     KafkaColumns,
     check_crc,
     decode_records,
@@ -46,8 +47,9 @@ _MemoryRecords: Any = _fetcher.MemoryRecords
 
 class ColumnarFetch:
     """The marker a consumer is built with (as its ``value_deserializer``), and the
-    record budget of its next ``getmany``: batches beyond ``remaining`` records are left
-    for a later fetch (from the first record not handed over)."""
+    record budget of its next ``getmany(max_records=1)``: a batch larger than
+    ``remaining`` is handed over in parts, the rest kept for the next call (never fetched
+    twice)."""
 
     def __init__(self) -> None:
         self.remaining = 0
@@ -125,21 +127,23 @@ class _ColumnarPartitionRecords(_PartitionRecords):  # type: ignore[misc]
                 if self._skipped(batch, header):
                     self.next_fetch_offset = header.next_offset
                     continue
-                cols = decode_records(records_section(batch, header), header)
+                try:
+                    cols = decode_records(records_section(batch, header), header)
+                except CorruptRecordError as exc:  # raised as aiokafka raises a bad CRC
+                    raise CorruptRecordException(
+                        f"{self._tp} at offset {header.base_offset}: {exc}"
+                    ) from exc
                 next_offset = header.next_offset
             cols = cols.since(self.next_fetch_offset)
-            if len(cols) > budget.remaining:
-                if budget.remaining:
-                    self.next_fetch_offset = int(cols.offsets[budget.remaining])
-                    yield cols.head(budget.remaining)
-                    budget.remaining = 0
-                else:
-                    self.next_fetch_offset = int(cols.offsets[0])
-                return  # the rest is fetched again from the position
-            budget.remaining -= len(cols)
+            while len(cols):
+                # At least one record, so a fetch always makes progress.
+                take = max(1, min(len(cols), budget.remaining))
+                part, cols = cols.head(take), cols.drop(take)
+                budget.remaining -= take
+                # aiokafka moves the consumer's position to this when it takes the part.
+                self.next_fetch_offset = int(cols.offsets[0]) if len(cols) else next_offset
+                yield part
             self.next_fetch_offset = max(next_offset, self.next_fetch_offset)
-            if len(cols):
-                yield cols
 
     def _skipped(self, batch: memoryview, header: BatchHeader) -> bool:
         """A control batch, or a batch of an aborted transaction under read_committed —

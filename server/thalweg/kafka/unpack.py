@@ -95,17 +95,8 @@ class KafkaColumns:
 
     def since(self, offset: int) -> KafkaColumns:
         """The records at ``offset`` or after (a compressed batch may start earlier)."""
-        keep = int(np.searchsorted(self.offsets, offset, side="left"))
-        if keep == 0:
-            return self
-        return KafkaColumns(
-            self.offsets[keep:],
-            self.timestamps[keep:],
-            self.timestamp_types[keep:],
-            self.keys.slice(keep),
-            self.values.slice(keep),
-            self.headers.slice(keep),
-        )
+        skip = int(np.searchsorted(self.offsets, offset, side="left"))
+        return self if skip == 0 else self.drop(skip)
 
     def head(self, n: int) -> KafkaColumns:
         """The first ``n`` records."""
@@ -116,6 +107,17 @@ class KafkaColumns:
             self.keys.slice(0, n),
             self.values.slice(0, n),
             self.headers.slice(0, n),
+        )
+
+    def drop(self, n: int) -> KafkaColumns:
+        """All but the first ``n`` records."""
+        return KafkaColumns(
+            self.offsets[n:],
+            self.timestamps[n:],
+            self.timestamp_types[n:],
+            self.keys.slice(n),
+            self.values.slice(n),
+            self.headers.slice(n),
         )
 
     @staticmethod

@@ -167,16 +167,26 @@ class KafkaSource:
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """Records fetched since the last call as one raw-lane batch per partition, in
         offset order; at most ``max_records`` of them (the rest stays for a later fetch)."""
-        self._columnar.remaining = max_records
-        try:
-            data = await self.consumer.getmany(timeout_ms=timeout_ms)
-        except KafkaError as exc:
-            raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
+        parts: dict[TopicPartition, list[KafkaColumns]] = {}
+        remaining, wait = max_records, timeout_ms
+        while remaining > 0:
+            # One record batch (or the part of one the budget allows) a call: the rest
+            # stays in aiokafka's buffer for the next call, never fetched twice.
+            self._columnar.remaining = remaining
+            try:
+                data = await self.consumer.getmany(timeout_ms=wait, max_records=1)
+            except KafkaError as exc:
+                raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
+            got = [(tp, c) for tp, chunks in data.items() for c in chunks if len(c)]
+            if not got:
+                break
+            for tp, c in got:
+                parts.setdefault(tp, []).append(c)
+                remaining -= len(c)
+            wait = 0
         ingest_ts_us = time.time_ns() // 1000
         out = {}
-        for tp, chunks in data.items():
-            if not chunks:
-                continue
+        for tp, chunks in parts.items():
             cols = KafkaColumns.concat(chunks)
             out[(tp.topic, tp.partition)] = raw_batch_from_columns(
                 topic=tp.topic,
