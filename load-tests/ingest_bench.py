@@ -5,9 +5,13 @@ in the same run:
 
   (a) baseline: a bare aiokafka ``getmany`` loop that only counts records;
   (b) thalweg:  ``twg stream`` (a subprocess, as deployed) until the raw lane holds all
-      N records and the group has committed them.
+      N records and the group has committed them;
+  (c) with ``--naive`` (JSON only): the pipeline a user writes first — aiokafka
+      ``getmany``, ``json.loads`` per value, ``pa.Table.from_pylist``, one Parquet file
+      per fetch, a commit after each file.
 
-Prints records/s and MB/s of both and the ratio (b)/(a). Not a test: machines here are
+Prints records/s and MB/s and the ratios (b)/(a) and (b)/(c), with the CPU each used
+per record. Not a test: machines here are
 noisy, so only the ratio within one run means much.
 
     python load-tests/ingest_bench.py --records 1000000 --partitions 4
@@ -136,6 +140,40 @@ class Run:
     broker_cpu_s: float  # CPU seconds the broker used in the same window
 
 
+async def naive_pipeline(bootstrap: str, topic: str, n: int, out: Path) -> float:
+    """Seconds from the first record to the n-th written to Parquet and committed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"naive-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=50 << 20,
+    )
+    await c.start()
+    start = None
+    seen = files = 0
+    try:
+        while seen < n:
+            batches = await c.getmany(timeout_ms=200, max_records=10_000)
+            rows = [json.loads(r.value) for recs in batches.values() for r in recs]
+            if not rows:
+                continue
+            if start is None:
+                start = time.perf_counter()
+            pq.write_table(pa.Table.from_pylist(rows), out / f"part-{files:06d}.parquet")
+            files += 1
+            await c.commit()
+            seen += len(rows)
+        return time.perf_counter() - (start or time.perf_counter())
+    finally:
+        await c.stop()
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -229,6 +267,9 @@ def main() -> None:
         default=5.0,
         help="raw_lane.roll_age_s for the gateway (default: the product default)",
     )
+    ap.add_argument(
+        "--naive", action="store_true", help="also run (c), the naive user pipeline (JSON)"
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -244,6 +285,10 @@ def main() -> None:
             bare_aiokafka(broker.bootstrap, topic, n, broker_pid)
         )
         run = thalweg(broker.bootstrap, topic, n, args.format, args.roll_age, broker_pid)
+        naive = None
+        if args.naive:
+            with tempfile.TemporaryDirectory() as d:
+                naive = asyncio.run(naive_pipeline(broker.bootstrap, topic, n, Path(d)))
     mb = value_bytes / 1e6
     py = platform.python_version()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}")
@@ -256,6 +301,8 @@ def main() -> None:
         ("(b) twg stream: consumed into Arrow", run.consume_s),
         ("(b) twg stream: durable + committed", run.commit_s),
     ]
+    if naive is not None:
+        rows.append(("(c) naive pipeline: Parquet + committed", naive))
     for label, secs in rows:
         print(f"{label:40} {n / secs:10,.0f} rec/s {mb / secs:7.1f} MB/s ({secs:.2f}s)")
     print(f"start-up and group join of twg stream: {run.total_s - run.commit_s:.2f}s")
@@ -267,6 +314,8 @@ def main() -> None:
         f"ratio consumed/(a): {bare / run.consume_s:.2f}   "
         f"ratio durable+committed/(a): {bare / run.commit_s:.2f}"
     )
+    if naive is not None:
+        print(f"ratio durable+committed/(c) naive: {naive / run.commit_s:.2f}")
 
 
 if __name__ == "__main__":
