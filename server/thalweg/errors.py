@@ -21,6 +21,7 @@ class defined outside this module names its module in parentheses)::
     ├── PartitionElsewhereError
     ├── ShutdownTimeoutError
     ├── PositionOverflowError (thalweg.records.position)
+    ├── CorruptRecordError (thalweg.kafka.unpack)
     ├── UnsupportedSchemaError (thalweg.codecs.typemap)
     ├── RuleError (thalweg.contracts.checks)
     ├── ContractStopError (thalweg.pipeline.quality)
