@@ -138,6 +138,15 @@ class Run:
     total_s: float  # process start -> last record committed (start-up and group join)
     cpu_s: float  # CPU seconds the gateway used from its first record to the last committed
     broker_cpu_s: float  # CPU seconds the broker used in the same window
+    base_rss: int  # the gateway's RSS (bytes) when its first record was consumed
+    peak_rss: int  # its highest RSS seen until the last record was committed
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 async def naive_pipeline(bootstrap: str, topic: str, n: int, out: Path) -> float:
@@ -181,7 +190,14 @@ def cpu_s(pid: int) -> float:
 
 
 def time_stream(
-    source: str, n: int, roll_age: float, consumed: str, done: str, broker_pid: int | None = None
+    source: str,
+    n: int,
+    roll_age: float,
+    consumed: str,
+    done: str,
+    broker_pid: int | None = None,
+    raw_lane: str = "",
+    gateway: str = "",
 ) -> Run:
     """Run ``twg stream`` (a subprocess, as deployed) over one ``[[sources]]`` table until
     the ``done`` metric reaches ``n``; times read from its own /metrics."""
@@ -194,8 +210,10 @@ def time_stream(
 data_dir = "{d}/lane"
 flight_listen = "grpc://127.0.0.1:0"
 http_listen = "127.0.0.1:{port}"
+{gateway}
 [raw_lane]
 roll_age_s = {roll_age}
+{raw_lane}
 [[sources]]
 {source}
 """)
@@ -204,6 +222,7 @@ roll_age_s = {roll_age}
         proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
         first = all_consumed = None
         cpu0 = broker0 = 0.0
+        base_rss = peak_rss = 0
         try:
             while True:
                 got, finished = metric_sums(admin, consumed, done)
@@ -212,6 +231,9 @@ roll_age_s = {roll_age}
                     first = now
                     cpu0 = cpu_s(proc.pid)
                     broker0 = cpu_s(broker_pid) if broker_pid else 0.0
+                    base_rss = rss_bytes(proc.pid)
+                if first is not None:
+                    peak_rss = max(peak_rss, rss_bytes(proc.pid))
                 if got >= n and all_consumed is None:
                     all_consumed = now
                 if finished >= n:
@@ -226,10 +248,19 @@ roll_age_s = {roll_age}
             proc.wait(30)
     assert first is not None
     assert all_consumed is not None
-    return Run(all_consumed - first, now - first, now - start, cpu, broker_cpu)
+    return Run(all_consumed - first, now - first, now - start, cpu, broker_cpu, base_rss, peak_rss)
 
 
-def thalweg(bootstrap: str, topic: str, n: int, fmt: str, roll_age: float, broker_pid: int) -> Run:
+def thalweg(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    fmt: str,
+    roll_age: float,
+    broker_pid: int,
+    max_buffered_mb: int | None = None,
+    segment_cache_mb: int | None = None,
+) -> Run:
     source = f"""name = "bench"
 kind = "kafka"
 bootstrap_servers = "{bootstrap}"
@@ -238,6 +269,11 @@ group_id = "twg-{uuid.uuid4().hex[:6]}"
 format = "{fmt}"
 session_timeout_ms = 6000
 heartbeat_interval_ms = 1000"""
+    gateway = (
+        f"[gateway.flight]\nsegment_cache_bytes = {segment_cache_mb << 20}"
+        if segment_cache_mb is not None
+        else ""
+    )
     # Kafka positions are offsets: their sum over partitions reaches n at the end.
     return time_stream(
         source,
@@ -246,6 +282,8 @@ heartbeat_interval_ms = 1000"""
         "twg_partition_consumed_position",
         "twg_partition_committed_position",
         broker_pid,
+        f"max_buffered_bytes = {max_buffered_mb << 20}" if max_buffered_mb else "",
+        gateway,
     )
 
 
@@ -270,6 +308,16 @@ def main() -> None:
     ap.add_argument(
         "--naive", action="store_true", help="also run (c), the naive user pipeline (JSON)"
     )
+    ap.add_argument(
+        "--max-buffered-mb",
+        type=int,
+        help="raw_lane.max_buffered_bytes in MiB (default: the product default, 256)",
+    )
+    ap.add_argument(
+        "--segment-cache-mb",
+        type=int,
+        help="gateway.flight.segment_cache_bytes in MiB (default: the product default, 256)",
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -284,7 +332,16 @@ def main() -> None:
         bare, bare_cpu, bare_broker = asyncio.run(
             bare_aiokafka(broker.bootstrap, topic, n, broker_pid)
         )
-        run = thalweg(broker.bootstrap, topic, n, args.format, args.roll_age, broker_pid)
+        run = thalweg(
+            broker.bootstrap,
+            topic,
+            n,
+            args.format,
+            args.roll_age,
+            broker_pid,
+            args.max_buffered_mb,
+            args.segment_cache_mb,
+        )
         naive = None
         if args.naive:
             with tempfile.TemporaryDirectory() as d:
@@ -316,6 +373,12 @@ def main() -> None:
     )
     if naive is not None:
         print(f"ratio durable+committed/(c) naive: {naive / run.commit_s:.2f}")
+    bound = (args.max_buffered_mb or 256) << 20
+    grew = run.peak_rss - run.base_rss
+    print(
+        f"gateway RSS: {run.base_rss >> 20} MiB at the first record, peak {run.peak_rss >> 20} "
+        f"MiB (+{grew >> 20} MiB = {grew / bound:.2f}x max_buffered_bytes {bound >> 20} MiB)"
+    )
 
 
 if __name__ == "__main__":
