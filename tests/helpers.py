@@ -309,3 +309,26 @@ def bucket_offsets(
             col = pq.read_table(dest, columns=["_twg_source_offset"]).column(0)
             seen.update((p, o) for o in col.to_pylist())
     return seen, overlapping
+
+
+def kafka_record_fields(r: Any) -> tuple[Any, ...]:
+    """(offset, timestamp, timestamp type, key, value, [(header key bytes, value)]) of a
+    record as aiokafka reads it (its own record or a ``ConsumerRecord``)."""
+    headers = [(k.encode() if isinstance(k, str) else k, v) for k, v in r.headers]
+    return (r.offset, r.timestamp, r.timestamp_type, r.key, r.value, headers)
+
+
+def kafka_column_fields(cols: Any) -> list[tuple[Any, ...]]:
+    """The same tuples, row by row, from decoded ``KafkaColumns``."""
+    return [
+        (o, t, tt, k, v, [(h["key"], h["value"]) for h in hs])
+        for o, t, tt, k, v, hs in zip(
+            cols.offsets.tolist(),
+            cols.timestamps.tolist(),
+            cols.timestamp_types.tolist(),
+            cols.keys.to_pylist(),
+            cols.values.to_pylist(),
+            cols.headers.to_pylist(),
+            strict=True,
+        )
+    ]

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.consumer import fetcher
 from confluent_kafka import Producer
 
+from tests.helpers import kafka_column_fields, kafka_record_fields
 from thalweg.embedded import TansuBroker
 from thalweg.kafka.columnar_fetch import ColumnarFetch, _ColumnarPartitionRecords
 from thalweg.kafka.unpack import KafkaColumns
@@ -46,17 +47,7 @@ async def _plain(bootstrap: str, topic: str, n: int) -> list[tuple[Any, ...]]:
     try:
         while len(out) < n:
             for recs in (await c.getmany(timeout_ms=1000)).values():
-                out += [
-                    (
-                        r.offset,
-                        r.timestamp,
-                        r.timestamp_type,
-                        r.key,
-                        r.value,
-                        [(k.encode(), v) for k, v in r.headers],
-                    )
-                    for r in recs
-                ]
+                out += [kafka_record_fields(r) for r in recs]
     finally:
         await c.stop()
     return out
@@ -90,17 +81,7 @@ async def _columnar(
             cols = KafkaColumns.concat(got)
             assert len(cols) <= budget
             fetches += 1
-            out += list(
-                zip(
-                    cols.offsets.tolist(),
-                    cols.timestamps.tolist(),
-                    cols.timestamp_types.tolist(),
-                    cols.keys.to_pylist(),
-                    cols.values.to_pylist(),
-                    [[(h["key"], h["value"]) for h in hs] for hs in cols.headers.to_pylist()],
-                    strict=True,
-                )
-            )
+            out += kafka_column_fields(cols)
             assert await c.position(tp) == out[-1][0] + 1  # the position follows the rows
     finally:
         await c.stop()

@@ -11,6 +11,7 @@ from aiokafka.record.util import calc_crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import kafka_column_fields, kafka_record_fields
 from thalweg.kafka.unpack import (
     BatchHeader,
     CorruptRecordError,
@@ -43,35 +44,13 @@ def _batch(recs: list[Record], codec: int = 0, base: int = 1000) -> bytes:
 
 
 def _expected(buf: bytes) -> list[tuple[object, ...]]:
-    return [
-        (
-            r.offset,
-            r.timestamp,
-            r.timestamp_type,
-            r.key,
-            r.value,
-            [(k.encode(), v) for k, v in r.headers],
-        )
-        for r in DefaultRecordBatch(bytearray(buf))
-    ]
+    return [kafka_record_fields(r) for r in DefaultRecordBatch(bytearray(buf))]
 
 
 def _decoded(buf: bytes) -> list[tuple[object, ...]]:
     header = BatchHeader.parse(buf)
     assert check_crc(buf, header)
-    cols = decode_records(records_section(buf, header), header)
-    return [
-        (o, t, tt, k, v, [(h["key"], h["value"]) for h in hs])
-        for o, t, tt, k, v, hs in zip(
-            cols.offsets.tolist(),
-            cols.timestamps.tolist(),
-            cols.timestamp_types.tolist(),
-            cols.keys.to_pylist(),
-            cols.values.to_pylist(),
-            cols.headers.to_pylist(),
-            strict=True,
-        )
-    ]
+    return kafka_column_fields(decode_records(records_section(buf, header), header))
 
 
 @settings(max_examples=120, deadline=None)
