@@ -260,7 +260,13 @@ def thalweg(
     broker_pid: int,
     max_buffered_mb: int | None = None,
     segment_cache_mb: int | None = None,
+    fetch_mb: int | None = None,
 ) -> Run:
+    fetch = (
+        f"\nfetch_max_bytes = {fetch_mb << 20}\nmax_partition_fetch_bytes = {fetch_mb << 20}"
+        if fetch_mb
+        else ""
+    )
     source = f"""name = "bench"
 kind = "kafka"
 bootstrap_servers = "{bootstrap}"
@@ -268,7 +274,7 @@ topics = ["{topic}"]
 group_id = "twg-{uuid.uuid4().hex[:6]}"
 format = "{fmt}"
 session_timeout_ms = 6000
-heartbeat_interval_ms = 1000"""
+heartbeat_interval_ms = 1000{fetch}"""
     gateway = (
         f"[gateway.flight]\nsegment_cache_bytes = {segment_cache_mb << 20}"
         if segment_cache_mb is not None
@@ -318,6 +324,12 @@ def main() -> None:
         type=int,
         help="gateway.flight.segment_cache_bytes in MiB (default: the product default, 256)",
     )
+    ap.add_argument(
+        "--fetch-mb",
+        type=int,
+        help="the source's fetch_max_bytes and max_partition_fetch_bytes in MiB "
+        "(default: the product defaults, 50 and 8)",
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -341,6 +353,7 @@ def main() -> None:
             broker_pid,
             args.max_buffered_mb,
             args.segment_cache_mb,
+            args.fetch_mb,
         )
         naive = None
         if args.naive:
