@@ -151,7 +151,11 @@ def test_sigkill_loop_writes_every_message_exactly_once(
     proc = start_gateway(config, log)
     try:
         for _ in range(4):
-            time.sleep(rng.uniform(1.0, 2.5))
+            # Each window counts from the gateway's start-up line, not its launch: start-up
+            # alone (imports, ~2 s on a loaded machine) could fill a window, and then no
+            # kill fell mid-ingest. At most 4 x 2 s x 4000 msg/s < total: never all.
+            wait_started(proc)
+            time.sleep(rng.uniform(0.8, 2.0))
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
             if lite is not None:
