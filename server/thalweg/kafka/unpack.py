@@ -100,24 +100,21 @@ class KafkaColumns:
 
     def head(self, n: int) -> KafkaColumns:
         """The first ``n`` records."""
-        return KafkaColumns(
-            self.offsets[:n],
-            self.timestamps[:n],
-            self.timestamp_types[:n],
-            self.keys.slice(0, n),
-            self.values.slice(0, n),
-            self.headers.slice(0, n),
-        )
+        return self._rows(0, n)
 
     def drop(self, n: int) -> KafkaColumns:
         """All but the first ``n`` records."""
+        return self._rows(n, len(self))
+
+    def _rows(self, start: int, stop: int) -> KafkaColumns:
+        n = stop - start
         return KafkaColumns(
-            self.offsets[n:],
-            self.timestamps[n:],
-            self.timestamp_types[n:],
-            self.keys.slice(n),
-            self.values.slice(n),
-            self.headers.slice(n),
+            self.offsets[start:stop],
+            self.timestamps[start:stop],
+            self.timestamp_types[start:stop],
+            self.keys.slice(start, n),
+            self.values.slice(start, n),
+            self.headers.slice(start, n),
         )
 
     @staticmethod

@@ -115,30 +115,19 @@ def build_raw_batch(
     n = len(records)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=columns.raw_schema)
-    topic = records[0].topic
-    partition = records[0].partition
-    offsets_np = np.fromiter(map(_get_offset, records), dtype=np.int64, count=n)
-    ts_types = pa.array(np.fromiter(map(_get_ts_type, records), dtype=np.int8, count=n))
-    built: dict[str, pa.Array] = {
-        "cluster": constant(cluster, pa.string(), n),
-        "topic": constant(topic, pa.string(), n),
-        "partition": constant(partition, pa.int32(), n),
-        "offset": pa.array(offsets_np),
-        "key": pa.array(list(map(_get_key, records)), pa.binary()),
-        "value": pa.array(list(map(_get_value, records)), pa.binary()),
-        "headers": build_headers(list(map(_get_headers, records))),
-        "timestamp": pa.array(np.fromiter(map(_get_ts, records), dtype=np.int64, count=n)).view(
-            TIMESTAMP_MS
-        ),
-        "timestamp_type": _TS_TYPE_DICT.take(ts_types),
-    }
-    arrays = [
-        built[suffix] if suffix in built else pa.nulls(n, type_) for suffix, type_ in SOURCE_COLUMNS
-    ]
-    arrays.append(record_ids(cluster, topic, partition, offsets_np))
-    arrays.append(built["offset"])  # a Kafka record's position is its offset
-    arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
-    return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)
+    return raw_batch_from_columns(
+        topic=records[0].topic,
+        partition=records[0].partition,
+        offsets=np.fromiter(map(_get_offset, records), dtype=np.int64, count=n),
+        timestamps_ms=np.fromiter(map(_get_ts, records), dtype=np.int64, count=n),
+        timestamp_types=np.fromiter(map(_get_ts_type, records), dtype=np.int8, count=n),
+        keys=pa.array(list(map(_get_key, records)), pa.binary()),
+        values=pa.array(list(map(_get_value, records)), pa.binary()),
+        headers=build_headers(list(map(_get_headers, records))),
+        cluster=cluster,
+        ingest_ts_us=ingest_ts_us,
+        columns=columns,
+    )
 
 
 def raw_batch_from_columns(
@@ -156,8 +145,8 @@ def raw_batch_from_columns(
     columns: MetadataColumns,
 ) -> pa.RecordBatch:
     """The raw-lane batch of records of one (topic, partition) given as columns (a
-    columnar fetch: :mod:`thalweg.kafka.unpack`), in offset order; the same columns
-    :func:`build_raw_batch` makes from record objects."""
+    columnar fetch, :mod:`thalweg.kafka.unpack`; or :func:`build_raw_batch`'s columns
+    read from record objects), in offset order."""
     n = len(offsets)
     offsets_arr = pa.array(offsets, pa.int64())
     built: dict[str, pa.Array] = {
