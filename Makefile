@@ -57,11 +57,15 @@ mutate: $(BIN)/mutmut
 		echo "survived or untested, per module:"; \
 		awk -F'.x' '{print $$1}' survivors.txt | sed 's/^ *//' | sort | uniq -c
 
-# Recompile the ticket contract after editing proto/ (a test checks it is current).
+# Recompile the ticket contract and the Flight SQL subset after editing proto/ (tests check
+# both are current).
 proto: $(BIN)/twg
 	$(BIN)/python -m grpc_tools.protoc -Iproto \
 		--descriptor_set_out=client/thalweg_client/wire/ticket_v1.desc \
 		proto/thalweg/flight/v1/ticket.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto \
+		--descriptor_set_out=server/thalweg/flight/sql/flight_sql.desc \
+		proto/arrow/flight/protocol/sql/thalweg_subset.proto
 
 clean:
 	rm -rf $(VENV) twg-quickstart .pytest_cache .mypy_cache .ruff_cache $(MUTATION)

@@ -148,6 +148,32 @@ class TracingConfig(_Model):
     sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of root traces kept.")
 
 
+class FlightSqlConfig(_Model):
+    """Flight SQL on the gateway's Flight port (docs/flight-sql.md)."""
+
+    enabled: bool = Field(True, description="Serve Flight SQL commands beside the JSON tickets.")
+    memory_limit_bytes: int = Field(
+        1024 * MiB,
+        ge=1 * MiB,
+        description="Memory one query's operators may hold (aggregates, sorts, joins); a "
+        "query that needs more fails with a message naming this setting.",
+    )
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A query still running after this long ends with DEADLINE_EXCEEDED "
+        "(checked between result batches).",
+    )
+    max_queries: int = Field(
+        4, ge=1, description="Queries the gateway runs at once; more are refused UNAVAILABLE."
+    )
+    target_partitions: int | None = Field(
+        None,
+        ge=1,
+        description="Threads one query's scan and operators use (None: the number of cores).",
+    )
+
+
 class FlightServingConfig(_Model):
     """How Flight serves: endpoint slicing, follow-stream lag, and per-caller limits."""
 
@@ -175,6 +201,7 @@ class FlightServingConfig(_Model):
     max_batch_bytes: int = Field(
         64 * MiB, ge=1, description="Largest single record batch a do_put may send."
     )
+    sql: FlightSqlConfig = Field(default_factory=FlightSqlConfig)
 
 
 class ObjectStoreConfig(_Model):

@@ -26,6 +26,8 @@ raised                          gRPC status        when
 :class:`InvalidArgumentError`   INVALID_ARGUMENT   a bad ticket, descriptor, action body
                                                    or put batch; an unknown (or
                                                    unreadable) topic
+:class:`NotFoundError`          NOT_FOUND          a SQL table the caller may not read
+                                                   or that does not exist
 :class:`UnimplementedError`     UNIMPLEMENTED      a verb the gateway does not serve
 :class:`UnauthenticatedError`   UNAUTHENTICATED    no or a bad token / password
 :class:`PermissionDeniedError`  PERMISSION_DENIED  a write the token may not make
@@ -70,6 +72,13 @@ class RefusalError(Exception):
 
 class InvalidArgumentError(RefusalError, pa.ArrowInvalid):  # type: ignore[misc]
     status = "INVALID_ARGUMENT"
+
+
+class NotFoundError(RefusalError, pa.ArrowKeyError):  # type: ignore[misc]
+    status = "NOT_FOUND"
+
+    def __str__(self) -> str:  # a KeyError quotes its message; this one reads as text
+        return str(self.args[0]) if self.args else ""
 
 
 class UnimplementedError(RefusalError, pa.ArrowNotImplementedError):  # type: ignore[misc]

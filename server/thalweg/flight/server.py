@@ -3,10 +3,11 @@
 Each verb's body lives with its kind of work: reads (``list_flights``,
 ``get_flight_info``, ``get_schema``, ``do_get``, ``describe-topic``) in
 :class:`~thalweg.flight.read.service.Reads`, writes (``do_put``) in
-:class:`~thalweg.flight.put.service.Puts`. Descriptors are paths ``["topics", <topic>]``
-or commands whose bytes are a JSON read ticket (the same object ``do_get`` takes), so a
-client can ask for endpoints of a specific read. Every endpoint covers one partition,
-so readers can fetch in parallel.
+:class:`~thalweg.flight.put.service.Puts`, Flight SQL (commands, tickets and actions
+packed in ``google.protobuf.Any``) in :class:`~thalweg.flight.sql.service.FlightSql`.
+Descriptors are paths ``["topics", <topic>]`` or commands whose bytes are a JSON read
+ticket (the same object ``do_get`` takes), so a client can ask for endpoints of a specific
+read. Every endpoint covers one partition, so readers can fetch in parallel.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.put.service import Puts
 from thalweg.flight.read.nodes import NodeReads
 from thalweg.flight.read.service import Reads
+from thalweg.flight.sql.engine import SqlEngine
+from thalweg.flight.sql.messages import is_sql
+from thalweg.flight.sql.service import ACTIONS as SQL_ACTIONS
+from thalweg.flight.sql.service import FlightSql
+from thalweg.flight.sql.tables import LaneTables
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.owners import OwnerDirectory
@@ -109,9 +115,26 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             idempotent_producer=idempotent_producer,
             put_timeout_ms=put_timeout_ms,
         )
+        self.sql = (
+            FlightSql(SqlEngine(LaneTables(catalog), limits.sql), self.puts, metrics, streams)
+            if limits.sql.enabled
+            else None
+        )
 
     def _called(self, verb: str) -> None:
         self._metrics.flight_calls.labels(verb).inc()
+
+    def _sql(self, data: bytes) -> FlightSql | None:
+        """The Flight SQL service when ``data`` is a Flight SQL command or ticket."""
+        if not is_sql(data):
+            return None
+        if self.sql is None:
+            raise UnimplementedError("Flight SQL is off on this gateway (gateway.flight.sql)")
+        return self.sql
+
+    @staticmethod
+    def _command(descriptor: fl.FlightDescriptor) -> bytes:
+        return descriptor.command if descriptor.descriptor_type == fl.DescriptorType.CMD else b""
 
     # -- reads ---------------------------------------------------------------------
 
@@ -129,6 +152,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         self._called("get_flight_info")
+        sql = self._sql(self._command(descriptor))
+        if sql is not None:
+            return sql.get_flight_info(context, descriptor)
         if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
             return self.nodes.get_flight_info(context, descriptor)
         return self.reads.get_flight_info(context, descriptor)
@@ -138,6 +164,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.SchemaResult:
         self._called("get_schema")
+        sql = self._sql(self._command(descriptor))
+        if sql is not None:
+            return sql.get_schema(context, descriptor)
         if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
             return self.nodes.get_schema(context, descriptor)
         return self.reads.get_schema(context, descriptor)
@@ -145,6 +174,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
     @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         self._called("do_get")
+        sql = self._sql(ticket.ticket)
+        if sql is not None:
+            return sql.do_get(context, ticket.ticket)
         if self.nodes is not None and self.nodes.is_node_ticket(ticket.ticket):
             return self.nodes.do_get(context, ticket.ticket)
         return self.reads.do_get(context, ticket)
@@ -160,6 +192,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         writer: fl.FlightMetadataWriter,
     ) -> None:
         self._called("do_put")
+        sql = self._sql(self._command(descriptor))
+        if sql is not None:
+            sql.do_put(context, descriptor, reader, writer)
+            return
         self.puts.do_put(context, descriptor, reader, writer)
 
     @refusals
@@ -182,6 +218,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
                 'Body: {"topic": "<name>"}',
             ),
             ("health", "The gateway's health tree (as /health)."),
+            *(SQL_ACTIONS.items() if self.sql is not None else ()),
         ]
 
     @refusals
@@ -192,6 +229,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             return
         if action.type == "describe-topic":
             yield self.reads.describe(context, action.body.to_pybytes())
+            return
+        if self.sql is not None and is_sql(action.body.to_pybytes()):
+            yield from self.sql.do_action(context, action)
             return
         raise TicketError(f"unknown action {action.type!r}; see list_actions")
 

@@ -46,6 +46,7 @@ def segment_name(first: int, last: int) -> str:
 
 
 RETENTION_DIR = "retention"
+SQL_SNAPSHOTS_DIR = "sql-snapshots"  # files Flight SQL queries read (flight/sql/tables.py)
 NODES_DIR = "nodes"  # the pipeline's node lanes and node dead letters (docs/pipeline.md)
 _NODE_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 

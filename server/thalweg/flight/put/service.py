@@ -108,9 +108,10 @@ class Puts:
         descriptor: fl.FlightDescriptor,
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
-    ) -> None:
+    ) -> int:
         """Produce the rows of ``["topics", <topic>]`` and acknowledge each batch with
-        ``{"rows": n, "partitions": {"<p>": [first, last]}}`` as PutResult metadata."""
+        ``{"rows": n, "partitions": {"<p>": [first, last]}}`` as PutResult metadata.
+        Returns the rows produced (Flight SQL's ingest reports them)."""
         topic = self._put_topic(descriptor)
         if not principal_of(context).may("write", topic):
             raise fl.FlightUnauthorizedError(f"not allowed to write to {topic!r}")
@@ -135,6 +136,7 @@ class Puts:
         finally:
             slot.release()
         self._metrics.flight_rows.labels("do_put").inc(written)
+        return written
 
     async def _produce(
         self,

@@ -117,7 +117,7 @@ def read_stream(
             for entry in live:
                 lo, hi = offset_slice(entry.raw, off, pos, end)
                 if hi > lo:
-                    yield from rebatch(_shape_live(catalog, plan, entry, lo, hi))
+                    yield from rebatch(shape_live(catalog, plan, entry, lo, hi))
                 cursors[p] = entry.last + 1 if end is None else min(entry.last + 1, end)
                 progressed = True
             if not live and end is None and moved is not None:
@@ -220,9 +220,10 @@ def _pushdown(catalog: LaneCatalog, plan: ReadPlan) -> tuple[set[str] | None, pc
     return wanted, plan.predicate if filter_cols <= stored else None
 
 
-def _shape_live(
+def shape_live(
     catalog: LaneCatalog, plan: ReadPlan, entry: LiveEntry, lo: int, hi: int
 ) -> pa.Table:
+    """Rows ``[lo, hi)`` of a live entry in the plan's shape (also Flight SQL's live rows)."""
     raw = pa.Table.from_batches([entry.raw.slice(lo, hi - lo)])
     dec = entry.decoded.slice(lo, hi - lo) if entry.decoded is not None else None
     return _shape(catalog, plan, raw, dec)

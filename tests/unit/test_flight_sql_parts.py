@@ -1,0 +1,174 @@
+"""The Flight SQL pieces that need no gateway: messages, handles, markers, catalog rows."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from thalweg.flight.errors import InvalidArgumentError
+from thalweg.flight.sql import metadata as md
+from thalweg.flight.sql.handles import MAX_HANDLE_BYTES, Statement
+from thalweg.flight.sql.messages import M, is_sql, pack, unpack
+from thalweg.flight.sql.placeholders import number_markers
+from thalweg_client.wire import encode_ticket
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_descriptor_set_is_compiled_from_the_proto(tmp_path: Path) -> None:
+    out = tmp_path / "flight_sql.desc"
+    proto = ROOT / "proto/arrow/flight/protocol/sql/thalweg_subset.proto"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"--descriptor_set_out={out}",
+            str(proto),
+        ],
+        check=True,
+    )
+    shipped = ROOT / "server/thalweg/flight/sql/flight_sql.desc"
+    assert out.read_bytes() == shipped.read_bytes(), "run `make proto`"
+
+
+def test_commands_round_trip_and_are_told_apart_from_read_tickets() -> None:
+    packed = pack(M["CommandStatementQuery"](query="select 1"))
+    assert packed.startswith(b"\n")
+    assert is_sql(packed)
+    name, msg = unpack(packed)
+    assert name == "CommandStatementQuery" and msg.query == "select 1"
+    json_ticket = json.dumps({"topic": "t"}).encode()
+    binary_ticket = encode_ticket({"v": 1, "topic": "t"})
+    assert not is_sql(json_ticket) and not is_sql(binary_ticket) and not is_sql(b"")
+
+
+def test_unknown_and_malformed_commands_are_refused_by_kind() -> None:
+    from google.protobuf import any_pb2
+
+    unknown = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.Nope")
+    with pytest.raises(LookupError):
+        unpack(unknown.SerializeToString())
+    other = any_pb2.Any(type_url="type.googleapis.com/other.Thing")
+    with pytest.raises(ValueError, match="not a Flight SQL command"):
+        unpack(other.SerializeToString())
+    bad = any_pb2.Any(
+        type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery",
+        value=b"\x0a\xff",  # a string field whose length runs past the end
+    )
+    with pytest.raises(ValueError, match="malformed CommandStatementQuery"):
+        unpack(bad.SerializeToString())
+
+
+def test_statement_handles_carry_the_query_and_its_parameters() -> None:
+    params = pa.record_batch({"a": [1.5], "b": ["x"], "c": pa.array([b"\x00"], pa.binary())})
+    back = Statement.decode(Statement("select ?, ?, ?", params).encode())
+    assert back.sql == "select ?, ?, ?"
+    assert back.params is not None and back.params.equals(params)
+    assert Statement.decode(Statement("select 1").encode()) == Statement("select 1")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"f": "twg-sql", "v": 2, "sql": "x"}',
+        b'{"f": "twg-sql", "v": 1}',
+        b'{"f": "twg-sql", "v": 1, "sql": 3}',
+        b'{"f": "twg-sql", "v": 1, "sql": "x", "params": "%%"}',
+        b'{"f": "twg-sql", "v": 1, "sql": "x", "params": "AAAA"}',
+    ],
+)
+def test_damaged_handles_are_invalid_arguments(bad: bytes) -> None:
+    with pytest.raises(InvalidArgumentError, match="invalid statement handle"):
+        Statement.decode(bad)
+
+
+def test_oversized_statements_are_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="at most"):
+        Statement("x" * MAX_HANDLE_BYTES).encode()
+
+
+def test_markers_are_numbered_outside_literals_identifiers_and_comments() -> None:
+    sql = "select '?', \"a?b\", x -- why?\n from t /* ? */ where a = ? and b = 'it''s ?' or c = ?"
+    out, n = number_markers(sql)
+    assert n == 2
+    assert out == (
+        "select '?', \"a?b\", x -- why?\n from t /* ? */ where a = $1 and b = 'it''s ?' or c = $2"
+    )
+    assert number_markers("select 'unterminated ?") == ("select 'unterminated ?", 0)
+
+
+@given(st.text(alphabet="ab?'\"-/*\n ", max_size=40))
+def test_numbering_only_replaces_markers(sql: str) -> None:
+    out, n = number_markers(sql)
+    assert re.sub(r"\$\d+", "?", out) == sql  # nothing else changed
+    assert [int(m) for m in re.findall(r"\$(\d+)", out)] == list(range(1, n + 1))
+
+
+def test_sql_info_has_the_specified_schema_and_values() -> None:
+    table = md.sql_info([])
+    assert table.schema == md.SQL_INFO_SCHEMA
+    names = table.column("info_name").to_pylist()
+    values = dict(zip(names, table.column("value").to_pylist(), strict=True))
+    assert values[md.SERVER_NAME] == "Thalweg"
+    assert values[md.SERVER_SQL] is True and values[md.SERVER_READ_ONLY] is False
+    assert values[md.IDENTIFIER_QUOTE_CHAR] == '"'
+    union = table.column("value").chunk(0)
+    codes = dict(zip(names, union.type_codes.to_pylist(), strict=True))
+    assert codes[md.SERVER_NAME] == 0 and codes[md.SERVER_SQL] == 1
+    assert codes[md.SERVER_TRANSACTION] == 3 and codes[md.IDENTIFIER_CASE] == 3
+    asked = md.sql_info([md.SERVER_SQL, 99_999, md.SERVER_NAME])
+    assert asked.column("info_name").to_pylist() == [md.SERVER_SQL, md.SERVER_NAME]
+
+
+def test_like_patterns() -> None:
+    rx = md.like("de%")
+    assert rx is not None and rx.fullmatch("decoded") and not rx.fullmatch("raw")
+    one = md.like("ra_")
+    assert one is not None and one.fullmatch("raw") and not one.fullmatch("rawx")
+    dots = md.like("a.b")
+    assert dots is not None and not dots.fullmatch("axb")
+    assert md.like(None) is None
+
+
+def test_get_tables_filters_sorts_and_serializes_schemas() -> None:
+    s = pa.schema([("a", pa.int64())])
+    entries = [md.TableEntry("raw", "t2", s), md.TableEntry("decoded", "t1", s)]
+    got = md.tables(
+        entries,
+        catalog=None,
+        schema_pattern=None,
+        table_pattern="t%",
+        table_types=[],
+        include_schema=True,
+    )
+    assert got.column("db_schema_name").to_pylist() == ["decoded", "raw"]
+    assert pa.ipc.read_schema(pa.py_buffer(got.column("table_schema")[0].as_py())) == s
+    assert not md.tables(
+        entries,
+        catalog="other",
+        schema_pattern=None,
+        table_pattern=None,
+        table_types=[],
+        include_schema=False,
+    ).num_rows
+    assert not md.tables(
+        entries,
+        catalog=None,
+        schema_pattern=None,
+        table_pattern=None,
+        table_types=["VIEW"],
+        include_schema=False,
+    ).num_rows
