@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import duckdb
@@ -279,7 +280,8 @@ def test_segments_removed_mid_query_stay_readable(orders: tuple[RunningGateway, 
     """A query holds its files: deleting a segment after it started loses nothing."""
     gw, topic = orders
     client = fl.connect(gw.flight_url)
-    cmd = pack(M["CommandStatementQuery"](query=f'select amount from "{topic}"'))
+    # Sorted: one endpoint, one snapshot (each endpoint of a split query takes its own).
+    cmd = pack(M["CommandStatementQuery"](query=f'select amount from "{topic}" order by 1'))
     info = client.get_flight_info(fl.FlightDescriptor.for_command(cmd))
     started = threading.Event()
     engine = gw.gateway.flight.sql.engine
@@ -300,6 +302,7 @@ def test_segments_removed_mid_query_stay_readable(orders: tuple[RunningGateway, 
         return snap
 
     engine._tables.snapshot = snapshot_then_delete  # type: ignore[method-assign]
+    assert len(info.endpoints) == 1
     got = client.do_get(info.endpoints[0].ticket).read_all()
     assert started.is_set()
     assert sorted(got.column("amount").to_pylist()) == sorted(o["amount"] for o in ORDERS)
@@ -317,3 +320,51 @@ def test_sql_off_is_refused(
     # The JSON ticket path is untouched.
     with thalweg_client.connect(gw.flight_url) as c:
         assert topic in c.topics()
+
+
+def test_filters_select_segments_and_row_wise_queries_split_by_partition(
+    orders: tuple[RunningGateway, str],
+) -> None:
+    gw, topic = orders
+    engine = gw.gateway.flight.sql.engine
+    client = fl.connect(gw.flight_url)
+
+    def info(sql: str) -> fl.FlightInfo:
+        cmd = pack(M["CommandStatementQuery"](query=sql))
+        return client.get_flight_info(fl.FlightDescriptor.for_command(cmd))
+
+    def read(sql: str) -> tuple[pa.Table, int]:
+        before = engine.segments_read
+        tables = [client.do_get(e.ticket).read_all() for e in info(sql).endpoints]
+        return pa.concat_tables(tables), engine.segments_read - before
+
+    def segments(partition: int) -> list[Path]:
+        return sorted((gw.data_dir / "decoded").glob(f"topic=*/partition={partition}/*.parquet"))
+
+    t = f'"{topic}"'
+    # Row by row over two partitions: an endpoint each; anything else: one.
+    assert len(info(f"select amount from {t} where amount > 3").endpoints) == 2
+    assert len(info(f"select count(*) from {t}").endpoints) == 1
+    assert len(info(f"select amount from {t} order by 1").endpoints) == 1
+    assert len(info(f"select amount from {t} where _twg_source_partition = 0").endpoints) == 1
+    everything, linked = read(f"select amount from {t}")
+    assert everything.num_rows == 60 and linked == len(segments(0)) + len(segments(1))
+    # Partition filters, also as IN lists, read only that partition's segments.
+    one, linked = read(f"select amount from {t} where _twg_source_partition = 1")
+    assert sorted(one.column("amount").to_pylist()) == [o["amount"] for o in ORDERS[1::2]]
+    assert linked == len(segments(1))
+    inlist, linked = read(f"select amount from {t} where _twg_source_partition in (1, 7)")
+    assert inlist.num_rows == 30 and linked == len(segments(1))
+    # Position bounds skip the segments wholly outside them.
+    first = segments(0)[0]
+    lo, hi = (int(x) for x in first.stem.split("-")[:2])
+    bounded, linked = read(
+        f"select _twg_position from {t} where _twg_source_partition = 0 and _twg_position <= {hi}"
+    )
+    assert sorted(bounded.column(0).to_pylist()) == list(range(lo, hi + 1))
+    assert linked == 1
+    # A timestamp bound after every record selects no segment, and no row.
+    late, linked = read(
+        f"select * from raw.{t} where _twg_source_timestamp > now() + interval '1 day'"
+    )
+    assert late.num_rows == 0 and linked == 0

@@ -7,8 +7,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,10 @@ from thalweg.flight.sql import metadata as md
 from thalweg.flight.sql.handles import MAX_HANDLE_BYTES, Statement
 from thalweg.flight.sql.messages import M, is_sql, pack, unpack
 from thalweg.flight.sql.placeholders import number_markers
+from thalweg.flight.sql.selection import Selection, row_wise, selections
+from thalweg.flight.sql.tables import _time_span
+from thalweg.lane.reader import leaf_index
+from thalweg.records.columns import MetadataColumns
 from thalweg_client.wire import encode_ticket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,3 +178,95 @@ def test_get_tables_filters_sorts_and_serializes_schemas() -> None:
         table_types=["VIEW"],
         include_schema=False,
     ).num_rows
+
+
+def _plan(sql: str, tables: dict[str, pa.Schema], schema_name: str = "decoded") -> Any:
+    from datafusion import SessionConfig, SessionContext
+
+    from thalweg.flight.sql.engine import _Planning
+
+    ctx = SessionContext(SessionConfig().with_default_catalog_and_schema("thalweg", "decoded"))
+    ctx.catalog("thalweg").register_schema(schema_name, _Planning(schema_name, tables, set()))
+    return ctx.sql(sql).optimized_logical_plan()
+
+
+COLS = MetadataColumns("_twg_")
+RAW = COLS.raw_schema
+
+
+@pytest.mark.parametrize(
+    ("where", "want"),
+    [
+        ("_twg_source_partition = 3", Selection(partitions=frozenset([3]))),
+        ("3 = _twg_source_partition", Selection(partitions=frozenset([3]))),
+        ("_twg_source_partition in (1, 2)", Selection(partitions=frozenset([1, 2]))),
+        ("_twg_position between 5 and 9", Selection(position_lo=5, position_hi=9)),
+        ("_twg_position > 5 and _twg_position < 9", Selection(position_lo=6, position_hi=8)),
+        ("10 <= _twg_position", Selection(position_lo=10)),
+        (
+            "_twg_source_timestamp >= '2026-01-01T00:00:00Z' and "
+            "_twg_source_timestamp < '2026-01-01T00:00:01Z'",
+            Selection(ts_lo_ms=1767225600000, ts_hi_ms=1767225601001),
+        ),
+        # Not selections: other columns, ORs across columns, functions of the column.
+        ("_twg_source_partition = 1 or _twg_position = 3", Selection()),
+        ("_twg_position + 1 = 3", Selection()),
+        ("_twg_source_offset = 3", Selection()),
+    ],
+)
+def test_filters_become_selections(where: str, want: Selection) -> None:
+    plan = _plan(f"select * from raw.t where {where}", {"t": RAW}, "raw")
+    assert selections(plan, COLS) == {("raw", "t"): want}
+
+
+def test_a_table_scanned_twice_gets_no_selection_and_is_not_row_wise() -> None:
+    plan = _plan(
+        "select a._twg_position from raw.t a join raw.t b on a._twg_position = b._twg_position "
+        "where a._twg_source_partition = 1",
+        {"t": RAW},
+        "raw",
+    )
+    assert selections(plan, COLS) == {("raw", "t"): Selection()}
+    assert not row_wise(plan)
+
+
+@pytest.mark.parametrize(
+    ("sql", "splittable"),
+    [
+        ("select _twg_position from raw.t", True),
+        ("select _twg_position * 2 as p from raw.t x where _twg_position > 3", True),
+        ("select count(*) from raw.t", False),
+        ("select _twg_position from raw.t order by 1", False),
+        ("select _twg_position from raw.t limit 3", False),
+        ("select distinct _twg_source_partition from raw.t", False),
+    ],
+)
+def test_row_wise_queries(sql: str, splittable: bool) -> None:
+    assert row_wise(_plan(sql, {"t": RAW}, "raw")) is splittable
+
+
+def test_selection_keeps() -> None:
+    sel = Selection(partitions=frozenset([1]), position_lo=10, position_hi=20, ts_lo_ms=100)
+    assert sel.keeps_partition(1) and not sel.keeps_partition(2)
+    assert sel.keeps_positions(0, 10) and sel.keeps_positions(20, 30)
+    assert not sel.keeps_positions(0, 9) and not sel.keeps_positions(21, 30)
+    assert sel.keeps_times(None, None) and sel.keeps_times(50, 100) and not sel.keeps_times(0, 99)
+    assert sel.only(frozenset([1, 2])).partitions == frozenset([1])
+    assert Selection().only(frozenset([4])).partitions == frozenset([4])
+
+
+def test_timestamp_statistics_are_found_behind_the_nested_headers(tmp_path: Path) -> None:
+    """The timestamp's leaf column comes after the headers' two: an Arrow field index
+    would read the statistics of a header column."""
+    ts = pa.array([1_000, 5_000], pa.timestamp("ms", tz="UTC"))
+    columns = {f.name: pa.nulls(2, f.type) for f in RAW}
+    columns[COLS.timestamp] = ts
+    headers = COLS.source("headers")
+    columns[headers] = pa.array([[{"key": b"k", "value": b"v"}], []], RAW.field(headers).type)
+    path = tmp_path / "seg.parquet"
+    pq.write_table(pa.table(columns, schema=RAW), path)
+    meta = pq.ParquetFile(path).metadata
+    idx = leaf_index(meta, COLS.timestamp)
+    assert idx is not None and idx != RAW.get_field_index(COLS.timestamp)
+    assert _time_span(path, COLS.timestamp) == (1_000, 5_000)
+    assert leaf_index(meta, "nope") is None

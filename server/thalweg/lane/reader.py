@@ -119,9 +119,9 @@ class LaneReader:
         ts_col, off_col = self._columns.timestamp, self._columns.position
         for seg in self.segments_between(topic, partition, 0, end):
             meta = pq.ParquetFile(seg.path).metadata
-            idx = meta.schema.to_arrow_schema().get_field_index(ts_col)
+            idx = leaf_index(meta, ts_col)
             maxima = []
-            for rg in range(meta.num_row_groups):
+            for rg in range(meta.num_row_groups if idx is not None else 0):
                 stats = meta.row_group(rg).column(idx).statistics
                 maxima.append(stats.max if stats is not None and stats.has_min_max else None)
             if maxima and all(m is not None and _epoch_ms(m) < ts_ms for m in maxima):
@@ -144,6 +144,16 @@ class LaneReader:
         if not schemas:
             return None
         return pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
+
+
+def leaf_index(meta: pq.FileMetaData, column: str) -> int | None:
+    """The index of a top-level primitive column among a Parquet file's leaf columns
+    (what row-group statistics are indexed by): not its Arrow field index once a nested
+    column (the headers list) comes before it."""
+    for i in range(meta.num_columns):
+        if meta.schema.column(i).path == column:
+            return i
+    return None
 
 
 def _epoch_ms(value: object) -> int:

@@ -40,13 +40,13 @@ from thalweg.flight.errors import (
     UnimplementedError,
 )
 from thalweg.flight.sql.handles import Statement
-from thalweg.flight.sql.metadata import CATALOG, TableEntry
+from thalweg.flight.sql.metadata import CATALOG, DEFAULT_SCHEMA, TableEntry
 from thalweg.flight.sql.placeholders import number_markers
+from thalweg.flight.sql.selection import EVERYTHING, Selection, row_wise, selections
 from thalweg.flight.sql.tables import LANES, LaneTables
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEMA = "decoded"
 MIN_BATCH_ROWS = 64 * 1024
 MIN_BATCH_BYTES = 4 * 1024 * 1024
 MAX_HOLD_S = 0.1
@@ -63,6 +63,8 @@ class PlannedQuery:
     schema: pa.Schema
     tables: dict[tuple[str, str], pa.Schema]  # (lane schema, topic) → table schema
     markers: int
+    selections: dict[tuple[str, str], Selection]
+    row_wise: bool  # one table, scans/filters/projections: splittable by partition
 
 
 class _Planning(SchemaProvider):
@@ -96,6 +98,7 @@ class SqlEngine:
         self._cfg = cfg
         self._running = threading.BoundedSemaphore(cfg.max_queries)
         self.active = 0  # queries running now (tests and /stats read it)
+        self.segments_read = 0  # segment files queries linked (what selections left)
         self._lock = threading.Lock()
         tables.sweep()
 
@@ -121,10 +124,20 @@ class SqlEngine:
             params = self._params(statement, markers, planning=True)
             df = ctx.sql(sql, options=READ_ONLY, param_values=params)
             schema = df.schema()
+            plan = df.optimized_logical_plan()
         except Exception as exc:
             raise sql_error(exc, self._cfg) from exc
         tables = {key: by_schema[key[0]][key[1]] for key in sorted(used)}
-        return PlannedQuery(statement, sql, schema, tables, markers)
+        chosen = selections(plan, self._tables.columns)
+        return PlannedQuery(
+            statement, sql, schema, tables, markers, chosen, row_wise(plan) and len(tables) == 1
+        )
+
+    def partitions(self, query: PlannedQuery) -> list[int]:
+        """The partitions the one table of a row-wise query reads (after its selection)."""
+        ((name, topic),) = query.tables
+        sel = query.selections.get((name, topic), EVERYTHING)
+        return [p for p in self._tables.partitions(topic) if sel.keeps_partition(p)]
 
     def run(self, query: PlannedQuery, cancelled: Callable[[], bool]) -> Iterator[pa.RecordBatch]:
         """The query's result batches, read from a snapshot taken now.
@@ -147,9 +160,15 @@ class SqlEngine:
             for name in LANES:
                 if name != DEFAULT_SCHEMA:
                     ctx.catalog(CATALOG).register_schema(name, Schema.memory_schema())
+            share = query.statement.partitions
             for (name, topic), schema in query.tables.items():
-                frame = snapshot.frame(ctx, LANES[name], topic, schema)
+                sel = query.selections.get((name, topic), EVERYTHING)
+                if share is not None:
+                    sel = sel.only(frozenset(share))
+                frame = snapshot.frame(ctx, LANES[name], topic, schema, sel)
                 ctx.catalog(CATALOG).schema(name).register_table(topic, Table(frame))
+            with self._lock:
+                self.segments_read += snapshot.segments_read
             try:
                 params = self._params(query.statement, query.markers, planning=False)
                 df = ctx.sql(query.sql, options=READ_ONLY, param_values=params)

@@ -26,13 +26,17 @@ _VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class Statement:
-    """A query and its bound parameters (a one-row batch, or None)."""
+    """A query, its bound parameters (a one-row batch, or None) and, for an endpoint of
+    a query split by partition, the partitions that endpoint reads."""
 
     sql: str
     params: pa.RecordBatch | None = None
+    partitions: tuple[int, ...] | None = None
 
     def encode(self) -> bytes:
         body: dict[str, object] = {"f": _MAGIC, "v": _VERSION, "sql": self.sql}
+        if self.partitions is not None:
+            body["partitions"] = list(self.partitions)
         if self.params is not None:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, self.params.schema) as w:
@@ -59,6 +63,11 @@ class Statement:
             sql = body["sql"]
             if not isinstance(sql, str):
                 raise TypeError("sql is not text")
+            parts = body.get("partitions")
+            if parts is not None and not (
+                isinstance(parts, list) and all(type(p) is int and p >= 0 for p in parts)
+            ):
+                raise TypeError("partitions is not a list of partition numbers")
             params = None
             if body.get("params") is not None:
                 raw = base64.b64decode(body["params"], validate=True)
@@ -74,4 +83,4 @@ class Statement:
             pa.ArrowException,
         ) as exc:
             raise InvalidArgumentError(f"invalid statement handle: {exc}") from exc
-        return Statement(sql, params)
+        return Statement(sql, params, tuple(parts) if parts is not None else None)

@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 import pyarrow as pa
 
 CATALOG = "thalweg"
+DEFAULT_SCHEMA = "decoded"  # where an unqualified table name is looked up
 TABLE_TYPE = "TABLE"
 
 # -- CommandGetSqlInfo ----------------------------------------------------------------------

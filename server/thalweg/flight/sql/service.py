@@ -68,13 +68,27 @@ class FlightSql:
         command = descriptor.command
         name, msg = _command(command)
         planned = self._query(context, name, msg)
-        if planned is not None:
-            handle = planned.statement.encode()
+        if planned is None:
+            schema = self._metadata_schema(name, msg)
+            return fl.FlightInfo(schema, descriptor, [fl.FlightEndpoint(command, [])], -1, -1)
+        return fl.FlightInfo(planned.schema, descriptor, self._endpoints(planned), -1, -1)
+
+    def _endpoints(self, planned: PlannedQuery) -> list[fl.FlightEndpoint]:
+        """One endpoint per partition for a row-wise query of a table with several (the
+        client reads them in parallel), else one. Locations are left empty: Flight SQL
+        clients then read from this same server."""
+        statement = planned.statement
+        shares: list[tuple[int, ...] | None] = [None]
+        if planned.row_wise and statement.partitions is None:
+            parts = self.engine.partitions(planned)
+            if len(parts) > 1:
+                shares = [(p,) for p in parts]
+        out = []
+        for share in shares:
+            handle = Statement(statement.sql, statement.params, share).encode()
             ticket = pack(M["TicketStatementQuery"](statement_handle=handle))
-            schema = planned.schema
-        else:
-            schema, ticket = self._metadata_schema(name, msg), command
-        return fl.FlightInfo(schema, descriptor, [fl.FlightEndpoint(ticket, [])], -1, -1)
+            out.append(fl.FlightEndpoint(ticket, []))
+        return out
 
     def get_schema(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor

@@ -18,6 +18,7 @@ or above it is in the entries taken.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from datafusion import DataFrame, SessionContext
 
 from thalweg.errors import TicketError
@@ -33,9 +35,10 @@ from thalweg.flight.read.plan import ReadPlan, output_schema
 from thalweg.flight.read.stream import shape_live
 from thalweg.flight.read.tickets import ReadTicket
 from thalweg.flight.sql.metadata import TableEntry
+from thalweg.flight.sql.selection import EVERYTHING, Selection
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import SQL_SNAPSHOTS_DIR, Lane, Segment
-from thalweg.lane.reader import offset_slice
+from thalweg.lane.reader import leaf_index, offset_slice
 from thalweg.records.columns import MetadataPolicy
 
 LANES: dict[str, Lane] = {"decoded": Lane.DECODED, "raw": Lane.RAW, "dlq": Lane.DLQ}
@@ -49,7 +52,11 @@ class LaneTables:
 
     def __init__(self, catalog: LaneCatalog) -> None:
         self._catalog = catalog
+        self.columns = catalog.columns
         self.scratch = catalog.layout.root / SQL_SNAPSHOTS_DIR
+
+    def partitions(self, topic: str) -> list[int]:
+        return self._catalog.partitions(topic)
 
     def entries(self, may_read: Callable[[str], bool]) -> list[TableEntry]:
         """Every table of a topic the caller may read; the others do not exist for it."""
@@ -100,9 +107,18 @@ class Snapshot:
         self._catalog = catalog
         self.directory = directory
         self._tables = 0
+        self.segments_read = 0  # files linked: what the selections left to read
 
-    def frame(self, ctx: SessionContext, lane: Lane, topic: str, schema: pa.Schema) -> DataFrame:
-        """The table's rows as a DataFrame of ``ctx``: durable history, then live rows."""
+    def frame(
+        self,
+        ctx: SessionContext,
+        lane: Lane,
+        topic: str,
+        schema: pa.Schema,
+        selection: Selection = EVERYTHING,
+    ) -> DataFrame:
+        """The table's rows as a DataFrame of ``ctx``: durable history, then live rows;
+        only the partitions, segments and live entries ``selection`` keeps."""
         catalog = self._catalog
         ticket = ReadTicket(topic=topic, lane=lane, metadata=MetadataPolicy.LOCATOR)
         plan = ReadPlan(ticket, schema, pa.schema([]), (), schema)
@@ -110,18 +126,24 @@ class Snapshot:
         live: list[pa.Table] = []
         off = catalog.columns.position
         for p in catalog.partitions(topic):
+            if not selection.keeps_partition(p):
+                continue
             if lane is Lane.DLQ:  # dead letters are history only, as in do_get
-                files += [s.path for s in catalog.layout.segments(Lane.DLQ, topic, p)]
+                dead = catalog.layout.segments(Lane.DLQ, topic, p)
+                files += [s.path for s in self._selected(dead, selection)]
                 continue
             entries = catalog.live.entries_from(topic, p, 0)  # first: see the module doc
             durable = catalog.durable_end(topic, p)
             segments = [s for s in catalog.layout.segments(Lane.RAW, topic, p) if s.first < durable]
-            files += _lane_files(catalog, lane, topic, p, segments)
             start = max([durable, *(s.last + 1 for s in segments)])
+            files += _lane_files(catalog, lane, topic, p, self._selected(segments, selection))
             for entry in entries:
+                if not selection.keeps_positions(entry.first, entry.last):
+                    continue
                 lo, hi = offset_slice(entry.raw, off, start, None)
                 if hi > lo:
                     live.append(shape_live(catalog, plan, entry, lo, hi))
+        self.segments_read += len(files)
         frames = []
         if files:
             frames.append(ctx.read_parquet(str(self._link(files)), schema=schema))
@@ -133,6 +155,16 @@ class Snapshot:
         for more in frames[1:]:
             out = out.union(more)
         return out
+
+    def _selected(self, segments: list[Segment], selection: Selection) -> list[Segment]:
+        """The segments that can hold selected rows: positions from their names,
+        timestamps from their footers' statistics (read only when the query bounds
+        them)."""
+        kept = [s for s in segments if selection.keeps_positions(s.first, s.last)]
+        if selection.ts_lo_ms is None and selection.ts_hi_ms is None:
+            return kept
+        ts = self._catalog.columns.timestamp
+        return [s for s in kept if selection.keeps_times(*_time_span(s.path, ts))]
 
     def _link(self, files: list[Path]) -> Path:
         """Hard links to ``files`` in a directory of their own (a symbolic link where
@@ -152,6 +184,33 @@ class Snapshot:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _time_span(path: Path, column: str) -> tuple[int | None, int | None]:
+    """Earliest and latest ``column`` value of a segment in epoch milliseconds, from its
+    footer; ``(None, None)`` when the statistics do not say."""
+    meta = pq.ParquetFile(path).metadata
+    idx = leaf_index(meta, column)
+    if idx is None:
+        return None, None
+    lows, highs = [], []
+    for rg in range(meta.num_row_groups):
+        stats = meta.row_group(rg).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(_ms(stats.min))
+        highs.append(_ms(stats.max))
+    if not lows or None in lows or None in highs:
+        return None, None
+    return min(x for x in lows if x is not None), max(x for x in highs if x is not None)
+
+
+def _ms(value: object) -> int | None:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int(value.timestamp() * 1000)
+    return value if isinstance(value, int) else None
 
 
 def _lane_files(
