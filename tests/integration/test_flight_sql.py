@@ -183,7 +183,8 @@ def test_a_table_the_caller_may_not_read_does_not_exist(
     for t in (public, secret):
         producer.produce(t, b'{"a": 1}', partition=0)
     producer.flush(10)
-    gw = gateway_factory([public, secret], gateway={"auth": {"tokens": TOKENS}})
+    users = [{"name": "ana", "password": "ana-password-1", "read": ["pub-*"]}]
+    gw = gateway_factory([public, secret], gateway={"auth": {"tokens": TOKENS, "users": users}})
     gw.wait_durable(public, {0: 1})
     gw.wait_durable(secret, {0: 1})
     with _connect(gw, READER) as conn, conn.cursor() as cur:
@@ -208,6 +209,24 @@ def test_a_table_the_caller_may_not_read_does_not_exist(
     with _connect(gw) as conn, conn.cursor() as cur, pytest.raises(Error) as anonymous:
         cur.execute("select 1")
     assert anonymous.value.status_code == AdbcStatusCode.UNAUTHENTICATED
+    # Basic sign-in (user and password, answered with a session token): the same rights.
+    signed_in = {"username": "ana", "password": "ana-password-1"}
+    with (
+        flight_sql.connect(gw.flight_url, db_kwargs=signed_in, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        assert _run(cur, f'select a from "{public}"').to_pylist() == [{"a": 1}]
+        with pytest.raises(Error) as hidden:
+            _run(cur, f'select a from raw."{secret}"')
+        assert hidden.value.status_code == AdbcStatusCode.NOT_FOUND
+    wrong = {"username": "ana", "password": "not-her-password"}
+    with (
+        pytest.raises(Error) as refused_sign_in,
+        flight_sql.connect(gw.flight_url, db_kwargs=wrong, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        _run(cur, "select 1")
+    assert refused_sign_in.value.status_code == AdbcStatusCode.UNAUTHENTICATED
 
 
 def test_live_rows_are_in_the_result(

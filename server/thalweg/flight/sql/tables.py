@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -45,6 +46,7 @@ LANES: dict[str, Lane] = {"decoded": Lane.DECODED, "raw": Lane.RAW, "dlq": Lane.
 """SQL schema name → lane."""
 
 STALE_SNAPSHOT_S = 24 * 3600.0
+SCHEMA_TTL_S = 1.0
 
 
 class LaneTables:
@@ -54,20 +56,32 @@ class LaneTables:
         self._catalog = catalog
         self.columns = catalog.columns
         self.scratch = catalog.layout.root / SQL_SNAPSHOTS_DIR
+        self._lock = threading.Lock()
+        self._entries: tuple[float, list[TableEntry]] | None = None
 
     def partitions(self, topic: str) -> list[int]:
         return self._catalog.partitions(topic)
 
     def entries(self, may_read: Callable[[str], bool]) -> list[TableEntry]:
         """Every table of a topic the caller may read; the others do not exist for it."""
+        return [e for e in self._all_entries() if may_read(e.name)]
+
+    def _all_entries(self) -> list[TableEntry]:
+        """Every table, remembered for :data:`SCHEMA_TTL_S`: a query is planned two or
+        three times (prepare, GetFlightInfo, DoGet), and a topic's schema comes from
+        segment footers when no decoder of this gateway knows it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._entries is not None and now - self._entries[0] < SCHEMA_TTL_S:
+                return self._entries[1]
         out = []
         for topic in self._catalog.topics():
-            if not may_read(topic):
-                continue
             for name, lane in LANES.items():
                 schema = self.schema(lane, topic)
                 if schema is not None:
                     out.append(TableEntry(name, topic, schema))
+        with self._lock:
+            self._entries = (now, out)
         return out
 
     def schema(self, lane: Lane, topic: str) -> pa.Schema | None:
