@@ -46,4 +46,8 @@ def test_the_clients_page_runs(
     assert sum(t.num_rows for t in ns["parts"]) == 200
     assert ns["raw"].num_rows == 200
     assert ns["acks"][0]["rows"] == 1
+    sums = dict(zip(*ns["by_partition"].to_pydict().values(), strict=True))
+    # Flight SQL sees the 200 records and the one the page wrote (price 1.5), live.
+    (put_partition,) = (int(p) for p in ns["acks"][0]["partitions"])
+    assert sums == {p: revenue[p] + (1.5 if p == put_partition else 0) for p in (0, 1)}
     ns["gw"].close()
