@@ -11,6 +11,8 @@ do_get
         segments in its memory cache (``gateway.flight.segment_cache_bytes``, sized by
         ``--cache-gib`` to hold them: a hot topic, filled by a first read);
     (b') the same with the cache off: every segment decoded from Parquet (a cold read);
+    (b'') the cache off, the decoded segments' Arrow IPC copies memory-mapped instead
+        (a cold read as the gateway serves it by default, ``gateway.flight.ipc_copy_bytes``);
     (c) the way ``thalweg_client.read`` does it: all endpoints fetched in parallel.
 do_put
   ``--put-rows`` JSON payloads produced into a fresh tansu topic
@@ -22,7 +24,8 @@ do_put
         baseline of the first measurement, kept for comparison;
     (e) through Thalweg's ``do_put`` (``thalweg_client.write``), acks=all, offsets back.
 
-Prints GB/s, rows/s and the ratios (b)/(a), (b')/(a), (c)/(a), (e)/(d) and (e)/(d'). Not a
+Prints GB/s, rows/s and the ratios (b)/(a), (b')/(a), (b'')/(a), (c)/(a), (e)/(d) and
+(e)/(d'). Not a
 test: machines here are noisy (2 shared cores), so only ratios within one run mean much.
 
     python load-tests/flight_bench.py --gib 1 --put-rows 1000000
@@ -57,6 +60,7 @@ from thalweg.embedded import TansuBroker
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.ipc_copies import IpcCopies
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
 from thalweg.lane.writer import SegmentWriter
@@ -115,11 +119,18 @@ def lane_tables(
     return raw, decoded
 
 
-def write_lanes(root: Path, gib: float, decoded_compression: str | None = None) -> int:
-    """Write about ``gib`` GiB (Arrow size of the served table) of lane segments."""
+def write_lanes(
+    root: Path,
+    gib: float,
+    decoded_compression: str | None = None,
+    copies: IpcCopies | None = None,
+) -> int:
+    """Write about ``gib`` GiB (Arrow size of the served table) of lane segments (and,
+    with ``copies``, their decoded segments' IPC copies, as the gateway writes them)."""
     cols = MetadataColumns()
     cfg = RawLaneConfig(fsync=False, decoded_compression=decoded_compression)  # type: ignore[arg-type]
-    writer = SegmentWriter(LaneLayout(root), cols, cfg)
+    cache = SegmentCache(0, copies) if copies is not None else None
+    writer = SegmentWriter(LaneLayout(root), cols, cfg, cache)
     per_row = payload(1000, 0).nbytes / 1000 + 40  # + locator columns
     rows = int(gib * 2**30 / per_row)
     per_part = rows // PARTITIONS
@@ -188,12 +199,18 @@ def parallel_read(url: str) -> tuple[float, int, int]:
 
 
 def bench_get(
-    gib: float, repeats: int, decoded_compression: str | None, cache_gib: float
+    gib: float,
+    repeats: int,
+    decoded_compression: str | None,
+    cache_gib: float,
+    copy_gib: float,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="twg-flight-bench-") as d:
         root = Path(d)
         t = time.perf_counter()
-        rows = write_lanes(root, gib, decoded_compression)
+        copies = IpcCopies(root, int(copy_gib * 2**30))
+        rows = write_lanes(root, gib, decoded_compression, copies)
+        print(f"IPC copies: {copies.nbytes / 2**30:.2f} GiB on disk")
         print(f"wrote {rows:,} rows of lane segments in {time.perf_counter() - t:.1f}s")
         cols = MetadataColumns()
         layout = LaneLayout(root)
@@ -205,6 +222,13 @@ def bench_get(
             "grpc://127.0.0.1:0", LaneCatalog(layout, cols, LiveTail()), Metrics()
         )
         threading.Thread(target=cold.serve, daemon=True).start()
+        # Cold as the gateway runs by default: no memory cache, the IPC copies mapped.
+        mapped = GatewayFlightServer(
+            "grpc://127.0.0.1:0",
+            LaneCatalog(layout, cols, LiveTail(), cache=SegmentCache(0, copies)),
+            Metrics(),
+        )
+        threading.Thread(target=mapped.serve, daemon=True).start()
         ticket = json.dumps({"topic": TOPIC}).encode()
         table = fl.FlightClient(server.url).do_get(fl.Ticket(ticket)).read_all()  # fills it
         assert table.num_rows == rows, (table.num_rows, rows)
@@ -225,6 +249,7 @@ def bench_get(
                 ("bare_parquet", lambda: timed_read(bare_pq_url, b"x")),
                 ("thalweg", lambda: timed_read(server.url, ticket)),
                 ("thalweg_cold", lambda: timed_read(cold.url, ticket)),
+                ("thalweg_cold_ipc", lambda: timed_read(mapped.url, ticket)),
                 ("thalweg_parallel", lambda: parallel_read(server.url)),
             ):
                 took, n, nbytes = run()
@@ -233,6 +258,7 @@ def bench_get(
                     best[name] = (took, n, nbytes)
         server.shutdown()
         cold.shutdown()
+        mapped.shutdown()
         bare.shutdown()
         bare_pq.shutdown()
     out = {}
@@ -245,6 +271,8 @@ def bench_get(
         )
     print(f"do_get ratio thalweg/bare          {out['thalweg_gbps'] / out['bare_gbps']:.2f}x")
     print(f"do_get ratio thalweg_cold/bare     {out['thalweg_cold_gbps'] / out['bare_gbps']:.2f}x")
+    ratio_ipc = out["thalweg_cold_ipc_gbps"] / out["bare_gbps"]
+    print(f"do_get ratio thalweg_cold_ipc/bare {ratio_ipc:.2f}x")
     ratio_pq = out["thalweg_cold_gbps"] / out["bare_parquet_gbps"]
     print(f"do_get ratio thalweg_cold/bare_pq  {ratio_pq:.2f}x")
     print(
@@ -374,6 +402,12 @@ def main() -> None:
     ap.add_argument(
         "--cache-gib", type=float, default=4.0, help="segment cache bound for (b) (0: off)"
     )
+    ap.add_argument(
+        "--copy-gib",
+        type=float,
+        default=4.0,
+        help="gateway.flight.ipc_copy_bytes for the do_get lanes (0: no IPC copies)",
+    )
     ap.add_argument("--skip-get", action="store_true")
     ap.add_argument("--skip-put", action="store_true")
     args = ap.parse_args()
@@ -382,7 +416,7 @@ def main() -> None:
         f"pyarrow {pa.__version__}, {os.cpu_count()} cpus"
     )
     if not args.skip_get:
-        bench_get(args.gib, args.repeats, args.decoded_compression, args.cache_gib)
+        bench_get(args.gib, args.repeats, args.decoded_compression, args.cache_gib, args.copy_gib)
     if not args.skip_put:
         bench_put(args.put_rows)
 

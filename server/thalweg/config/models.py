@@ -192,6 +192,13 @@ class FlightServingConfig(_Model):
         description="Recent lane segments kept in memory as Arrow (written or read), so hot "
         "do_get reads skip Parquet decoding; least recently used out first. 0: off.",
     )
+    ipc_copy_bytes: int = Field(
+        1024 * MiB,
+        ge=0,
+        description="Disk for uncompressed Arrow IPC copies of recent decoded segments, "
+        "memory-mapped by reads the segment cache misses (no Parquet decoding); oldest "
+        "out first. 0: off.",
+    )
     max_streams_per_caller: int = Field(
         32, ge=1, description="Concurrent do_get/do_put calls one caller may hold."
     )

@@ -23,6 +23,7 @@ from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.catalog import LaneCatalog
+from thalweg.lane.ipc_copies import IpcCopies
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
 from thalweg.lane.mirror import LaneMirror
@@ -142,9 +143,12 @@ class Gateway:
             shared_lane=g.shared_data_dir or self.mirror is not None,
             on_publish=self._gauge_owners,
         )
-        self.segment_cache = SegmentCache(g.flight.segment_cache_bytes)
+        copies = IpcCopies(self.layout.root, g.flight.ipc_copy_bytes)
+        self.segment_cache = SegmentCache(g.flight.segment_cache_bytes, copies)
         cache = self.segment_cache
-        self.metrics.watch_segment_cache(lambda: (cache.nbytes, cache.hits, cache.misses))
+        self.metrics.watch_segment_cache(
+            lambda: (cache.nbytes, cache.hits, cache.misses), lambda: (copies.nbytes, copies.hits)
+        )
         t = g.tracing
         self.tracing = Tracing(t.otlp_endpoint, t.service_name, t.sample_ratio)
         self.stats = PipelineStats(

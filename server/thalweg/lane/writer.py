@@ -160,7 +160,7 @@ class SegmentWriter:
                     codec=self._cfg.decoded_compression,
                     fence=fence,
                 )
-                self._keep(path, decoded)
+                self._keep(path, decoded, copy=True)
             except (OSError, pa.ArrowException) as exc:
                 # The raw lane is primary: a decoded-lane failure never blocks it. The
                 # missing decoded segment is rebuilt from raw at the next start.
@@ -265,7 +265,7 @@ class SegmentWriter:
             out.append(DecodeFailure(row, _reason(reason), message.strip() or text))
         return out
 
-    def _keep(self, path: Path, table: pa.Table) -> None:
+    def _keep(self, path: Path, table: pa.Table, *, copy: bool = False) -> None:
         """Hand a durable segment's table to the read cache as a reader of the file would
         get it: Parquet changes some types on the way (seconds become milliseconds, list
         items are renamed), so the table is cast to the file's own Arrow schema — read
@@ -274,7 +274,7 @@ class SegmentWriter:
             return
         try:
             schema = pq.read_schema(path).remove_metadata()
-            self._cache.put(path, table.replace_schema_metadata(None).cast(schema))
+            self._cache.put(path, table.replace_schema_metadata(None).cast(schema), copy=copy)
         except (OSError, pa.ArrowException) as exc:  # only a cache: the read path decodes
             log.debug("segment %s not cached: %s", path, exc)
 

@@ -273,9 +273,15 @@ class Metrics:
             "twg_compaction_seconds", "One merge (every lane of one run).", registry=r
         )
 
-    def watch_segment_cache(self, read: Callable[[], tuple[int, int, int]]) -> None:
-        """Export the segment cache: ``read()`` gives (bytes held, hits, misses)."""
+    def watch_segment_cache(
+        self,
+        read: Callable[[], tuple[int, int, int]],
+        copies: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        """Export the segment cache: ``read()`` gives (bytes held, hits, misses);
+        ``copies()`` the IPC copies' (bytes on disk, reads answered)."""
         self._cache.read = read
+        self._cache.copies = copies
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -286,6 +292,7 @@ class _CacheCollector(Collector):
 
     def __init__(self, read: Callable[[], tuple[int, int, int]]) -> None:
         self.read = read
+        self.copies: Callable[[], tuple[int, int]] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         held, hits, misses = self.read()
@@ -300,3 +307,13 @@ class _CacheCollector(Collector):
         requests.add_metric(["hit"], hits)
         requests.add_metric(["miss"], misses)
         yield requests
+        if self.copies is not None:
+            on_disk, answered = self.copies()
+            yield GaugeMetricFamily(
+                "twg_ipc_copy_bytes",
+                "Bytes of Arrow IPC copies of decoded segments on disk (cold reads map them).",
+                on_disk,
+            )
+            yield CounterMetricFamily(
+                "twg_ipc_copy_reads", "Segment reads answered from an IPC copy.", answered
+            )
