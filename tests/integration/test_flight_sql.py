@@ -89,6 +89,27 @@ def test_prepared_statement_with_parameters(orders: tuple[RunningGateway, str]) 
             f"select count(*) as n from \"{topic}\" where customer <> '?' and amount < ?", (3.0,)
         )
         third = cur.fetch_arrow_table().to_pylist()
+        # executemany is an update in ADBC: refused, naming the way to write.
+        with pytest.raises(Error, match="append-only"):
+            cur.executemany(sql, [(1.0, "c1"), (2.0, "c2")])
+    # Several rows of parameters in one bind are refused, naming the way out.
+    client = fl.connect(gw.flight_url)
+    create = pack(M["ActionCreatePreparedStatementRequest"](query=sql))
+    (result,) = client.do_action(fl.Action("CreatePreparedStatement", create))
+    prepared = M["ActionCreatePreparedStatementResult"]()
+    from google.protobuf import any_pb2
+
+    any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(prepared)
+    bind = pack(
+        M["CommandPreparedStatementQuery"](
+            prepared_statement_handle=prepared.prepared_statement_handle
+        )
+    )
+    rows = pa.table({"a": [1.0, 2.0], "b": ["c1", "c2"]})
+    writer, _ = client.do_put(fl.FlightDescriptor.for_command(bind), rows.schema)
+    writer.write_table(rows)
+    with pytest.raises(pa.ArrowInvalid, match="exactly one row"):
+        writer.close()
     c1 = [o for o in ORDERS if o["customer"] == "c1"]
     assert first == [{"n": sum(1 for o in c1 if o["amount"] >= 30)}]
     assert second == [{"n": sum(1 for o in ORDERS if o["customer"] == "c2")}]

@@ -140,7 +140,12 @@ def test_actions(
     gw = gateway_factory([topic])
     client = fl.FlightClient(gw.flight_url)
     names = {a.type for a in client.list_actions()}
-    assert names == {"describe-topic", "health"}
+    assert names == {
+        "describe-topic",
+        "health",
+        "CreatePreparedStatement",
+        "ClosePreparedStatement",
+    }
     health = json.loads(next(iter(client.do_action(fl.Action("health", b"")))).body.to_pybytes())
     assert "raw_lane" in health["components"]
     with pytest.raises(pa.ArrowInvalid, match="unknown action"):

@@ -156,20 +156,20 @@ class SqlEngine:
         with self._lock:
             self.active += 1
         try:
-            ctx = self._context(self._cfg.memory_limit_bytes)
-            for name in LANES:
-                if name != DEFAULT_SCHEMA:
-                    ctx.catalog(CATALOG).register_schema(name, Schema.memory_schema())
-            share = query.statement.partitions
-            for (name, topic), schema in query.tables.items():
-                sel = query.selections.get((name, topic), EVERYTHING)
-                if share is not None:
-                    sel = sel.only(frozenset(share))
-                frame = snapshot.frame(ctx, LANES[name], topic, schema, sel)
-                ctx.catalog(CATALOG).schema(name).register_table(topic, Table(frame))
-            with self._lock:
-                self.segments_read += snapshot.segments_read
             try:
+                ctx = self._context(self._cfg.memory_limit_bytes)
+                for name in LANES:
+                    if name != DEFAULT_SCHEMA:
+                        ctx.catalog(CATALOG).register_schema(name, Schema.memory_schema())
+                share = query.statement.partitions
+                for (name, topic), schema in query.tables.items():
+                    sel = query.selections.get((name, topic), EVERYTHING)
+                    if share is not None:
+                        sel = sel.only(frozenset(share))
+                    frame = snapshot.frame(ctx, LANES[name], topic, schema, sel)
+                    ctx.catalog(CATALOG).schema(name).register_table(topic, Table(frame))
+                with self._lock:
+                    self.segments_read += snapshot.segments_read
                 params = self._params(query.statement, query.markers, planning=False)
                 df = ctx.sql(query.sql, options=READ_ONLY, param_values=params)
                 batches = (b.to_pyarrow() for b in df.execute_stream())

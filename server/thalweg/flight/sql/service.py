@@ -17,6 +17,7 @@ nothing by itself.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,7 +120,9 @@ class FlightSql:
             finally:
                 slot.release()
 
-        return fl.GeneratorStream(planned.schema, refusing(batches(), "do_get"))
+        gen = batches()
+        weakref.finalize(gen, slot.release)  # a call cancelled before its first batch
+        return fl.GeneratorStream(planned.schema, refusing(gen, "do_get"))
 
     # -- DoPut ---------------------------------------------------------------------------
 
@@ -133,15 +136,7 @@ class FlightSql:
         name, msg = _command(descriptor.command)
         if name == "CommandPreparedStatementQuery":
             statement = Statement.decode(msg.prepared_statement_handle)
-            params = reader.read_all().combine_chunks()
-            if params.num_rows > 1:
-                raise InvalidArgumentError(
-                    f"bind exactly one row of parameters (got {params.num_rows}); run the "
-                    "statement once per row"
-                )
-            bound = Statement(
-                statement.sql, params.to_batches()[0] if params.num_rows == 1 else None
-            )
+            bound = Statement(statement.sql, _one_row(reader))
             self._plan(context, bound)  # a bad binding is refused now, not at DoGet
             result = M["DoPutPreparedStatementResult"](prepared_statement_handle=bound.encode())
             writer.write(pa.py_buffer(result.SerializeToString()))
@@ -247,6 +242,24 @@ class FlightSql:
         if name == "CommandGetTableTypes":
             return md.table_types()
         return schema.empty_table()  # keys: topics have none
+
+
+def _one_row(reader: fl.MetadataRecordBatchReader) -> pa.RecordBatch | None:
+    """The one row of parameters a bind sends (None for none), read batch by batch so a
+    client sending many rows is refused before they are all in memory."""
+    found: pa.RecordBatch | None = None
+    while True:
+        try:
+            chunk = reader.read_chunk().data
+        except StopIteration:
+            return found
+        if chunk is None or not chunk.num_rows:
+            continue
+        if found is not None or chunk.num_rows > 1:
+            raise InvalidArgumentError(
+                "bind exactly one row of parameters; run the statement once per row"
+            )
+        found = chunk
 
 
 class _Quiet:
