@@ -261,6 +261,7 @@ def thalweg(
     max_buffered_mb: int | None = None,
     segment_cache_mb: int | None = None,
     fetch_mb: int | None = None,
+    ipc_copy_mb: int | None = None,
 ) -> Run:
     fetch = (
         f"\nfetch_max_bytes = {fetch_mb << 20}\nmax_partition_fetch_bytes = {fetch_mb << 20}"
@@ -275,11 +276,12 @@ group_id = "twg-{uuid.uuid4().hex[:6]}"
 format = "{fmt}"
 session_timeout_ms = 6000
 heartbeat_interval_ms = 1000{fetch}"""
-    gateway = (
-        f"[gateway.flight]\nsegment_cache_bytes = {segment_cache_mb << 20}"
-        if segment_cache_mb is not None
-        else ""
-    )
+    flight = []
+    if segment_cache_mb is not None:
+        flight.append(f"segment_cache_bytes = {segment_cache_mb << 20}")
+    if ipc_copy_mb is not None:
+        flight.append(f"ipc_copy_bytes = {ipc_copy_mb << 20}")
+    gateway = "[gateway.flight]\n" + "\n".join(flight) if flight else ""
     # Kafka positions are offsets: their sum over partitions reaches n at the end.
     return time_stream(
         source,
@@ -330,6 +332,12 @@ def main() -> None:
         help="the source's fetch_max_bytes and max_partition_fetch_bytes in MiB "
         "(default: the product defaults, 50 and 8)",
     )
+    ap.add_argument(
+        "--ipc-copy-mb",
+        type=int,
+        help="gateway.flight.ipc_copy_bytes in MiB (default: the product default, 1024; "
+        "0: no IPC copies of decoded segments)",
+    )
     args = ap.parse_args()
     n, parts = args.records, args.partitions
     with TansuBroker() as broker:
@@ -354,6 +362,7 @@ def main() -> None:
             args.max_buffered_mb,
             args.segment_cache_mb,
             args.fetch_mb,
+            args.ipc_copy_mb,
         )
         naive = None
         if args.naive:
