@@ -127,12 +127,21 @@ def write_lanes(
 ) -> int:
     """Write about ``gib`` GiB (Arrow size of the served table) of lane segments (and,
     with ``copies``, their decoded segments' IPC copies, as the gateway writes them)."""
+    per_row = payload(1000, 0).nbytes / 1000 + 40  # + locator columns
+    return write_rows(root, int(gib * 2**30 / per_row), decoded_compression, copies)
+
+
+def write_rows(
+    root: Path,
+    rows: int,
+    decoded_compression: str | None = None,
+    copies: IpcCopies | None = None,
+) -> int:
+    """Write ``rows`` order rows as lane segments, 4 partitions, 500k-row segments."""
     cols = MetadataColumns()
     cfg = RawLaneConfig(fsync=False, decoded_compression=decoded_compression)  # type: ignore[arg-type]
     cache = SegmentCache(0, copies) if copies is not None else None
     writer = SegmentWriter(LaneLayout(root), cols, cfg, cache)
-    per_row = payload(1000, 0).nbytes / 1000 + 40  # + locator columns
-    rows = int(gib * 2**30 / per_row)
     per_part = rows // PARTITIONS
     for p in range(PARTITIONS):
         for first in range(0, per_part, SEGMENT_ROWS):

@@ -32,13 +32,11 @@ import adbc_driver_flightsql.dbapi as flight_sql
 from datafusion import SessionContext
 
 sys.path.insert(0, str(Path(__file__).parent))
-from flight_bench import PARTITIONS, SEGMENT_ROWS, TOPIC, lane_tables, payload
-from thalweg.config.models import RawLaneConfig
+from flight_bench import TOPIC, write_rows
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
-from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 
@@ -55,18 +53,6 @@ QUERIES = {
 }
 
 
-def write_lanes(root: Path, records: int) -> int:
-    cols = MetadataColumns()
-    writer = SegmentWriter(LaneLayout(root), cols, RawLaneConfig(fsync=False))
-    per_part = records // PARTITIONS
-    for p in range(PARTITIONS):
-        for first in range(0, per_part, SEGMENT_ROWS):
-            n = min(SEGMENT_ROWS, per_part - first)
-            raw, dec = lane_tables(cols, p, first, payload(n, first))
-            writer.write(TOPIC, p, raw, dec, first, first + n)
-    return per_part * PARTITIONS
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=5_000_000)
@@ -76,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="twg-sql-bench-") as d:
         root = Path(d)
         t = time.perf_counter()
-        rows = write_lanes(root, args.records)
+        rows = write_rows(root, args.records)
         print(f"wrote {rows:,} rows of lane segments in {time.perf_counter() - t:.1f}s")
         catalog = LaneCatalog(LaneLayout(root), MetadataColumns(), LiveTail())
         server = GatewayFlightServer("grpc://127.0.0.1:0", catalog, Metrics())
