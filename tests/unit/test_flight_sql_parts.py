@@ -270,3 +270,16 @@ def test_timestamp_statistics_are_found_behind_the_nested_headers(tmp_path: Path
     assert idx is not None and idx != RAW.get_field_index(COLS.timestamp)
     assert _time_span(path, COLS.timestamp) == (1_000, 5_000)
     assert leaf_index(meta, "nope") is None
+
+
+def test_tiny_result_batches_are_coalesced_in_order() -> None:
+    from thalweg.flight.sql.engine import MIN_BATCH_ROWS, coalesced
+
+    batches = [pa.record_batch({"i": list(range(n * 30, n * 30 + 30))}) for n in range(5000)]
+    out = list(coalesced(iter(batches)))
+    assert pa.Table.from_batches(out).column("i").to_pylist() == list(range(150_000))
+    assert all(b.num_rows >= MIN_BATCH_ROWS for b in out[:-1])
+    assert len(out) == 3
+    big = pa.record_batch({"i": list(range(MIN_BATCH_ROWS + 1))})
+    assert list(coalesced(iter([big]))) == [big]  # passed on as it is
+    assert list(coalesced(iter([]))) == []

@@ -245,10 +245,18 @@ def coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             or nbytes >= MIN_BATCH_BYTES
             or (time.monotonic() - since >= MAX_HOLD_S)
         ):
-            yield held[0] if len(held) == 1 else pa.concat_batches(held)
+            yield _one(held)
             held, rows, nbytes = [], 0, 0
     if held:
-        yield held[0] if len(held) == 1 else pa.concat_batches(held)
+        yield _one(held)
+
+
+def _one(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """Batches of one schema as one batch (``pa.concat_batches`` needs pyarrow 19)."""
+    if len(batches) == 1:
+        return batches[0]
+    combined = pa.Table.from_batches(batches).combine_chunks()
+    return combined.to_batches()[0] if combined.num_rows else batches[0]
 
 
 def sql_error(exc: Exception, cfg: FlightSqlConfig) -> RefusalError:
