@@ -121,7 +121,8 @@ def metric_sums(admin: str, *names: str) -> list[float]:
         return [0.0] * len(names)
     lines = text.splitlines()
     return [
-        sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(name + "{")) for name in names
+        sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith((name + "{", name + " ")))
+        for name in names
     ]
 
 
@@ -140,6 +141,7 @@ class Run:
     broker_cpu_s: float  # CPU seconds the broker used in the same window
     base_rss: int  # the gateway's RSS (bytes) when its first record was consumed
     peak_rss: int  # its highest RSS seen until the last record was committed
+    peak_arrow: int  # the most Arrow's memory pool held meanwhile (twg_arrow_allocated_bytes)
 
 
 def rss_bytes(pid: int) -> int:
@@ -222,10 +224,12 @@ roll_age_s = {roll_age}
         proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.DEVNULL)
         first = all_consumed = None
         cpu0 = broker0 = 0.0
-        base_rss = peak_rss = 0
+        base_rss = peak_rss = peak_arrow = 0
         try:
             while True:
-                got, finished = metric_sums(admin, consumed, done)
+                got, finished, arrow = metric_sums(
+                    admin, consumed, done, "twg_arrow_allocated_bytes"
+                )
                 now = time.perf_counter()
                 if got and first is None:
                     first = now
@@ -234,6 +238,7 @@ roll_age_s = {roll_age}
                     base_rss = rss_bytes(proc.pid)
                 if first is not None:
                     peak_rss = max(peak_rss, rss_bytes(proc.pid))
+                    peak_arrow = max(peak_arrow, int(arrow))
                 if got >= n and all_consumed is None:
                     all_consumed = now
                 if finished >= n:
@@ -248,7 +253,16 @@ roll_age_s = {roll_age}
             proc.wait(30)
     assert first is not None
     assert all_consumed is not None
-    return Run(all_consumed - first, now - first, now - start, cpu, broker_cpu, base_rss, peak_rss)
+    return Run(
+        all_consumed - first,
+        now - first,
+        now - start,
+        cpu,
+        broker_cpu,
+        base_rss,
+        peak_rss,
+        peak_arrow,
+    )
 
 
 def thalweg(
@@ -399,7 +413,8 @@ def main() -> None:
     grew = run.peak_rss - run.base_rss
     print(
         f"gateway RSS: {run.base_rss >> 20} MiB at the first record, peak {run.peak_rss >> 20} "
-        f"MiB (+{grew >> 20} MiB = {grew / bound:.2f}x max_buffered_bytes {bound >> 20} MiB)"
+        f"MiB (+{grew >> 20} MiB = {grew / bound:.2f}x max_buffered_bytes {bound >> 20} MiB); "
+        f"Arrow's pool peaked at {run.peak_arrow >> 20} MiB"
     )
 
 

@@ -116,7 +116,9 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             put_timeout_ms=put_timeout_ms,
         )
         self.sql = (
-            FlightSql(SqlEngine(LaneTables(catalog), limits.sql), self.puts, metrics, streams)
+            FlightSql(
+                SqlEngine(LaneTables(catalog, owners), limits.sql), self.puts, metrics, streams
+            )
             if limits.sql.enabled
             else None
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -181,6 +182,13 @@ class Metrics:
         self.flight_active_streams = Gauge(
             "twg_flight_active_streams", "Open do_get streams.", registry=r
         )
+        arrow = Gauge(
+            "twg_arrow_allocated_bytes",
+            "Bytes Arrow's default memory pool holds now (buffered batches, caches, "
+            "decoding); RSS above it is the allocator's and Python's.",
+            registry=r,
+        )
+        arrow.set_function(pa.total_allocated_bytes)
         # Zeros until the gateway hands over its cache (so the names always exist).
         self._cache = _CacheCollector(lambda: (0, 0, 0))
         r.register(self._cache)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from datafusion import DataFrame, SessionContext
 
 from thalweg.errors import TicketError
+from thalweg.flight.errors import UnavailableError
 from thalweg.flight.read.plan import ReadPlan, output_schema
 from thalweg.flight.read.stream import shape_live
 from thalweg.flight.read.tickets import ReadTicket
@@ -39,6 +40,7 @@ from thalweg.flight.sql.metadata import TableEntry
 from thalweg.flight.sql.selection import EVERYTHING, Selection
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import SQL_SNAPSHOTS_DIR, Lane, Segment
+from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.reader import leaf_index, offset_slice
 from thalweg.records.columns import MetadataPolicy
 
@@ -52,8 +54,9 @@ SCHEMA_TTL_S = 1.0
 class LaneTables:
     """Which tables exist for a caller, their schemas, and snapshots of their rows."""
 
-    def __init__(self, catalog: LaneCatalog) -> None:
+    def __init__(self, catalog: LaneCatalog, owners: OwnerDirectory | None = None) -> None:
         self._catalog = catalog
+        self._owners = owners
         self.columns = catalog.columns
         self.scratch = catalog.layout.root / SQL_SNAPSHOTS_DIR
         self._lock = threading.Lock()
@@ -111,14 +114,17 @@ class LaneTables:
                 shutil.rmtree(path, ignore_errors=True)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self._catalog, self.scratch / uuid.uuid4().hex)
+        return Snapshot(self._catalog, self.scratch / uuid.uuid4().hex, self._owners)
 
 
 class Snapshot:
     """The files and live rows one query reads; :meth:`close` removes its links."""
 
-    def __init__(self, catalog: LaneCatalog, directory: Path) -> None:
+    def __init__(
+        self, catalog: LaneCatalog, directory: Path, owners: OwnerDirectory | None = None
+    ) -> None:
         self._catalog = catalog
+        self._owners = owners
         self.directory = directory
         self._tables = 0
         self.segments_read = 0  # files linked: what the selections left to read
@@ -142,6 +148,7 @@ class Snapshot:
         for p in catalog.partitions(topic):
             if not selection.keeps_partition(p):
                 continue
+            self._check_here(topic, p)
             if lane is Lane.DLQ:  # dead letters are history only, as in do_get
                 dead = catalog.layout.segments(Lane.DLQ, topic, p)
                 files += [s.path for s in self._selected(dead, selection)]
@@ -169,6 +176,22 @@ class Snapshot:
         for more in frames[1:]:
             out = out.union(more)
         return out
+
+    def _check_here(self, topic: str, partition: int) -> None:
+        """Refuse a partition another gateway of the group ingests into a ``data_dir``
+        this one does not share: answering without it would be a silently partial
+        result. With a shared ``data_dir`` its durable history is read here (its live
+        tail is at its owner)."""
+        if self._owners is None or self._owners.shared_lane:
+            return
+        owner = self._owners.owned_elsewhere(topic, partition)
+        if owner is not None:
+            raise UnavailableError(
+                f"{topic}[{partition}] is ingested by the gateway at {owner}, whose data_dir "
+                "this one does not share: run the query there, filter "
+                "_twg_source_partition to this gateway's partitions, or give the group one "
+                "shared data_dir (docs/flight-sql.md)"
+            )
 
     def _selected(self, segments: list[Segment], selection: Selection) -> list[Segment]:
         """The segments that can hold selected rows: positions from their names,
