@@ -332,3 +332,21 @@ def kafka_column_fields(cols: Any) -> list[tuple[Any, ...]]:
             strict=True,
         )
     ]
+
+
+def compiled_descriptor(proto: str, out: Path) -> bytes:
+    """``proto/<proto>`` compiled to a descriptor set at ``out`` (as ``make proto``
+    does), for tests that check a shipped descriptor is current."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{root / 'proto'}",
+            f"--descriptor_set_out={out}",
+            str(root / "proto" / proto),
+        ],
+        check=True,
+    )
+    return out.read_bytes()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers import compiled_descriptor
 from thalweg.flight.errors import InvalidArgumentError
 from thalweg.flight.sql import metadata as md
 from thalweg.flight.sql.handles import MAX_HANDLE_BYTES, Statement
@@ -30,21 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_shipped_descriptor_set_is_compiled_from_the_proto(tmp_path: Path) -> None:
-    out = tmp_path / "flight_sql.desc"
-    proto = ROOT / "proto/arrow/flight/protocol/sql/thalweg_subset.proto"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{ROOT / 'proto'}",
-            f"--descriptor_set_out={out}",
-            str(proto),
-        ],
-        check=True,
-    )
+    proto = "arrow/flight/protocol/sql/thalweg_subset.proto"
+    compiled = compiled_descriptor(proto, tmp_path / "sql.desc")
     shipped = ROOT / "server/thalweg/flight/sql/flight_sql.desc"
-    assert out.read_bytes() == shipped.read_bytes(), "run `make proto`"
+    assert compiled == shipped.read_bytes(), "run `make proto`"
 
 
 def test_commands_round_trip_and_are_told_apart_from_read_tickets() -> None:

@@ -7,14 +7,13 @@ so server and client are held to one contract.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
+from tests.helpers import compiled_descriptor
 from thalweg.errors import TicketError
 from thalweg.flight.read.tickets import ReadTicket, parse_ticket
 
@@ -80,17 +79,6 @@ def test_the_json_schema_agrees_with_the_vectors() -> None:
 
 
 def test_the_shipped_descriptor_set_is_compiled_from_the_proto(tmp_path: Path) -> None:
-    out = tmp_path / "ticket_v1.desc"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{ROOT / 'proto'}",
-            f"--descriptor_set_out={out}",
-            str(ROOT / "proto/thalweg/flight/v1/ticket.proto"),
-        ],
-        check=True,
-    )
+    compiled = compiled_descriptor("thalweg/flight/v1/ticket.proto", tmp_path / "t.desc")
     shipped = ROOT / "client/thalweg_client/wire/ticket_v1.desc"
-    assert out.read_bytes() == shipped.read_bytes(), "run `make proto`"
+    assert compiled == shipped.read_bytes(), "run `make proto`"
