@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -104,6 +105,19 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     lines = gw.read_node("lines")
     pairs = zip(lines.column("order_id").to_pylist(), lines.column("line").to_pylist(), strict=True)
     assert sorted(pairs) == sorted(want)
+    # And as Flight SQL tables of the schema `nodes`, the same rows.
+    with (
+        flight_sql.connect(rg.flight_url, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        cur.execute("select order_id from nodes.clean")
+        assert sorted(cur.fetch_arrow_table().column(0).to_pylist()) == clean
+        cur.execute("select order_id, line from nodes.lines")
+        sql_pairs = cur.fetch_arrow_table().to_pylist()
+        schemas = conn.adbc_get_objects(depth="db_schemas").read_all().to_pylist()
+    assert sorted((r["order_id"], r["line"]) for r in sql_pairs) == sorted(want)
+    listed = {s["db_schema_name"] for s in schemas[0]["catalog_db_schemas"]}
+    assert listed == {"decoded", "raw", "dlq", "nodes"}
     ticket = json.dumps({"topic": topic, "lane": "node:lines", "partitions": [0]}).encode()
     assert gw._flight.do_get(flight.Ticket(ticket)).read_all().num_rows == len(want)
     with pytest.raises(pa.ArrowInvalid, match="unknown node 'nope'"):

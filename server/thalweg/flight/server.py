@@ -117,7 +117,10 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         )
         self.sql = (
             FlightSql(
-                SqlEngine(LaneTables(catalog, owners), limits.sql), self.puts, metrics, streams
+                SqlEngine(LaneTables(catalog, owners, nodes), limits.sql),
+                self.puts,
+                metrics,
+                streams,
             )
             if limits.sql.enabled
             else None

@@ -157,7 +157,7 @@ class NodeReads:
         def stopped() -> bool:
             return self._closing or bool(context.is_cancelled())
 
-        rows = _node_rows(view, parts, read.follow, stopped)
+        rows = node_rows(view, parts, read.follow, stopped)
         schema = view.schema()
         first: pa.Table | None = None
         if schema is None:  # a sidecar's output is known from its answers only
@@ -176,7 +176,7 @@ class NodeReads:
             try:
                 tables = rows if first is None else _chain_first(first, rows)
                 for table in tables:
-                    for batch in _shaped(table, schema).to_batches(max_chunksize=64 * 1024):
+                    for batch in shaped(table, schema).to_batches(max_chunksize=64 * 1024):
                         self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                         self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                         yield batch
@@ -226,7 +226,7 @@ class NodeReads:
         return fl.FlightInfo(schema, descriptor, [endpoint], rows, -1)
 
 
-def _node_rows(
+def node_rows(
     view: NodeView,
     partitions: Callable[[], list[int]],
     follow: bool,
@@ -261,7 +261,7 @@ def _chain_first(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table
     yield from rest
 
 
-def _shaped(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def shaped(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with every column of ``schema`` (missing ones null), in its order."""
     columns = [
         table.column(f.name).cast(f.type)

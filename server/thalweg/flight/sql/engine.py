@@ -43,7 +43,7 @@ from thalweg.flight.sql.handles import Statement
 from thalweg.flight.sql.metadata import CATALOG, DEFAULT_SCHEMA, TableEntry
 from thalweg.flight.sql.placeholders import number_markers
 from thalweg.flight.sql.selection import EVERYTHING, Selection, row_wise, selections
-from thalweg.flight.sql.tables import LANES, LaneTables
+from thalweg.flight.sql.tables import LANES, NODES, LaneTables
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,9 @@ class SqlEngine:
     def entries(self, may_read: Callable[[str], bool]) -> list[TableEntry]:
         return self._tables.entries(may_read)
 
+    def schema_names(self) -> list[str]:
+        return self._tables.schema_names()
+
     def plan(self, statement: Statement, may_read: Callable[[str], bool]) -> PlannedQuery:
         """Check ``statement`` for a caller and give its result schema; reads nothing.
 
@@ -113,7 +116,9 @@ class SqlEngine:
             InvalidArgumentError: anything else the parser or planner refuses.
         """
         sql, markers = number_markers(statement.sql)
-        by_schema: dict[str, dict[str, pa.Schema]] = {name: {} for name in LANES}
+        by_schema: dict[str, dict[str, pa.Schema]] = {
+            name: {} for name in self._tables.schema_names()
+        }
         for e in self._tables.entries(may_read):
             by_schema[e.db_schema][e.name] = e.schema
         used: set[tuple[str, str]] = set()
@@ -158,7 +163,7 @@ class SqlEngine:
         try:
             try:
                 ctx = self._context(self._cfg.memory_limit_bytes)
-                for name in LANES:
+                for name in self._tables.schema_names():
                     if name != DEFAULT_SCHEMA:
                         ctx.catalog(CATALOG).register_schema(name, Schema.memory_schema())
                 share = query.statement.partitions
@@ -166,7 +171,11 @@ class SqlEngine:
                     sel = query.selections.get((name, topic), EVERYTHING)
                     if share is not None:
                         sel = sel.only(frozenset(share))
-                    frame = snapshot.frame(ctx, LANES[name], topic, schema, sel)
+                    frame = (
+                        snapshot.node_frame(ctx, topic, schema, sel)
+                        if name == NODES
+                        else snapshot.frame(ctx, LANES[name], topic, schema, sel)
+                    )
                     ctx.catalog(CATALOG).schema(name).register_table(topic, Table(frame))
                 with self._lock:
                     self.segments_read += snapshot.segments_read

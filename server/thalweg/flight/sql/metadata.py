@@ -160,11 +160,17 @@ FOREIGN_KEYS_SCHEMA = pa.schema(
 
 @dataclass(frozen=True, slots=True)
 class TableEntry:
-    """One table a caller may read: ``db_schema`` is the lane, ``name`` the topic."""
+    """One table: ``db_schema`` is the lane (or ``nodes``), ``name`` the topic (or the
+    node), ``topic`` the topic whose read permission it needs."""
 
     db_schema: str
     name: str
     schema: pa.Schema
+    topic: str = ""
+
+    @property
+    def source(self) -> str:
+        return self.topic or self.name
 
 
 def like(pattern: str | None) -> re.Pattern[str] | None:

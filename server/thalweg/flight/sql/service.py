@@ -225,7 +225,7 @@ class FlightSql:
             return md.catalogs()
         if name == "CommandGetDbSchemas":
             return md.db_schemas(
-                ("decoded", "raw", "dlq"),
+                self.engine.schema_names(),
                 _opt(msg, "catalog"),
                 _opt(msg, "db_schema_filter_pattern"),
             )

@@ -33,6 +33,7 @@ from datafusion import DataFrame, SessionContext
 
 from thalweg.errors import TicketError
 from thalweg.flight.errors import UnavailableError
+from thalweg.flight.read.nodes import node_rows, shaped
 from thalweg.flight.read.plan import ReadPlan, output_schema
 from thalweg.flight.read.stream import shape_live
 from thalweg.flight.read.tickets import ReadTicket
@@ -43,9 +44,11 @@ from thalweg.lane.layout import SQL_SNAPSHOTS_DIR, Lane, Segment
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.lane.reader import leaf_index, offset_slice
 from thalweg.records.columns import MetadataPolicy
+from thalweg.recovery.views import NodeViews
 
 LANES: dict[str, Lane] = {"decoded": Lane.DECODED, "raw": Lane.RAW, "dlq": Lane.DLQ}
 """SQL schema name → lane."""
+NODES = "nodes"  # the pipeline's nodes, one table each
 
 STALE_SNAPSHOT_S = 24 * 3600.0
 SCHEMA_TTL_S = 1.0
@@ -54,9 +57,15 @@ SCHEMA_TTL_S = 1.0
 class LaneTables:
     """Which tables exist for a caller, their schemas, and snapshots of their rows."""
 
-    def __init__(self, catalog: LaneCatalog, owners: OwnerDirectory | None = None) -> None:
+    def __init__(
+        self,
+        catalog: LaneCatalog,
+        owners: OwnerDirectory | None = None,
+        nodes: NodeViews | None = None,
+    ) -> None:
         self._catalog = catalog
         self._owners = owners
+        self._nodes = nodes
         self.columns = catalog.columns
         self.scratch = catalog.layout.root / SQL_SNAPSHOTS_DIR
         self._lock = threading.Lock()
@@ -67,7 +76,11 @@ class LaneTables:
 
     def entries(self, may_read: Callable[[str], bool]) -> list[TableEntry]:
         """Every table of a topic the caller may read; the others do not exist for it."""
-        return [e for e in self._all_entries() if may_read(e.name)]
+        return [e for e in self._all_entries() if may_read(e.source)]
+
+    def schema_names(self) -> list[str]:
+        """The SQL schemas: the lanes, and ``nodes`` when the pipeline has nodes."""
+        return [*LANES, NODES] if self._nodes is not None else list(LANES)
 
     def _all_entries(self) -> list[TableEntry]:
         """Every table, remembered for :data:`SCHEMA_TTL_S`: a query is planned two or
@@ -83,6 +96,10 @@ class LaneTables:
                 schema = self.schema(lane, topic)
                 if schema is not None:
                     out.append(TableEntry(name, topic, schema))
+        for node, info in (self._nodes.nodes() if self._nodes is not None else {}).items():
+            schema = self._nodes.open(node).schema() if self._nodes is not None else None
+            if schema is not None:  # a sidecar's output is known from its answers only
+                out.append(TableEntry(NODES, node, schema, info.topic))
         with self._lock:
             self._entries = (now, out)
         return out
@@ -114,17 +131,22 @@ class LaneTables:
                 shutil.rmtree(path, ignore_errors=True)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self._catalog, self.scratch / uuid.uuid4().hex, self._owners)
+        return Snapshot(self._catalog, self.scratch / uuid.uuid4().hex, self._owners, self._nodes)
 
 
 class Snapshot:
     """The files and live rows one query reads; :meth:`close` removes its links."""
 
     def __init__(
-        self, catalog: LaneCatalog, directory: Path, owners: OwnerDirectory | None = None
+        self,
+        catalog: LaneCatalog,
+        directory: Path,
+        owners: OwnerDirectory | None = None,
+        nodes: NodeViews | None = None,
     ) -> None:
         self._catalog = catalog
         self._owners = owners
+        self._nodes = nodes
         self.directory = directory
         self._tables = 0
         self.segments_read = 0  # files linked: what the selections left to read
@@ -176,6 +198,22 @@ class Snapshot:
         for more in frames[1:]:
             out = out.union(more)
         return out
+
+    def node_frame(
+        self, ctx: SessionContext, node: str, schema: pa.Schema, selection: Selection
+    ) -> DataFrame:
+        """A pipeline node's rows, as a ``do_get`` of the node reads them (its own lane
+        when materialised, else derived from the lanes now): durable history only, held
+        in memory for the query — node lanes are not hard-linked."""
+        assert self._nodes is not None
+        view = self._nodes.open(node)
+
+        def partitions() -> list[int]:
+            return [p for p in view.partitions() if selection.keeps_partition(p)]
+
+        tables = [shaped(t, schema) for t in node_rows(view, partitions, False, lambda: False)]
+        rows = pa.concat_tables(tables) if tables else schema.empty_table()
+        return ctx.from_arrow(rows)
 
     def _check_here(self, topic: str, partition: int) -> None:
         """Refuse a partition another gateway of the group ingests into a ``data_dir``
