@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pyarrow as pa
-import pytest
 
 PROBE = "import thalweg.cli.main, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
 
@@ -25,11 +24,10 @@ def _backend(**env: str) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(
-    "jemalloc" not in pa.supported_memory_backends(), reason="this pyarrow has no jemalloc"
-)
 def test_the_cli_picks_jemalloc() -> None:
-    assert _backend() == "jemalloc"
+    # A pyarrow build without jemalloc keeps its own default; this machine's has it.
+    want = "jemalloc" if "jemalloc" in pa.supported_memory_backends() else None
+    assert _backend() == (want or pa.default_memory_pool().backend_name)
 
 
 def test_the_environment_wins() -> None:

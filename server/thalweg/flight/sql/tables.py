@@ -131,22 +131,16 @@ class LaneTables:
                 shutil.rmtree(path, ignore_errors=True)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self._catalog, self.scratch / uuid.uuid4().hex, self._owners, self._nodes)
+        return Snapshot(self, self.scratch / uuid.uuid4().hex)
 
 
 class Snapshot:
     """The files and live rows one query reads; :meth:`close` removes its links."""
 
-    def __init__(
-        self,
-        catalog: LaneCatalog,
-        directory: Path,
-        owners: OwnerDirectory | None = None,
-        nodes: NodeViews | None = None,
-    ) -> None:
-        self._catalog = catalog
-        self._owners = owners
-        self._nodes = nodes
+    def __init__(self, tables: LaneTables, directory: Path) -> None:
+        self._catalog = tables._catalog
+        self._owners = tables._owners
+        self._nodes = tables._nodes
         self.directory = directory
         self._tables = 0
         self.segments_read = 0  # files linked: what the selections left to read
