@@ -37,7 +37,8 @@ class defined outside this module names its module in parentheses)::
     │   ├── SinkSchemaError (thalweg.sinks.base)
     │   │   └── SinkStoppedError (thalweg.sinks.base)
     │   └── SinkBackpressureError (thalweg.sinks.base)
-    └── FollowLagError (thalweg.flight.read.stream)
+    ├── FollowLagError (thalweg.flight.read.stream)
+    └── FileReadError (thalweg.sources.files.formats)
 
 Two families live beside the tree on purpose:
 

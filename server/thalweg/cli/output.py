@@ -12,6 +12,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # the gateway failed while running
 EXIT_CONFIG = 2  # the configuration (or a command line) is invalid
 EXIT_SHUTDOWN_TIMEOUT = 3  # draining passed gateway.shutdown_timeout_s
+EXIT_WITH_ERRORS = 4  # twg batch completed, but some files could not be read
+EXIT_INTERRUPTED = 130  # twg batch stopped by SIGINT/SIGTERM (a re-run resumes)
 
 
 def emit(ctx: click.Context, text: str, data: dict[str, Any]) -> None:

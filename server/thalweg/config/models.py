@@ -655,7 +655,50 @@ class PulsarSourceConfig(_SourceBase):
         return self
 
 
-SourceConfig = Annotated[KafkaSourceConfig | PulsarSourceConfig, Field(discriminator="kind")]
+FileFormat = Literal["auto", "parquet", "csv", "tsv", "jsonl", "avro", "arrow", "excel"]
+
+
+class FilesSourceConfig(_SourceBase):
+    """Files read by ``twg batch`` (docs/batch.md): each file's rows go through the same
+    decoded lane, contract, dead-letter lane, pipeline and sinks as a topic's records.
+    A file is one partition of ``topics[0]``; its row numbers are the positions."""
+
+    kind: Literal["files"]
+    topics: list[str] = Field(
+        min_length=1, max_length=1, description="The one lane topic the files' rows go to."
+    )
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Files, directories or globs (local, or s3://...) read when the "
+        "command line names none.",
+    )
+    file_format: FileFormat = Field(
+        "auto", description="Format of every file; 'auto': from each file's suffix."
+    )
+    csv_delimiter: str = Field(",", min_length=1, max_length=1)
+    csv_header: bool = Field(True, description="The first CSV record names the columns.")
+    state_dir: Path | None = Field(
+        None, description="Where the batch manifest lives (default: <data_dir>/batch/<topic>)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FilesSourceConfig:
+        if "format" in self.model_fields_set:
+            raise ValueError(
+                "files sources read typed rows: set file_format (auto, parquet, csv, ...), "
+                "not format"
+            )
+        if self.registry is not None or self.json_schema is not None:
+            raise ValueError("files sources take their schema from the files (no registry)")
+        self._check_common()
+        return self
+
+
+SourceConfig = Annotated[
+    KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig, Field(discriminator="kind")
+]
+# A source with a broker behind it: what ``twg stream`` consumes and ``do_put`` produces to.
+BrokerSourceConfig = KafkaSourceConfig | PulsarSourceConfig
 
 
 class ThalwegConfig(_Model):

@@ -123,7 +123,12 @@ class RawSink(BatchSink[pa.Table]):
         self._batches.append(raw)
 
     def _emit(self) -> pa.Table:
-        return pa.Table.from_batches(self._batches, schema=self.columns.raw_schema)
+        if self._batches[0].num_columns == len(self.columns.raw_schema):
+            return pa.Table.from_batches(self._batches, schema=self.columns.raw_schema)
+        # File rows: the payload column rides along to the writer, which takes the
+        # dead letters' bytes from it (lane.writer); its type may widen batch to batch.
+        tables = [pa.Table.from_batches([b]) for b in self._batches]
+        return pa.concat_tables(tables, promote_options="permissive")
 
     def _clear(self) -> None:
         self._batches = []

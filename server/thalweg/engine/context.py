@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig, RawLaneConfig
+from thalweg.config.models import (
+    FilesSourceConfig,
+    KafkaSourceConfig,
+    PulsarSourceConfig,
+    RawLaneConfig,
+)
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.fence import OwnershipFence
 from thalweg.engine.lag_gate import LagGate
@@ -32,7 +37,7 @@ RAW_LANE = "raw_lane"  # the health component of the primary raw lane
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
 
-SourceConfig = KafkaSourceConfig | PulsarSourceConfig
+SourceConfig = KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
-from thalweg.config.models import PulsarSourceConfig, ThalwegConfig
+from thalweg.config.models import FilesSourceConfig, PulsarSourceConfig, ThalwegConfig
 from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
@@ -175,7 +175,9 @@ class Gateway:
             mirror=self.mirror,
         )
         ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
-        self.runners = [SourceRunner(s, ctx) for s in cfg.sources] if ingest else []
+        # Files sources are read by ``twg batch``; their lanes are served all the same.
+        brokers = [s for s in cfg.sources if not isinstance(s, FilesSourceConfig)]
+        self.runners = [SourceRunner(s, ctx) for s in brokers] if ingest else []
         # Secondary sinks read the durable lanes, never the fetch path (recovery/feeder).
         self.feeders = (
             build_feeders(
@@ -238,7 +240,12 @@ class Gateway:
                 self.catalog,
                 self.metrics,
                 advertise=g.flight_advertise,
-                sources={t: s for s in cfg.sources for t in s.topics},
+                sources={
+                    t: s
+                    for s in cfg.sources
+                    if not isinstance(s, FilesSourceConfig)
+                    for t in s.topics
+                },
                 pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],
                 health=self.health.tree,
                 auth=g.auth,

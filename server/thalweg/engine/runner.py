@@ -36,6 +36,7 @@ from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
 from thalweg.ops.tracing import links_from_headers
 from thalweg.pipeline.decoders import TopicDecoders
+from thalweg.records.file_rows import strip_payload
 from thalweg.sources import load_source_class
 from thalweg.sources.base import PartitionKey, Source
 
@@ -226,7 +227,9 @@ class SourceRunner:
         if result is not None:
             for failure in result.failures:
                 ctx.metrics.decode_failures.labels(key[0], failure.reason.value).inc()
-        ctx.live.append(key[0], key[1], LiveEntry(first, last, raw, decoded))
+        ctx.live.append(
+            key[0], key[1], LiveEntry(first, last, strip_payload(raw, ctx.columns), decoded)
+        )
         labels = self.state.labels(key)
         ctx.metrics.records.labels(*labels).inc(raw.num_rows)
         nbytes = int(

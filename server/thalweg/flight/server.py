@@ -19,11 +19,11 @@ from typing import Any
 import pyarrow.flight as fl
 
 from thalweg.config.models import (
+    BrokerSourceConfig,
     FlightAuthConfig,
     FlightServingConfig,
     FlightTlsConfig,
     PulsarSourceConfig,
-    SourceConfig,
 )
 from thalweg.errors import TicketError
 from thalweg.flight.auth import MIDDLEWARE_KEY, HandshakeOnly, TokenAuthFactory
@@ -64,7 +64,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         metrics: Metrics,
         advertise: str | None = None,
         *,
-        sources: dict[str, SourceConfig] | None = None,
+        sources: dict[str, BrokerSourceConfig] | None = None,
         pattern_sources: Sequence[PulsarSourceConfig] = (),
         health: Callable[[], dict[str, Any]] | None = None,
         auth: FlightAuthConfig | None = None,

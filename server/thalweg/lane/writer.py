@@ -45,6 +45,7 @@ from thalweg.lane.layout import (
     segment_name,
 )
 from thalweg.records.columns import MetadataColumns
+from thalweg.records.file_rows import row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,10 @@ class SegmentWriter:
         }
         dlq_rows = 0
         dead = None
+        # File rows (records.file_rows): their fields exist only in the decoded lane and
+        # the file, so that segment is as necessary as the raw one, and their dead
+        # letters take their bytes from the payload column the raw lane does not keep.
+        file_rows = self._columns.payload in raw.column_names
         if decoded is not None:
             dead = self._dead_letters(raw, decoded, failures)
             if dead is not None:
@@ -162,10 +167,14 @@ class SegmentWriter:
                 )
                 self._keep(path, decoded, copy=True)
             except (OSError, pa.ArrowException) as exc:
+                if file_rows:
+                    raise LaneError(f"decoded segment {path} not written: {exc}") from exc
                 # The raw lane is primary: a decoded-lane failure never blocks it. The
                 # missing decoded segment is rebuilt from raw at the next start.
                 log.error("decoded segment %s/%s/%s not written: %s", topic, partition, name, exc)
                 decoded_ok = False
+        if file_rows:
+            raw = raw.drop_columns([self._columns.payload])
         path = self._layout.partition_dir(Lane.RAW, topic, partition) / name
         try:
             size = self._durable(
@@ -232,6 +241,8 @@ class SegmentWriter:
             return None
         ordered = sorted(failures, key=lambda f: f.row)
         dead = raw.take(pa.array([f.row for f in ordered], pa.int64()))
+        if self._columns.payload in dead.column_names:
+            dead = row_bytes(dead, self._columns)
         reasons = [f.reason.value for f in ordered]
         messages = [f.message for f in ordered]
         stages = [f.reason.stage for f in ordered]

@@ -16,7 +16,9 @@ def decode_batch(
     Assembled column by column: a payload table can have no columns at all (every value
     a tombstone or a failure), and a zero-column table cannot carry a row count.
     """
-    result = decoder.decode(raw.column(columns.value))
+    # File rows carry their typed fields beside the raw columns (records.file_rows).
+    i = raw.schema.get_field_index(columns.payload)
+    result = decoder.decode(raw.column(i if i >= 0 else columns.value))
     fields = list(result.table.schema)
     arrays = list(result.table.columns)
     for f in columns.locator_fields:

@@ -27,8 +27,9 @@ from thalweg.codecs.framing import peel
 from thalweg.codecs.guard import SchemaGate, SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.limits import SchemaLimits, check_schema
+from thalweg.codecs.rows import ArrowRowDecoder
 from thalweg.codecs.typemap import json_schema_record
-from thalweg.config.models import KafkaSourceConfig, PulsarSourceConfig
+from thalweg.config.models import FilesSourceConfig, KafkaSourceConfig, PulsarSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 Retry = Callable[[Backoff, asyncio.Event, Exception, str], Awaitable[None]]
 
 
-def schema_limits(cfg: KafkaSourceConfig | PulsarSourceConfig) -> SchemaLimits:
+def schema_limits(cfg: KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig) -> SchemaLimits:
     """The source's ``schema_limits`` as the decoders take them."""
     return SchemaLimits(**cfg.schema_limits.model_dump())
 
@@ -64,7 +65,7 @@ class TopicDecoders:
 
     def __init__(
         self,
-        cfg: KafkaSourceConfig | PulsarSourceConfig,
+        cfg: KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig,
         layout: LaneLayout,
         columns: MetadataColumns,
         metrics: Metrics,
@@ -121,7 +122,7 @@ class TopicDecoders:
                 keep = [f for f in pinned if not self._columns.is_reserved(f.name)]
                 pinned = pa.schema(keep)
             decoder = self._decoder(pinned)
-            if self.cfg.max_record_bytes is not None:
+            if self.cfg.max_record_bytes is not None and self.cfg.kind != "files":
                 decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
             if self._registry is not None and self.cfg.registry_max_wait_s is not None:
                 why = (
@@ -161,6 +162,8 @@ class TopicDecoders:
                 self.cfg.name,
                 why,
             )
+        if isinstance(self.cfg, FilesSourceConfig):
+            return ArrowRowDecoder(self._columns, pinned, limits)
         if self.cfg.format == "avro":
             assert self._registry is not None
             return AvroArrowDecoder(self._columns, self._registry, schema=pinned, limits=limits)

@@ -148,6 +148,17 @@ class MetadataColumns:
         return self.stamped("record_id")
 
     @cached_property
+    def payload(self) -> str:
+        """An in-memory column of a file row's typed fields (a struct), beside the raw
+        columns from the file reader to the decoder; never stored in the raw lane."""
+        return self.stamped("payload")
+
+    @cached_property
+    def file_error(self) -> str:
+        """The child of :attr:`payload` naming why the reader could not parse a row."""
+        return self.stamped("file_error")
+
+    @cached_property
     def decode_error(self) -> str:
         return self.stamped(DECODE_ERROR[0])
 

@@ -11,6 +11,7 @@ from thalweg.errors import ConfigError
 _LOADERS = {
     "kafka": "thalweg.sources.kafka:KafkaSource",
     "pulsar": "thalweg.sources.pulsar:PulsarSource",
+    "files": "thalweg.sources.files.source:FileSource",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from thalweg.config.models import SourceConfig
+from thalweg.config.models import BrokerSourceConfig
 from thalweg.errors import TicketError
 from thalweg.registry.confluent import ConfluentRegistry
 from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
@@ -23,7 +23,7 @@ AvroEncoderFactory = Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]]
 ProtobufEncoderFactory = Callable[[], tuple[Any, pa.Schema]]
 
 
-def avro_encoder(topic: str, source: SourceConfig | None) -> AvroEncoderFactory | None:
+def avro_encoder(topic: str, source: BrokerSourceConfig | None) -> AvroEncoderFactory | None:
     """Makes the Avro encoder of a put's payload schema; None without a registry url."""
     if source is None or source.registry is None or source.registry.url is None:
         return None
@@ -36,7 +36,9 @@ def avro_encoder(topic: str, source: SourceConfig | None) -> AvroEncoderFactory 
     return make
 
 
-def protobuf_encoder(topic: str, source: SourceConfig | None) -> ProtobufEncoderFactory | None:
+def protobuf_encoder(
+    topic: str, source: BrokerSourceConfig | None
+) -> ProtobufEncoderFactory | None:
     """Makes the topic's Protobuf encoder and its fields; None unless the source is
     Protobuf."""
     if source is None or source.format != "protobuf":

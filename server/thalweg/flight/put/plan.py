@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.limits import SchemaLimits, check_schema
-from thalweg.config.models import SourceConfig
+from thalweg.config.models import BrokerSourceConfig
 from thalweg.errors import TicketError
 from thalweg.records.rows import HEADER_TYPE, ProduceRows
 
@@ -38,7 +38,7 @@ class PutPlan:
     """How the batches of one put become records."""
 
     topic: str
-    source: SourceConfig
+    source: BrokerSourceConfig
     payload_columns: tuple[str, ...]  # empty: a ``value`` column carries the payload
     encode: Callable[[pa.Table], list[bytes]] | None
 
@@ -71,7 +71,7 @@ class PutPlan:
 def plan_put(
     topic: str,
     schema: pa.Schema,
-    source: SourceConfig | None,
+    source: BrokerSourceConfig | None,
     avro_encoder: Callable[[pa.Schema], Callable[[pa.Table], list[bytes]]] | None = None,
     protobuf_encoder: Callable[[], tuple[Any, pa.Schema]] | None = None,
 ) -> PutPlan:

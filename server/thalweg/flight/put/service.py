@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from thalweg.config.models import FlightServingConfig, PulsarSourceConfig, SourceConfig
+from thalweg.config.models import BrokerSourceConfig, FlightServingConfig, PulsarSourceConfig
 from thalweg.errors import ThalwegError, TicketError
 from thalweg.flight.auth import caller_key, principal_of
 from thalweg.flight.descriptors import path_topic
@@ -87,7 +87,7 @@ class Puts:
         limits: FlightServingConfig,
         streams: StreamLimiter,
         *,
-        sources: dict[str, SourceConfig],
+        sources: dict[str, BrokerSourceConfig],
         pattern_sources: Sequence[PulsarSourceConfig] = (),
         idempotent_producer: bool = False,
         put_timeout_ms: int = 30_000,
@@ -141,7 +141,7 @@ class Puts:
     async def _produce(
         self,
         plan: PutPlan,
-        source: SourceConfig,
+        source: BrokerSourceConfig,
         reader: fl.MetadataRecordBatchReader,
         writer: fl.FlightMetadataWriter,
         traceparent: bytes | None = None,
@@ -202,7 +202,7 @@ class Puts:
             await out.stop()
         return total
 
-    async def _started(self, plan: PutPlan, source: SourceConfig) -> TopicProducer:
+    async def _started(self, plan: PutPlan, source: BrokerSourceConfig) -> TopicProducer:
         out = self.producer_for(source)
         try:
             await out.start()
@@ -249,7 +249,7 @@ class Puts:
             ) from exc
         return rows
 
-    def producer_for(self, source: SourceConfig) -> TopicProducer:
+    def producer_for(self, source: BrokerSourceConfig) -> TopicProducer:
         """A new (not started) producer into ``source``'s cluster."""
         if isinstance(source, PulsarSourceConfig):
             return PulsarTopicProducer(source, self._put_timeout_ms)
@@ -263,7 +263,7 @@ class Puts:
             )
         )
 
-    def source_for(self, topic: str) -> SourceConfig | None:
+    def source_for(self, topic: str) -> BrokerSourceConfig | None:
         """The source a put to ``topic`` produces through: the one that lists it, else a
         Pulsar source whose ``topics_pattern`` matches the whole topic name."""
         found = self._sources.get(topic)

@@ -1,0 +1,430 @@
+"""Read one file as chunks of typed rows with their row numbers — natively, no Python per
+row on the way (Avro container files excepted: fastavro decodes records one by one).
+
+A row number is the 0-based index of a data row in its file: after a CSV header, not
+counting blank lines, counting rows that did not parse. Line formats (CSV, JSON lines)
+are split into records here — quote-aware for CSV, with numpy over the bytes — so every
+record has a number and its own bytes, and a record the parser refuses becomes a
+:class:`~thalweg.records.file_rows.BrokenRow` instead of failing its neighbours. A file
+that cannot be read on (a truncated Parquet footer, a damaged Avro block, a CSV value
+of a type its column cannot take in a chunk no record of which parses alone) raises
+:class:`FileReadError` after the chunks before the damage.
+"""
+
+from __future__ import annotations
+
+import csv as pycsv
+import io
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from thalweg.errors import ThalwegError
+from thalweg.records.file_rows import BrokenRow
+
+CHUNK_BYTES = 8 * 1024 * 1024  # line formats: bytes parsed per call (pyarrow splits them)
+CHUNK_ROWS = 64 * 1024  # columnar formats: rows per batch
+
+FORMATS = ("parquet", "csv", "tsv", "jsonl", "avro", "arrow", "excel")
+_SUFFIXES = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".avro": "avro",
+    ".arrow": "arrow",
+    ".arrows": "arrow",
+    ".ipc": "arrow",
+    ".feather": "arrow",
+    ".xlsx": "excel",
+    ".xlsm": "excel",
+    ".xlsb": "excel",
+    ".xls": "excel",
+    ".ods": "excel",
+}
+_COMPRESSED = (".gz", ".bz2", ".zst", ".zstd", ".lz4")
+
+
+class FileReadError(ThalwegError):
+    """A file (or the rest of it) cannot be read; the rows before the damage stand."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Consecutive rows of one file: the ones that parsed, typed, and the ones that did
+    not; ``nbytes`` is how much of the file they took (for progress)."""
+
+    table: pa.Table
+    rows: npt.NDArray[np.int64]
+    broken: list[BrokenRow] = field(default_factory=list)
+    nbytes: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.table.num_rows) + len(self.broken)
+
+
+def detect(path: str) -> str | None:
+    """The format named by a path's suffix (a compression suffix looked through)."""
+    name = path.lower()
+    for suffix in _COMPRESSED:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    dot = name.rfind(".")
+    return _SUFFIXES.get(name[dot:]) if dot >= 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class CsvOptions:
+    """How CSV files are split into fields (``tsv`` files use a tab)."""
+
+    delimiter: str = ","
+    header: bool = True
+
+
+def read_chunks(
+    fs: pafs.FileSystem, path: str, fmt: str, start: int = 0, csv: CsvOptions | None = None
+) -> Iterator[Chunk]:
+    """The rows of ``path`` from row number ``start`` on, chunk by chunk.
+
+    Raises:
+        FileReadError: the file cannot be opened, or cannot be read past some row.
+    """
+    readers: dict[str, Callable[[], Iterator[Chunk]]] = {
+        "parquet": lambda: _parquet(fs, path, start),
+        "arrow": lambda: _arrow(fs, path, start),
+        "csv": lambda: _csv(fs, path, start, csv or CsvOptions()),
+        "tsv": lambda: _csv(fs, path, start, CsvOptions("\t", (csv or CsvOptions()).header)),
+        "jsonl": lambda: _jsonl(fs, path, start),
+        "avro": lambda: _avro(fs, path, start),
+        "excel": lambda: _excel(fs, path, start),
+    }
+    try:
+        yield from readers[fmt]()
+    except FileReadError:
+        raise
+    except (OSError, pa.ArrowException, ValueError, EOFError, TypeError, KeyError) as exc:
+        raise FileReadError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+# -- columnar formats ---------------------------------------------------------------
+
+
+def _numbered(table: pa.Table, first: int, nbytes: int = 0) -> Chunk:
+    rows = np.arange(first, first + table.num_rows, dtype=np.int64)
+    return Chunk(table, rows, nbytes=nbytes)
+
+
+def _parquet(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
+    with fs.open_input_file(path) as f:
+        pf = pq.ParquetFile(f)
+        meta = pf.metadata
+        size = f.size()
+        total = max(1, meta.num_rows)
+        groups, row = [], 0
+        for i in range(meta.num_row_groups):
+            n = meta.row_group(i).num_rows
+            if row + n > start:
+                groups.append(i)
+            else:
+                row += n
+        if not groups:
+            return
+        for batch in pf.iter_batches(batch_size=CHUNK_ROWS, row_groups=groups):
+            table = pa.Table.from_batches([batch])
+            if row < start:
+                table = table.slice(start - row)
+                row = start
+            yield _numbered(table, row, size * table.num_rows // total)
+            row += table.num_rows
+
+
+def _arrow(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
+    with fs.open_input_file(path) as f:
+        size = f.size()
+        try:
+            reader: Any = pa.ipc.open_file(f)
+            batches: Iterator[pa.RecordBatch] = (
+                reader.get_batch(i) for i in range(reader.num_record_batches)
+            )
+        except pa.ArrowInvalid:  # not the file format: the stream format
+            f.seek(0)
+            batches = iter(pa.ipc.open_stream(f))
+        row = 0
+        for batch in batches:
+            end = row + batch.num_rows
+            if end > start:
+                table = pa.Table.from_batches([batch]).slice(max(0, start - row))
+                first = max(row, start)
+                yield _numbered(table, first, size * table.num_rows // max(1, size))
+            row = end
+
+
+def _excel(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
+    try:
+        import fastexcel
+    except ImportError as exc:
+        raise FileReadError(
+            f"{path}: Excel files need fastexcel: pip install 'thalweg[excel]'"
+        ) from exc
+    with fs.open_input_stream(path) as f:
+        data = f.read()
+    sheet = fastexcel.read_excel(data).load_sheet(0)
+    table = pa.Table.from_batches([sheet.to_arrow()])
+    for first in range(start, table.num_rows, CHUNK_ROWS):
+        part = table.slice(first, CHUNK_ROWS)
+        yield _numbered(part, first, len(data) * part.num_rows // max(1, table.num_rows))
+
+
+def _avro(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
+    import fastavro
+
+    from thalweg.codecs.typemap import avro_record_schema
+
+    with fs.open_input_stream(path, compression="detect") as f:
+        reader = fastavro.reader(f)
+        schema = avro_record_schema(reader.writer_schema)
+        pending: list[dict[str, Any]] = []
+        row = first = start
+        for i, record in enumerate(reader):
+            if i < start:
+                continue
+            pending.append(cast(dict[str, Any], record))
+            row = i + 1
+            if len(pending) == CHUNK_ROWS:
+                yield _numbered(pa.Table.from_pylist(pending, schema=schema), first)
+                pending, first = [], row
+        if pending:
+            yield _numbered(pa.Table.from_pylist(pending, schema=schema), first)
+
+
+# -- line formats ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Records:
+    """Complete records of a byte buffer: bytes ``[starts[i], ends[i])``."""
+
+    buf: bytes
+    starts: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
+    consumed: int  # bytes up to the end of the last complete record (its newline)
+
+    def text(self, i: int) -> bytes:
+        return self.buf[self.starts[i] : self.ends[i]]
+
+
+def split_records(buf: bytes, quote: int | None, eof: bool) -> _Records:
+    """The newline-ended records of ``buf`` (and its tail at ``eof``), blank ones left
+    out; a newline inside ``quote`` characters does not end a record (RFC 4180: an
+    escaped quote is doubled, so the parity of the quotes before a newline says)."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    newline = arr == 10
+    if quote is not None:
+        inside = (np.cumsum(arr == quote) & 1).astype(bool)
+        newline &= ~inside
+    ends = np.flatnonzero(newline).astype(np.int64)
+    consumed = int(ends[-1]) + 1 if len(ends) else 0
+    if eof and consumed < len(buf):
+        ends = np.append(ends, len(buf))
+        consumed = len(buf)
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else ends
+    # Trailing carriage returns are not part of a record (CRLF files).
+    cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13) if len(ends) else ends > 0
+    ends = ends - cr.astype(np.int64)
+    if len(ends):
+        blank = ends <= starts
+        if quote is None:  # a JSON line of only whitespace is blank too
+            solid = np.concatenate([[0], np.cumsum(~np.isin(arr, (9, 13, 32)))])
+            blank |= solid[ends] == solid[starts]
+        starts, ends = starts[~blank], ends[~blank]
+    return _Records(buf, starts, ends, consumed)
+
+
+def _line_chunks(
+    fs: pafs.FileSystem, path: str, quote: int | None, skip_header: bool
+) -> Iterator[tuple[_Records, int, bytes | None]]:
+    """Complete records of the file, ``CHUNK_BYTES`` at a time, with the bytes each
+    chunk consumed and the header record (when asked to take one)."""
+    header: bytes | None = None
+    with fs.open_input_stream(path, compression="detect") as f:
+        buf = b""
+        while True:
+            data = f.read(CHUNK_BYTES)
+            eof = not data
+            buf += data
+            recs = split_records(buf, quote, eof)
+            if skip_header and header is None and len(recs.starts):
+                header = recs.text(0)
+                recs = _Records(recs.buf, recs.starts[1:], recs.ends[1:], recs.consumed)
+            if len(recs.starts) or recs.consumed:
+                yield recs, recs.consumed, header
+            buf = buf[recs.consumed :]
+            if eof:
+                return
+
+
+def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterator[Chunk]:
+    names: list[str] | None = None
+    types: dict[str, pa.DataType] = {}
+    row = 0
+    for recs, nbytes, header in _line_chunks(fs, path, ord('"'), opts.header):
+        if names is None:
+            if header is not None:
+                names = next(pycsv.reader([header.decode("utf-8-sig")], delimiter=opts.delimiter))
+            elif len(recs.starts):
+                first = recs.text(0).decode("utf-8", "replace")
+                width = len(next(pycsv.reader([first], delimiter=opts.delimiter)))
+                names = [f"f{i}" for i in range(width)]
+            else:
+                continue
+        n = len(recs.starts)
+        lo = max(0, start - row)
+        if lo < n:
+            chunk = _parse_csv(recs, lo, names, types, opts.delimiter, row)
+            chunk.nbytes = nbytes
+            for f in chunk.table.schema:
+                if not pa.types.is_null(f.type):
+                    types.setdefault(f.name, f.type)
+            yield chunk
+        row += n
+
+
+def _parse_csv(
+    recs: _Records,
+    lo: int,
+    names: list[str],
+    types: dict[str, pa.DataType],
+    delimiter: str,
+    base: int,
+) -> Chunk:
+    n = len(recs.starts)
+    bad: list[str] = []
+
+    def invalid(row: Any) -> str:
+        bad.append(row.text)
+        return "skip"
+
+    def parse(body: bytes) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(body),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=CHUNK_BYTES),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid
+            ),
+            convert_options=pacsv.ConvertOptions(column_types=types),
+        )
+
+    body = recs.buf[recs.starts[lo] : recs.ends[n - 1]]
+    ordinals = np.arange(base + lo, base + n, dtype=np.int64)
+    try:
+        table = parse(body)
+    except pa.ArrowInvalid:
+        return _one_by_one(recs, lo, ordinals, parse)
+    if not bad:
+        return Chunk(table, ordinals)
+    # Place each refused record by its text, in order.
+    broken, good = [], np.ones(n - lo, dtype=bool)
+    j = lo
+    for text in bad:
+        want = text.encode()
+        while j < n and recs.text(j) != want:
+            j += 1
+        if j == n:  # not found verbatim: parse one by one instead
+            return _one_by_one(recs, lo, ordinals, parse)
+        good[j - lo] = False
+        broken.append(BrokenRow(int(ordinals[j - lo]), want, _column_count(text, names, delimiter)))
+        j += 1
+    return Chunk(table, ordinals[good], broken)
+
+
+def _column_count(text: str, names: list[str], delimiter: str) -> str:
+    got = len(next(pycsv.reader([text], delimiter=delimiter), []))
+    return f"expected {len(names)} columns, got {got}"
+
+
+def _one_by_one(
+    recs: _Records, lo: int, ordinals: npt.NDArray[np.int64], parse: Callable[[bytes], pa.Table]
+) -> Chunk:
+    """Parse each record alone (a chunk failed as a whole): the ones that fail are
+    broken rows with the parser's message."""
+    tables, good, broken = [], [], []
+    for k, ordinal in enumerate(ordinals):
+        text = recs.text(lo + k)
+        try:
+            t = parse(text)
+        except pa.ArrowInvalid as exc:  # "... in row 0": the row of a one-row parse
+            broken.append(BrokenRow(int(ordinal), text, re.sub(r" in row 0$", "", str(exc))))
+            continue
+        if t.num_rows != 1:
+            broken.append(BrokenRow(int(ordinal), text, "not one row"))
+            continue
+        tables.append(t)
+        good.append(ordinal)
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+    return Chunk(table, np.array(good, dtype=np.int64), broken)
+
+
+def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
+    schema: pa.Schema | None = None
+    row = 0
+    for recs, nbytes, _ in _line_chunks(fs, path, None, False):
+        n = len(recs.starts)
+        lo = max(0, start - row)
+        if lo < n:
+            ordinals = np.arange(row + lo, row + n, dtype=np.int64)
+
+            def parse(body: bytes, schema: pa.Schema | None = schema) -> pa.Table:
+                return pajson.read_json(
+                    io.BytesIO(body),
+                    read_options=pajson.ReadOptions(block_size=CHUNK_BYTES),
+                    parse_options=pajson.ParseOptions(
+                        explicit_schema=schema, unexpected_field_behavior="infer"
+                    ),
+                )
+
+            body = b"\n".join(recs.text(i) for i in range(lo, n))
+            try:
+                chunk = Chunk(_whole(parse, body, n - lo, schema), ordinals)
+            except pa.ArrowInvalid:
+                chunk = _one_by_one(recs, lo, ordinals, parse)
+            chunk.nbytes = nbytes
+            if schema is None and chunk.table.num_columns:
+                keep = [f for f in chunk.table.schema if not pa.types.is_null(f.type)]
+                schema = pa.schema(keep) if keep else None
+            yield chunk
+        row += n
+
+
+def _whole(
+    parse: Callable[..., pa.Table], body: bytes, n: int, schema: pa.Schema | None
+) -> pa.Table:
+    """A JSON-lines chunk parsed at once: against the file's schema so far, or — a field
+    that widened (an integer field with a fraction) — inferred afresh when the two
+    still unify; ``ArrowInvalid`` when neither holds every line as one object."""
+    try:
+        table = parse(body)
+    except pa.ArrowInvalid:
+        if schema is None:
+            raise
+        table = parse(body, None)
+        try:
+            pa.unify_schemas([schema, table.schema], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise pa.ArrowInvalid(str(exc)) from exc
+    if table.num_rows != n:
+        raise pa.ArrowInvalid("a line holds more or fewer than one object")
+    return table

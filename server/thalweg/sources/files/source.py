@@ -1,0 +1,330 @@
+"""A bounded source: the files named for one ``twg batch`` run, as raw-lane batches.
+
+It speaks the :class:`~thalweg.sources.base.Source` protocol, so the run is the stream's
+own engine — partitions, checkpoint, decoders, dead-letter lane — with files in place of
+a broker: a file is a partition of the lane topic, its row numbers are positions, and
+the broker's committed offset is the manifest's ``committed`` (``manifest.py``), written
+only after the raw segment holding those rows is durable. Files are read one at a
+time, in the order named (a directory or glob: sorted by path). A file that cannot be
+read on is marked failed with its reason; the run goes on to the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob as pyglob
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from thalweg.config.models import FilesSourceConfig
+from thalweg.errors import ConfigError
+from thalweg.lane.owners import OwnerDirectory
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.file_rows import file_rows_batch
+from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.files.formats import (
+    Chunk,
+    CsvOptions,
+    FileReadError,
+    detect,
+    read_chunks,
+)
+from thalweg.sources.files.manifest import Entry, Identity, Manifest, content_hash
+
+log = logging.getLogger(__name__)
+
+_GLOB = set("*?[")
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """A file named for the run: where it is and what it looks like now."""
+
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+    size: int
+    mtime_ns: int
+
+
+def resolve_inputs(specs: list[str]) -> list[InputFile]:
+    """Files named by paths, directories (every file below with a known format) and
+    globs, local or any URI pyarrow.fs opens (``s3://bucket/prefix/*.parquet``).
+
+    Raises:
+        ConfigError: a name matches no file.
+    """
+    out: list[InputFile] = []
+    for spec in specs:
+        found = _expand(spec)
+        if not found:
+            raise ConfigError(f"{spec}: no such file (nothing matches)")
+        out.extend(found)
+    seen: set[str] = set()
+    return [f for f in out if not (f.uri in seen or seen.add(f.uri))]  # type: ignore[func-returns-value]
+
+
+def _expand(spec: str) -> list[InputFile]:
+    if "://" in spec:
+        fs, path = pafs.FileSystem.from_uri(spec)
+        scheme = spec.split("://", 1)[0]
+        return _from_fs(fs, path, lambda p: f"{scheme}://{p}")
+    fs = pafs.LocalFileSystem()
+    if _GLOB & set(spec):
+        paths = sorted(pyglob.glob(spec, recursive=True))
+        return [f for p in paths for f in _from_fs(fs, str(Path(p).resolve()), _file_uri)]
+    return _from_fs(fs, str(Path(spec).resolve()), _file_uri)
+
+
+def _file_uri(path: str) -> str:
+    return Path(path).as_uri()
+
+
+def _from_fs(fs: pafs.FileSystem, path: str, uri: object) -> list[InputFile]:
+    make = uri if callable(uri) else _file_uri
+    pattern = None
+    if _GLOB & set(path):  # a glob in a URI: list its directory, match the names
+        pattern, path = (
+            path,
+            path[: min(path.find(c) for c in _GLOB if c in path)].rsplit("/", 1)[0],
+        )
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    if info.type == pafs.FileType.File and pattern is None:
+        return [InputFile(fs, path, make(path), info.size, info.mtime_ns or 0)]
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    files = [
+        i
+        for i in infos
+        if i.type == pafs.FileType.File
+        and (fnmatch(i.path, pattern) if pattern else detect(i.path) is not None)
+    ]
+    return [
+        InputFile(fs, i.path, make(i.path), i.size, i.mtime_ns or 0)
+        for i in sorted(files, key=lambda i: i.path)
+    ]
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the run has done so far (read by the progress display and the summary)."""
+
+    files_total: int = 0
+    files_done: int = 0
+    files_skipped: int = 0
+    files_failed: int = 0
+    rows: int = 0
+    broken_rows: int = 0
+    bytes_read: int = 0
+    bytes_total: int = 0
+    errors: list[dict[str, str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+
+class FileSource:
+    """The files of one run as a :class:`~thalweg.sources.base.Source`."""
+
+    positions_are_offsets = False
+
+    def __init__(
+        self, cfg: FilesSourceConfig, columns: MetadataColumns, owners: OwnerDirectory
+    ) -> None:
+        del owners  # files are read by the one process that was asked to
+        self.cfg = cfg
+        self.topic = cfg.topics[0]
+        self._columns = columns
+        if cfg.state_dir is None:
+            raise ConfigError(f"sources.{cfg.name}: files are read by twg batch (no state_dir)")
+        self.manifest = Manifest.load(cfg.state_dir, self.topic)
+        self.progress = Progress()
+        self._queue: list[Entry] = []
+        self._inputs: dict[int, InputFile] = {}
+        self._start: dict[int, int] = {}
+        self._current: tuple[Entry, Iterator[Chunk]] | None = None
+        self._leftover: pa.RecordBatch | None = None
+        self._paused: set[int] = set()
+        self._next_row = 0
+        self.finished = asyncio.Event()
+        self.lane_partitions: list[int] = []
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
+        del on_revoked  # nothing takes files away
+        inputs = resolve_inputs(self.cfg.paths)
+        p = self.progress
+        p.files_total = len(inputs)
+        for f in inputs:
+            fmt = self.cfg.file_format if self.cfg.file_format != "auto" else detect(f.path)
+            if fmt is None:
+                self._fail_early(f, "unknown format: name a known suffix or set file_format")
+                continue
+            try:
+                digest = await asyncio.to_thread(content_hash, f.fs, f.path)
+            except OSError as exc:
+                self._fail_early(f, f"cannot be read: {exc}")
+                continue
+            identity = Identity(f.uri, f.size, f.mtime_ns, digest)
+            entry = self.manifest.find(identity)
+            if entry is None:
+                entry = self.manifest.add(identity, fmt, self.lane_partitions)
+            if entry.state == "done":
+                p.files_skipped += 1
+                continue
+            entry.state, entry.error = "pending", None
+            self._queue.append(entry)
+            self._inputs[entry.partition] = f
+            p.bytes_total += f.size
+        await asyncio.to_thread(self.manifest.save)
+        if self._queue:
+            await on_assigned([(self.topic, e.partition) for e in self._queue])
+        else:
+            self.finished.set()
+
+    def _fail_early(self, f: InputFile, why: str) -> None:
+        self.progress.files_failed += 1
+        self.progress.errors.append({"file": f.uri, "error": why})
+        log.error("%s: %s; skipped", f.uri, why)
+
+    async def stop(self) -> None:
+        self._current = None
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
+        batch = self._leftover
+        self._leftover = None
+        while batch is None:
+            if self._current is None and not self._open_next():
+                await asyncio.sleep(timeout_ms / 1000)
+                return {}
+            assert self._current is not None
+            entry, chunks = self._current
+            if entry.partition in self._paused:
+                await asyncio.sleep(min(timeout_ms, 50) / 1000)
+                return {}
+            chunk = await asyncio.to_thread(self._next_chunk, entry, chunks)
+            if chunk is not None and chunk.num_rows:
+                batch = self._batch(entry, chunk)
+        key = (self.topic, int(batch.column(self._columns.partition)[0].as_py()))
+        if batch.num_rows > max_records:
+            self._leftover = batch.slice(max_records)
+            batch = batch.slice(0, max_records)
+        return {key: batch}
+
+    def _open_next(self) -> bool:
+        """Start reading the next file; False when every file has been read."""
+        while self._queue:
+            entry = self._queue.pop(0)
+            start = self._start.get(entry.partition, entry.committed)
+            f = self._inputs[entry.partition]
+            opts = CsvOptions(self.cfg.csv_delimiter, self.cfg.csv_header)
+            self._current = (entry, read_chunks(f.fs, f.path, entry.format, start, opts))
+            self._next_row = start
+            return True
+        self._current = None
+        if not self.finished.is_set():
+            self.finished.set()
+        return False
+
+    def _next_chunk(self, entry: Entry, chunks: Iterator[Chunk]) -> Chunk | None:
+        """The file's next chunk; None when it ended (read to its end, or failed)."""
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            entry.rows = self._next_row
+            self.progress.files_done += 1
+            self._current = None
+            return None
+        except FileReadError as exc:
+            entry.rows = self._next_row
+            entry.state, entry.error = "failed", str(exc)
+            self.progress.files_failed += 1
+            self.progress.errors.append({"file": entry.uri, "error": str(exc)})
+            log.error("%s; skipped from row %d on", exc, self._next_row)
+            self._current = None
+            return None
+        if chunk.num_rows:
+            last = int(chunk.rows[-1]) if len(chunk.rows) else -1
+            self._next_row = max(last, max((b.row for b in chunk.broken), default=-1)) + 1
+        self.progress.rows += chunk.num_rows
+        self.progress.broken_rows += len(chunk.broken)
+        self.progress.bytes_read += chunk.nbytes
+        return chunk
+
+    def _batch(self, entry: Entry, chunk: Chunk) -> pa.RecordBatch:
+        f = self._inputs[entry.partition]
+        return file_rows_batch(
+            table=chunk.table,
+            rows=chunk.rows,
+            broken=chunk.broken,
+            topic=self.topic,
+            partition=entry.partition,
+            uri=entry.uri,
+            mtime_ms=f.mtime_ns // 1_000_000,
+            cluster=self.cfg.cluster_name,
+            ingest_ts_us=time.time_ns() // 1000,
+            columns=self._columns,
+        )
+
+    # -- positions -------------------------------------------------------------------
+
+    async def commit(self, positions: dict[PartitionKey, int]) -> None:
+        """Record rows below ``positions`` as durable; a file read to its end and
+        durable to its last row is done (a later run skips it)."""
+        for (_, partition), position in positions.items():
+            entry = self.manifest.by_partition(partition)
+            entry.committed = max(entry.committed, position)
+            if entry.rows is not None and entry.committed >= entry.rows and entry.state != "failed":
+                entry.state = "done"
+        await asyncio.to_thread(self.manifest.save)
+
+    async def settle(self) -> None:
+        """After the last commit: files that ended with nothing left to make durable
+        (empty files, or every row already durable) are done too."""
+        for entry in self.manifest.entries:
+            ended = entry.rows is not None and entry.committed >= entry.rows
+            if entry.partition in self._inputs and entry.state == "pending" and ended:
+                entry.state = "done"
+        await asyncio.to_thread(self.manifest.save)
+
+    async def committed(self, key: PartitionKey) -> int | None:
+        entry = self.manifest.by_partition(key[1])
+        return entry.committed or None
+
+    def seek(self, key: PartitionKey, position: int) -> None:
+        self._start[key[1]] = position
+
+    def highwater(self, key: PartitionKey) -> int | None:
+        return self.manifest.by_partition(key[1]).rows
+
+    def pause(self, keys: list[PartitionKey]) -> None:
+        self._paused.update(p for _, p in keys)
+
+    def resume(self, keys: list[PartitionKey]) -> None:
+        self._paused.difference_update(p for _, p in keys)
+
+    # -- what a broker would answer -------------------------------------------------
+
+    async def probe(self, timeout_s: float = 3.0) -> bool:
+        return True
+
+    def membership(self) -> tuple[bool, float | None]:
+        return True, None
+
+    def generation(self) -> int:
+        return 0
+
+    async def log_start(self, key: PartitionKey) -> int:
+        return 0
+
+    async def missing_topics(self) -> list[str]:
+        return []
