@@ -120,6 +120,7 @@ def files_source(
     out = src.model_copy(update=update)
     if not out.paths:
         raise ConfigError("no files to read: name them on the command line or in paths = [...]")
+    resolve_inputs(out.paths)  # a name that matches nothing is refused before anything is written
     return out
 
 

@@ -116,7 +116,7 @@ def read_chunks(
         yield from readers[fmt]()
     except FileReadError:
         raise
-    except (OSError, pa.ArrowException, ValueError, EOFError, TypeError, KeyError) as exc:
+    except Exception as exc:  # whatever a reader library raises on a damaged file
         raise FileReadError(f"{path}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -198,15 +198,27 @@ def _avro(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
         reader = fastavro.reader(f)
         schema = avro_record_schema(reader.writer_schema)
         pending: list[dict[str, Any]] = []
-        row = first = start
-        for i, record in enumerate(reader):
+        first = start
+        records = enumerate(reader)
+        while True:
+            try:
+                i, record = next(records)
+            except StopIteration:
+                break
+            except Exception as exc:  # a damaged block: the records before it stand
+                if pending:
+                    yield _numbered(pa.Table.from_pylist(pending, schema=schema), first)
+                raise FileReadError(
+                    f"{path}: damaged after row {first + len(pending) - 1}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             if i < start:
                 continue
             pending.append(cast(dict[str, Any], record))
-            row = i + 1
             if len(pending) == CHUNK_ROWS:
                 yield _numbered(pa.Table.from_pylist(pending, schema=schema), first)
-                pending, first = [], row
+                first += len(pending)
+                pending = []
         if pending:
             yield _numbered(pa.Table.from_pylist(pending, schema=schema), first)
 
