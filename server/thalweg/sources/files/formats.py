@@ -134,10 +134,11 @@ def _parquet(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
         meta = pf.metadata
         size = f.size()
         total = max(1, meta.num_rows)
-        groups, row = [], 0
+        groups: list[int] = []  # the row groups from the one holding ``start`` on
+        row = 0
         for i in range(meta.num_row_groups):
             n = meta.row_group(i).num_rows
-            if row + n > start:
+            if groups or row + n > start:
                 groups.append(i)
             else:
                 row += n

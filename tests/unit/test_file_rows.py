@@ -1,0 +1,215 @@
+"""File readers, file-row batches and their decoder, on files written here."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thalweg.codecs.base import DecodeReason
+from thalweg.codecs.rows import ArrowRowDecoder
+from thalweg.pipeline.decode import decode_batch
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.file_rows import BrokenRow, file_rows_batch, row_bytes, strip_payload
+from thalweg.sources.files.formats import (
+    FileReadError,
+    detect,
+    read_chunks,
+    split_records,
+)
+
+C = MetadataColumns()
+LOCAL = pafs.LocalFileSystem()
+
+
+def read_all(path: Path, fmt: str, start: int = 0) -> tuple[pa.Table, list[int], list[BrokenRow]]:
+    tables, numbers, broken = [], [], []
+    for chunk in read_chunks(LOCAL, str(path), fmt, start):
+        tables.append(chunk.table)
+        numbers += chunk.rows.tolist()
+        broken += chunk.broken
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+    return table, numbers, broken
+
+
+def test_formats_are_told_by_suffix_through_compression() -> None:
+    assert detect("/x/a.CSV.gz") == "csv"
+    assert detect("s3://b/k/part-0.parquet") == "parquet"
+    assert detect("d.ndjson.zst") == "jsonl"
+    assert detect("e.feather") == "arrow"
+    assert detect("f.txt") is None
+
+
+@given(
+    st.lists(
+        st.lists(st.text(alphabet='ab,"\n x', max_size=6), min_size=2, max_size=2),
+        max_size=20,
+    ),
+    st.integers(min_value=1, max_value=64),
+)
+@settings(max_examples=200, deadline=None)
+def test_csv_records_split_like_a_csv_parser_reads_them(cells: list[list[str]], piece: int) -> None:
+    """The quote-aware splitter finds the records Python's csv module writes, whatever
+    the bytes are cut into (records never split across reads)."""
+    import csv
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    kept = [row for row in cells if any(row)]  # csv writes an all-empty row as a blank
+    for row in kept:
+        w.writerow(row)
+    data = buf.getvalue().encode()
+    found: list[bytes] = []
+    rest = b""
+    for i in range(0, len(data) + 1, piece):
+        rest += data[i : i + piece]
+        eof = i + piece >= len(data)
+        recs = split_records(rest, ord('"'), eof)
+        found += [recs.text(k) for k in range(len(recs.starts))]
+        rest = rest[recs.consumed :]
+        if eof:
+            break
+    parsed = [next(csv.reader([r.decode()])) for r in found]
+    assert parsed == [r for r in kept if r != ["", ""]]
+
+
+def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_bytes(b'id,v\r\n1,a\r\n2,"b\r\nc",x\r\n\r\n3,"d"\r\n4\r\n')
+    table, numbers, broken = read_all(p, "csv")
+    assert table.to_pydict() == {"id": [1, 3], "v": ["a", "d"]}
+    assert numbers == [0, 2]
+    assert [(b.row, b.text) for b in broken] == [(1, b'2,"b\r\nc",x'), (3, b"4")]
+    assert broken[0].message == "expected 2 columns, got 3"
+
+
+def test_a_csv_value_its_column_cannot_take_fails_that_row_only(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    body = "n\n" + "".join(f"{i}\n" for i in range(5)) + "oops\n" + "7\n"
+    p.write_text(body)
+    chunks = list(read_chunks(LOCAL, str(p), "csv"))
+    # One chunk: the parser infers from it (a string column); forced to int64 by a first
+    # chunk, the value fails alone.
+    assert sum(c.num_rows for c in chunks) == 7
+    from thalweg.sources.files import formats
+
+    recs = formats.split_records(body.encode(), ord('"'), True)
+    recs.starts, recs.ends = recs.starts[1:], recs.ends[1:]
+    chunk = formats._parse_csv(recs, 0, ["n"], {"n": pa.int64()}, ",", 0)
+    assert chunk.table["n"].to_pylist() == [0, 1, 2, 3, 4, 7]
+    assert [(b.row, b.text) for b in chunk.broken] == [(5, b"oops")]
+    assert "int64" in chunk.broken[0].message
+
+
+def test_json_lines_widen_a_field_and_keep_broken_lines(tmp_path: Path) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_text('{"a": 1}\n   \n{"a": 2.5, "b": "x"}\n[1, 2]\n{"a":\n{"a": 3}\n')
+    table, numbers, broken = read_all(p, "jsonl")
+    assert table.to_pydict() == {"a": [1.0, 2.5, 3.0], "b": [None, "x", None]}
+    assert numbers == [0, 1, 4]
+    assert [(b.row, b.text) for b in broken] == [(2, b"[1, 2]"), (3, b'{"a":')]
+
+
+@pytest.mark.parametrize("start", [0, 1, 39_999, 40_000, 99_999, 100_000])
+def test_parquet_resumes_at_any_row(tmp_path: Path, start: int) -> None:
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"n": np.arange(100_000)}), p, row_group_size=40_000)
+    table, numbers, _ = read_all(p, "parquet", start)
+    assert numbers == list(range(start, 100_000))
+    assert (table["n"].to_pylist() if table.num_columns else []) == numbers
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_arrow_ipc_files_and_streams_resume(tmp_path: Path, stream: bool) -> None:
+    p = tmp_path / "a.arrow"
+    t = pa.table({"n": np.arange(1000)})
+    opener = pa.ipc.new_stream if stream else pa.ipc.new_file
+    with opener(str(p), t.schema) as w:
+        for b in t.to_batches(max_chunksize=300):
+            w.write_batch(b)
+    table, numbers, _ = read_all(p, "arrow", 450)
+    assert numbers == table["n"].to_pylist() == list(range(450, 1000))
+
+
+def test_a_truncated_parquet_file_cannot_be_read(tmp_path: Path) -> None:
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"n": np.arange(10)}), p)
+    p.write_bytes(p.read_bytes()[:-20])
+    with pytest.raises(FileReadError, match=r"a\.parquet"):
+        read_all(p, "parquet")
+
+
+def test_empty_files_have_no_rows(tmp_path: Path) -> None:
+    for name, fmt in [("a.csv", "csv"), ("a.jsonl", "jsonl")]:
+        (tmp_path / name).write_bytes(b"")
+        assert read_all(tmp_path / name, fmt)[1] == []
+    (tmp_path / "h.csv").write_text("a,b\n")
+    assert read_all(tmp_path / "h.csv", "csv")[1] == []
+
+
+def batch(table: pa.Table, rows: list[int], broken: list[BrokenRow]) -> pa.RecordBatch:
+    return file_rows_batch(
+        table=table,
+        rows=np.array(rows, dtype=np.int64),
+        broken=broken,
+        topic="t",
+        partition=3,
+        uri="file:///x.csv",
+        mtime_ms=1_000,
+        cluster="files",
+        ingest_ts_us=2_000,
+        columns=C,
+    )
+
+
+def test_file_rows_interleave_broken_rows_by_number() -> None:
+    raw = batch(
+        pa.table({"a": [10, 30]}),
+        [0, 2],
+        [BrokenRow(1, b"bad", "expected 1 columns, got 2"), BrokenRow(3, b"x", "nope")],
+    )
+    assert raw.column(C.position).to_pylist() == [0, 1, 2, 3]
+    assert raw.column(C.value).to_pylist() == [None, b"bad", None, b"x"]
+    assert set(raw.column(C.source("message_id")).to_pylist()) == {b"file:///x.csv"}
+    assert strip_payload(raw, C).schema == C.raw_schema
+    decoder = ArrowRowDecoder(C)
+    decoded, result = decode_batch(decoder, raw, C)
+    assert decoded["a"].to_pylist() == [10, None, 30, None]
+    assert [(f.row, f.reason) for f in result.failures] == [
+        (1, DecodeReason.SYNTAX),
+        (3, DecodeReason.SYNTAX),
+    ]
+    assert decoded[C.decode_error].to_pylist()[1] == "syntax: expected 1 columns, got 2"
+
+
+def test_the_row_decoder_refuses_what_other_decoders_refuse() -> None:
+    decoder = ArrowRowDecoder(C, pa.schema([pa.field("a", pa.int64())]))
+    _, result = decode_batch(decoder, batch(pa.table({"a": ["x", "y"]}), [0, 1], []), C)
+    assert {f.reason for f in result.failures} == {DecodeReason.SCHEMA_CONFLICT}
+    _, result = decode_batch(decoder, batch(pa.table({"_twg_a": [1]}), [0], []), C)
+    assert {f.reason for f in result.failures} == {DecodeReason.RESERVED_FIELD}
+    _, result = decode_batch(decoder, batch(pa.table({"b": [1.5]}), [0], []), C)
+    assert not result.failures and decoder.schema.names == ["a", "b"]
+    # Bytes from a broker are not file rows.
+    r = decoder.decode(pa.array([b"{}", None], pa.binary()))
+    assert [(f.row, f.reason) for f in r.failures] == [(0, DecodeReason.UNSUPPORTED)]
+
+
+def test_dead_typed_rows_keep_their_fields_as_json() -> None:
+    raw = batch(
+        pa.table({"a": [1], "b": [b"\x00\xff"], "t": pa.array([0], pa.timestamp("s"))}),
+        [0],
+        [BrokenRow(1, b"raw text", "bad")],
+    )
+    dead = row_bytes(pa.Table.from_batches([raw]), C)
+    values = dead.column(C.value).to_pylist()
+    assert json.loads(values[0]) == {"a": 1, "b": "AP8=", "t": "1970-01-01T00:00:00"}
+    assert values[1] == b"raw text"
