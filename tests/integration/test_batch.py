@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 import zstandard
+from confluent_kafka import Producer
 
-from tests.helpers import wait_until
+from tests.conftest import RunningGateway
+from tests.helpers import arrow_files, safe_count, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -427,3 +430,76 @@ def test_batch_help_and_a_missing_path(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "no such file" in proc.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_the_same_contract_and_pipeline_give_a_topic_and_a_file_the_same_rows(
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    topic = topic_factory(1)
+    records = [
+        {"id": i, "amount": -1.0 if i % 10 == 3 else i * 1.5, "city": f"c{i % 4}"}
+        for i in range(500)
+    ]
+    for r in records:
+        producer.produce(topic, json.dumps(r).encode())
+    producer.flush(10)
+    terms = contract(tmp_path, topic)
+    nodes = [
+        {
+            "name": "big",
+            "from": topic,
+            "query": "select id, amount, city, _twg_* from input where amount > 100",
+            "sink": "big_files",
+        }
+    ]
+    sinks = [
+        {"name": "big_files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.3}
+    ]
+    big = sum(1 for r in records if r["amount"] > 100 and r["amount"] >= 0)
+    gw = gateway_factory([topic], contract=str(terms), pipeline={"nodes": nodes}, sinks=sinks)
+    gw.wait_durable(topic, {0: 500})
+    streamed = gw.data_dir / "sinks" / "big_files"
+    wait_until(lambda: safe_count(lambda: arrow_files(streamed).num_rows) == big, 30, "the sink")
+    gw.stop()
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "orders.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = write_config(
+        tmp_path,
+        topic=topic,
+        contract=f'"{terms}"',
+        extra=f"""
+[[pipeline.nodes]]
+name = "big"
+from = "{topic}"
+query = "select id, amount, city, _twg_* from input where amount > 100"
+sink = "big_files"
+
+[[sinks]]
+name = "big_files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+""",
+    )
+    proc = twg_batch(cfg, str(d))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(proc)
+    assert s["dead_letter_reasons"] == {"contract": 50}
+    assert s["sinks"]["big_files"]["rows"] == big
+
+    payload = ["id", "amount", "city", f"{P}decode_error"]
+    from_topic = lane(gw.data_dir, "decoded", topic).select(payload)
+    from_file = lane(tmp_path / "data", "decoded", topic).select(payload)
+    assert from_file.to_pylist() == from_topic.to_pylist()
+    dead_topic = lane(gw.data_dir, "dlq", topic)
+    dead_file = lane(tmp_path / "data", "dlq", topic)
+    assert dead_file[f"{P}dlq_error"].to_pylist() == dead_topic[f"{P}dlq_error"].to_pylist()
+    sunk = arrow_files(tmp_path / "data" / "sinks" / "big_files").select(["id", "amount", "city"])
+    assert (
+        sunk.sort_by("id").to_pylist()
+        == arrow_files(streamed).select(["id", "amount", "city"]).sort_by("id").to_pylist()
+    )
