@@ -672,6 +672,9 @@ class FilesSourceConfig(_SourceBase):
         description="Files, directories or globs (local, or s3://...) read when the "
         "command line names none.",
     )
+    max_poll_records: int = Field(
+        256 * 1024, gt=0, description="Rows handed on per fetch (a file is read in chunks)."
+    )
     file_format: FileFormat = Field(
         "auto", description="Format of every file; 'auto': from each file's suffix."
     )

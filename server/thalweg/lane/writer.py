@@ -16,10 +16,12 @@ group session must not write what the next owner writes too).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,18 @@ _ROW_GROUP = 128 * 1024
 
 Fence = Callable[[], None]
 """Raises (``OwnershipLostError``) when the partition may no longer be this member's."""
+
+
+# Encodes a decoded segment while the calling thread encodes its raw twin.
+_ENCODERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="twg-encode")
+
+
+def _discard(encoding: Future[Path] | None) -> None:
+    """Wait for an encoding no longer wanted and remove its temp file."""
+    if encoding is None:
+        return
+    with contextlib.suppress(BaseException):
+        encoding.result().unlink(missing_ok=True)
 
 
 def _no_fence() -> None:
@@ -136,53 +150,54 @@ class SegmentWriter:
             META_COVERS_FROM: str(covers_from).encode(),
             META_COVERS_TO: str(covers_to).encode(),
         }
-        dlq_rows = 0
-        dead = None
         # File rows (records.file_rows): their fields exist only in the decoded lane and
         # the file, so that segment is as necessary as the raw one, and their dead
         # letters take their bytes from the payload column the raw lane does not keep.
         file_rows = self._columns.payload in raw.column_names
+        dead = None
         if decoded is not None:
             dead = self._dead_letters(raw, decoded, failures)
             if dead is not None:
-                # Durable before the raw segment, so before the commit: a failed record is
-                # findable in the dead-letter lane by the time its offset is committed.
-                path = self._layout.partition_dir(Lane.DLQ, topic, partition) / name
-                try:
-                    self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True, fence=fence)
-                except (OSError, pa.ArrowException) as exc:
-                    raise LaneError(f"dead-letter segment {path} not written: {exc}") from exc
-                dlq_rows = dead.num_rows
+                dlq = self._layout.partition_dir(Lane.DLQ, topic, partition) / name
+                self._write_dead(dead, dlq, meta, fence)
+        dlq_rows = dead.num_rows if dead is not None else 0
         decoded_ok = decoded is not None
-        if decoded is not None:
-            try:
-                path = self._layout.partition_dir(Lane.DECODED, topic, partition) / name
-                self._durable(
-                    decoded,
-                    path,
-                    {**meta, META_LANE: b"decoded"},
-                    stats=False,
-                    codec=self._cfg.decoded_compression,
-                    fence=fence,
-                )
-                self._keep(path, decoded, copy=True)
-            except (OSError, pa.ArrowException) as exc:
-                if file_rows:
-                    raise LaneError(f"decoded segment {path} not written: {exc}") from exc
-                # The raw lane is primary: a decoded-lane failure never blocks it. The
-                # missing decoded segment is rebuilt from raw at the next start.
-                log.error("decoded segment %s/%s/%s not written: %s", topic, partition, name, exc)
-                decoded_ok = False
         if file_rows:
             raw = raw.drop_columns([self._columns.payload])
+        dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / name
         path = self._layout.partition_dir(Lane.RAW, topic, partition) / name
+        # Both files are encoded at once (pq.write_table releases the GIL: the second core
+        # works too), then published in the order that keeps a raw segment's decoded twin
+        # on disk before it.
+        encoding: Future[Path] | None = None
+        if decoded is not None:
+            encoding = _ENCODERS.submit(
+                self._prepare,
+                decoded,
+                dpath,
+                {**meta, META_LANE: b"decoded"},
+                stats=False,
+                codec=self._cfg.decoded_compression,
+            )
         try:
-            size = self._durable(
-                raw,
+            rtmp = self._prepare(raw, path, {**meta, META_LANE: b"raw"}, stats=True)
+        except BaseException as exc:
+            _discard(encoding)
+            if isinstance(exc, (OSError, pa.ArrowException)):
+                raise LaneError(f"raw segment {path} not written: {exc}") from exc
+            raise
+        if encoding is not None:
+            assert decoded is not None
+            try:
+                decoded_ok = self._publish_decoded(encoding, dpath, decoded, fence, file_rows)
+            except BaseException:  # the fence, or file rows without their fields
+                rtmp.unlink(missing_ok=True)
+                raise
+        try:
+            size = self._publish(
+                rtmp,
                 path,
-                {**meta, META_LANE: b"raw"},
-                stats=True,
-                fence=lambda: self._fenced_free(fence, topic, partition, first, last),
+                lambda: self._fenced_free(fence, topic, partition, first, last),
                 exclusive=True,
             )
         except SegmentConflictError:
@@ -289,6 +304,64 @@ class SegmentWriter:
         except (OSError, pa.ArrowException) as exc:  # only a cache: the read path decodes
             log.debug("segment %s not cached: %s", path, exc)
 
+    def _publish_decoded(
+        self, encoding: Future[Path], path: Path, decoded: pa.Table, fence: Fence, required: bool
+    ) -> bool:
+        """Rename the decoded segment; False when it could not be written and the raw
+        lane can rebuild it (it is ``required`` for file rows, whose fields it holds)."""
+        try:
+            self._publish(encoding.result(), path, fence)
+            self._keep(path, decoded, copy=True)
+            return True
+        except (OSError, pa.ArrowException) as exc:
+            if required:
+                raise LaneError(f"decoded segment {path} not written: {exc}") from exc
+            # The raw lane is primary: a decoded-lane failure never blocks it. The
+            # missing decoded segment is rebuilt from raw at the next start.
+            log.error("decoded segment %s not written: %s", path, exc)
+            return False
+
+    def _write_dead(
+        self, dead: pa.Table, path: Path, meta: dict[bytes, bytes], fence: Fence
+    ) -> None:
+        """Durable before the raw segment, so before the commit: a failed record is
+        findable in the dead-letter lane by the time its offset is committed."""
+        try:
+            self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True, fence=fence)
+        except (OSError, pa.ArrowException) as exc:
+            raise LaneError(f"dead-letter segment {path} not written: {exc}") from exc
+
+    def _encodings(self, table: pa.Table) -> tuple[list[str], dict[str, str]]:
+        """Which columns get a dictionary, and the encoding of the sequential ones.
+
+        A dictionary where values repeat: the low-cardinality metadata, a message id
+        that is one value for the whole segment (a file's URI), and payload strings
+        (Parquet falls back by itself where they turn out unique); none for record ids,
+        offsets, numbers and times, where building one only to drop it costs more than
+        the rest of the write (measured in docs/performance.md, "twg batch"). Offsets
+        and positions ascend: delta-encoded, they take almost nothing.
+        """
+        c = self._columns
+        names = table.column_names
+        dictionary = [n for n in self._dictionary if n in names]
+        dictionary += [
+            f.name
+            for f in table.schema
+            if not c.is_reserved(f.name)
+            and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
+        ]
+        mid = c.source("message_id")
+        if mid in names and table.num_rows:
+            col = table.column(mid)
+            if col[0] == col[-1]:
+                dictionary.append(mid)
+        encoding = {
+            n: "DELTA_BINARY_PACKED"
+            for n in (c.offset, c.position)
+            if n in names and pa.types.is_int64(table.schema.field(n).type)
+        }
+        return dictionary, encoding
+
     def _durable(
         self,
         table: pa.Table,
@@ -300,6 +373,19 @@ class SegmentWriter:
         fence: Callable[[], object] = _no_fence,
         exclusive: bool = False,
     ) -> int:
+        tmp = self._prepare(table, path, meta, stats=stats, codec=codec)
+        return self._publish(tmp, path, fence, exclusive=exclusive)
+
+    def _prepare(
+        self,
+        table: pa.Table,
+        path: Path,
+        meta: dict[bytes, bytes],
+        *,
+        stats: bool,
+        codec: str | None = None,
+    ) -> Path:
+        """``table`` written and fsynced under a temp name beside ``path``."""
         ensure_dir(path.parent)
         tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
         schema_meta = dict(table.schema.metadata or {})
@@ -308,6 +394,7 @@ class SegmentWriter:
         compression = None if chosen == "none" else chosen
         level = self._cfg.compression_level if compression in ("zstd", "gzip") else None
         columns = set(table.column_names)
+        dictionary, encoding = self._encodings(table)
         try:
             pq.write_table(
                 table.replace_schema_metadata(schema_meta),
@@ -315,7 +402,8 @@ class SegmentWriter:
                 compression=compression,
                 compression_level=level,
                 row_group_size=_ROW_GROUP,
-                use_dictionary=[c for c in self._dictionary if c in columns],
+                use_dictionary=dictionary,
+                column_encoding=encoding,
                 write_statistics=[c for c in self._stats if c in columns] if stats else True,
             )
             if self._cfg.fsync:
@@ -324,6 +412,16 @@ class SegmentWriter:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def _publish(
+        self, tmp: Path, path: Path, fence: Callable[[], object], *, exclusive: bool = False
+    ) -> int:
+        """Rename a prepared temp file to ``path`` once ``fence`` allows; its size."""
+        try:
             fence()
             if exclusive:
                 # link() refuses an existing name, atomically: never an overwritten segment.

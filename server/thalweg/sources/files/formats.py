@@ -33,6 +33,7 @@ from thalweg.records.file_rows import BrokenRow
 
 CHUNK_BYTES = 8 * 1024 * 1024  # line formats: bytes parsed per call (pyarrow splits them)
 CHUNK_ROWS = 64 * 1024  # columnar formats: rows per batch
+PARSE_BLOCK = 1024 * 1024  # a parser block: pyarrow parses blocks on all cores
 
 FORMATS = ("parquet", "csv", "tsv", "jsonl", "avro", "arrow", "excel")
 _SUFFIXES = {
@@ -245,24 +246,25 @@ def split_records(buf: bytes, quote: int | None, eof: bool) -> _Records:
     out; a newline inside ``quote`` characters does not end a record (RFC 4180: an
     escaped quote is doubled, so the parity of the quotes before a newline says)."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    newline = arr == 10
-    if quote is not None:
-        inside = (np.cumsum(arr == quote) & 1).astype(bool)
-        newline &= ~inside
-    ends = np.flatnonzero(newline).astype(np.int64)
+    ends = np.flatnonzero(arr == 10).astype(np.int64)
+    if quote is not None and len(ends):
+        quotes = np.flatnonzero(arr == quote)
+        if len(quotes):  # a newline after an odd number of quotes is inside a value
+            ends = ends[(np.searchsorted(quotes, ends) & 1) == 0]
     consumed = int(ends[-1]) + 1 if len(ends) else 0
     if eof and consumed < len(buf):
         ends = np.append(ends, len(buf))
         consumed = len(buf)
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else ends
     # Trailing carriage returns are not part of a record (CRLF files).
-    cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13) if len(ends) else ends > 0
-    ends = ends - cr.astype(np.int64)
     if len(ends):
+        cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)
+        ends = ends - cr.astype(np.int64)
         blank = ends <= starts
         if quote is None:  # a JSON line of only whitespace is blank too
-            solid = np.concatenate([[0], np.cumsum(~np.isin(arr, (9, 13, 32)))])
-            blank |= solid[ends] == solid[starts]
+            maybe = np.flatnonzero(~blank & np.isin(arr[np.minimum(starts, len(arr) - 1)], (9, 32)))
+            for i in maybe:
+                blank[i] = not buf[starts[i] : ends[i]].strip()
         starts, ends = starts[~blank], ends[~blank]
     return _Records(buf, starts, ends, consumed)
 
@@ -334,7 +336,7 @@ def _parse_csv(
     def parse(body: bytes) -> pa.Table:
         return pacsv.read_csv(
             io.BytesIO(body),
-            read_options=pacsv.ReadOptions(column_names=names, block_size=CHUNK_BYTES),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=PARSE_BLOCK),
             parse_options=pacsv.ParseOptions(
                 delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid
             ),
@@ -403,7 +405,7 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
             def parse(body: bytes, schema: pa.Schema | None = schema) -> pa.Table:
                 return pajson.read_json(
                     io.BytesIO(body),
-                    read_options=pajson.ReadOptions(block_size=CHUNK_BYTES),
+                    read_options=pajson.ReadOptions(block_size=PARSE_BLOCK),
                     parse_options=pajson.ParseOptions(
                         explicit_schema=schema, unexpected_field_behavior="infer"
                     ),

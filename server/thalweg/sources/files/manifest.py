@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -75,6 +76,9 @@ class Manifest:
         self.path = path
         self.topic = topic
         self.entries = entries
+        # Commits of several partitions' segments save from worker threads at once; one
+        # temp file name per process, so one save at a time.
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: Path, topic: str) -> Manifest:
@@ -118,7 +122,6 @@ class Manifest:
         return entry
 
     def save(self) -> None:
-        write_json_durably(
-            self.path,
-            {"version": VERSION, "topic": self.topic, "files": [asdict(e) for e in self.entries]},
-        )
+        with self._lock:
+            files = [asdict(e) for e in self.entries]
+            write_json_durably(self.path, {"version": VERSION, "topic": self.topic, "files": files})
