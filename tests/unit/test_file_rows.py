@@ -213,3 +213,19 @@ def test_dead_typed_rows_keep_their_fields_as_json() -> None:
     values = dead.column(C.value).to_pylist()
     assert json.loads(values[0]) == {"a": 1, "b": "AP8=", "t": "1970-01-01T00:00:00"}
     assert values[1] == b"raw text"
+
+
+@pytest.mark.parametrize("start", [0, 70_000, 150_001])
+def test_the_careful_csv_reader_takes_over_where_the_fast_one_stopped(
+    tmp_path: Path, start: int
+) -> None:
+    """pyarrow's streaming reader hands on whole chunks until a row does not parse; the
+    careful reader then goes on from the first row not handed on: none lost or twice."""
+    p = tmp_path / "a.csv"
+    lines = ["n,s"] + [f"{i},x{i}" for i in range(150_000)] + ["150000,a,b"]
+    lines += [f"{i},x{i}" for i in range(150_001, 150_010)]
+    p.write_text("\n".join(lines) + "\n")
+    table, numbers, broken = read_all(p, "csv", start)
+    assert numbers == [i for i in range(start, 150_010) if i != 150_000]
+    assert table["n"].to_pylist() == numbers
+    assert [b.row for b in broken] == ([150_000] if start <= 150_000 else [])

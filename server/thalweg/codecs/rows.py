@@ -21,6 +21,7 @@ from thalweg.codecs.base import (
     LaneDecoder,
     admit,
     assemble,
+    conform,
 )
 
 
@@ -64,5 +65,13 @@ class ArrowRowDecoder(LaneDecoder):
         self._schema = widened
         if not by_name:
             return assemble(n, self._schema, [], failures)
+        if not failures:  # every row parsed and fits: no copy into place
+            return DecodeResult(conform(table, widened), _no_errors(n), ())
         piece = table.take(pa.array(good)) if len(good) < n else table
         return assemble(n, self._schema, [(good, piece)], failures)
+
+
+def _no_errors(n: int) -> pa.StringArray:
+    errors = pa.nulls(n, pa.string())
+    assert isinstance(errors, pa.StringArray)
+    return errors

@@ -121,6 +121,17 @@ def read_chunks(
         raise FileReadError(f"{path}: {type(exc).__name__}: {exc}") from exc
 
 
+_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
+
+
+def _open(fs: pafs.FileSystem, path: str) -> tuple[pa.NativeFile, pa.NativeFile]:
+    """The file (random access: its position is the bytes read so far) and the stream
+    to read, decompressed by suffix."""
+    raw = fs.open_input_file(path)
+    codec = next((c for suffix, c in _CODECS.items() if path.lower().endswith(suffix)), None)
+    return raw, (pa.CompressedInputStream(raw, codec) if codec else raw)
+
+
 # -- columnar formats ---------------------------------------------------------------
 
 
@@ -293,8 +304,49 @@ def _line_chunks(
 
 
 def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterator[Chunk]:
-    names: list[str] | None = None
+    """pyarrow's own streaming reader while every row parses; from the first row that
+    does not, the careful reader (records split here, each refused one located) takes
+    over at the row after the last one handed on, with the types found so far."""
+    done, first = 0, start  # rows read; the first row not handed on yet
     types: dict[str, pa.DataType] = {}
+    try:
+        raw, f = _open(fs, path)
+        with raw, f:
+            reader = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(
+                    block_size=PARSE_BLOCK, autogenerate_column_names=not opts.header
+                ),
+                parse_options=pacsv.ParseOptions(delimiter=opts.delimiter, newlines_in_values=True),
+            )
+            types = {c.name: c.type for c in reader.schema if not pa.types.is_null(c.type)}
+            read, first = 0, start  # batches coalesced to CHUNK_ROWS rows
+            held: list[pa.RecordBatch] = []
+            for batch in reader:
+                n = batch.num_rows
+                if done + n > start:
+                    held.append(batch.slice(max(0, start - done)))
+                done += n
+                if sum(b.num_rows for b in held) >= CHUNK_ROWS:
+                    pos = raw.tell()
+                    yield _numbered(pa.Table.from_batches(held), first, pos - read)
+                    read, held, first = pos, [], done
+            if held:
+                yield _numbered(pa.Table.from_batches(held), first, raw.tell() - read)
+        return
+    except pa.ArrowInvalid:
+        pass  # a row that does not parse (or an empty file): carefully from here
+    yield from _csv_careful(fs, path, first, opts, types)
+
+
+def _csv_careful(
+    fs: pafs.FileSystem,
+    path: str,
+    start: int,
+    opts: CsvOptions,
+    types: dict[str, pa.DataType],
+) -> Iterator[Chunk]:
+    names: list[str] | None = None
     row = 0
     for recs, nbytes, header in _line_chunks(fs, path, ord('"'), opts.header):
         if names is None:
