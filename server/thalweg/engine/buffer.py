@@ -43,6 +43,7 @@ class PartitionBuffer:
     in_flight_bytes: int = 0
     in_flight_rows: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ended: bool = False  # the source returned the partition's last record
 
     @classmethod
     def create(
@@ -65,7 +66,8 @@ class PartitionBuffer:
         """True when the buffer should become a segment."""
         s = self.sink
         return not s.empty and (
-            s.rows >= cfg.roll_rows
+            self.ended
+            or s.rows >= cfg.roll_rows
             or s.nbytes >= cfg.roll_bytes
             or now - s.opened_at >= cfg.roll_age_s
         )

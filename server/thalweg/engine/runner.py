@@ -138,6 +138,9 @@ class SourceRunner:
                     nbytes += await self._ingest(key, raw, stop)
                 if nrecords:
                     self.ctx.stats.done("fetch", nrecords, nbytes, fetch_s)
+                for key in self.source.ended():
+                    if (buf := s.parts.get(key)) is not None:
+                        buf.ended = True
                 if nrecords and self._throttle.active:
                     waited = await self._throttle.admit(nrecords, nbytes)
                     self.ctx.metrics.throttled.labels(self.cfg.name).inc(waited)

@@ -47,6 +47,10 @@ class Source(Protocol):
     async def missing_topics(self) -> list[str]:
         """Configured topics the broker does not have (empty where it cannot tell)."""
 
+    def ended(self) -> list[PartitionKey]:
+        """Partitions whose every record has been returned since the last call (a file
+        read to its end): their buffers become segments now rather than at roll time."""
+
     def highwater(self, key: PartitionKey) -> int | None:
         """The broker's end of a partition as a position, when known cheaply (Kafka:
         from the last fetch response, empty ones included)."""

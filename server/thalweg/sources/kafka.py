@@ -227,6 +227,10 @@ class KafkaSource:
             raise SourceError(f"source {self.cfg.name!r}: metadata failed: {exc}") from exc
         return [t for t in self.cfg.topics if t not in known]
 
+    def ended(self) -> list[PartitionKey]:
+        """A broker's partitions never end."""
+        return []
+
     def highwater(self, key: PartitionKey) -> int | None:
         """The broker's end of a partition as of the last fetch (None before one)."""
         if self._consumer is None:

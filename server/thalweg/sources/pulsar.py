@@ -297,6 +297,10 @@ class PulsarSource:
     async def log_start(self, key: PartitionKey) -> int:
         raise SourceError(f"source {self.cfg.name!r}: a Pulsar log start is not read")
 
+    def ended(self) -> list[PartitionKey]:
+        """A broker's partitions never end."""
+        return []
+
     def highwater(self, key: PartitionKey) -> int | None:
         """Not known cheaply (it would take a ``get_last_message_id`` round trip)."""
         return None

@@ -151,6 +151,7 @@ class FileSource:
         self._current: tuple[Entry, Iterator[Chunk]] | None = None
         self._leftover: pa.RecordBatch | None = None
         self._paused: set[int] = set()
+        self._ended: list[PartitionKey] = []
         self._next_row = 0
         self.finished = asyncio.Event()
         self.lane_partitions: list[int] = []
@@ -243,6 +244,7 @@ class FileSource:
             entry.rows = self._next_row
             self.progress.files_done += 1
             self._current = None
+            self._ended.append((self.topic, entry.partition))
             return None
         except FileReadError as exc:
             entry.rows = self._next_row
@@ -251,6 +253,7 @@ class FileSource:
             self.progress.errors.append({"file": entry.uri, "error": str(exc)})
             log.error("%s; skipped from row %d on", exc, self._next_row)
             self._current = None
+            self._ended.append((self.topic, entry.partition))
             return None
         if chunk.num_rows:
             last = int(chunk.rows[-1]) if len(chunk.rows) else -1
@@ -302,6 +305,10 @@ class FileSource:
 
     def seek(self, key: PartitionKey, position: int) -> None:
         self._start[key[1]] = position
+
+    def ended(self) -> list[PartitionKey]:
+        out, self._ended = self._ended, []
+        return out
 
     def highwater(self, key: PartitionKey) -> int | None:
         return self.manifest.by_partition(key[1]).rows
