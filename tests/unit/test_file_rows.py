@@ -229,3 +229,22 @@ def test_the_careful_csv_reader_takes_over_where_the_fast_one_stopped(
     assert numbers == [i for i in range(start, 150_010) if i != 150_000]
     assert table["n"].to_pylist() == numbers
     assert [b.row for b in broken] == ([150_000] if start <= 150_000 else [])
+
+
+def test_bad_values_in_a_later_piece_fail_alone(tmp_path: Path) -> None:
+    """The first piece's types hold for the file; a later piece with values they cannot
+    take is bisected down to those rows."""
+    p = tmp_path / "big.csv"
+    pad = "x" * 40
+    bad = {300_000, 300_001, 350_123}
+    with open(p, "w") as f:
+        f.write("n,pad\n")
+        for i in range(400_000):
+            f.write(f"{'oops' if i in bad else i},{pad}\n")
+    chunks = list(read_chunks(LOCAL, str(p), "csv"))
+    assert len(chunks) > 2
+    numbers = [int(r) for c in chunks for r in c.rows]
+    assert numbers == [i for i in range(400_000) if i not in bad]
+    assert sorted(b.row for c in chunks for b in c.broken) == sorted(bad)
+    values = [v for c in chunks for v in c.table["n"].to_pylist()]
+    assert values == numbers
