@@ -388,6 +388,10 @@ def test_a_run_killed_twice_resumes_and_writes_every_row_exactly_once(tmp_path: 
             wait_until(
                 lambda t=target: committed() >= t, timeout=120, what=f"{target} rows committed"
             )  # type: ignore[misc]
+            if kills == 0:  # one run per lane topic at a time
+                second = twg_batch(cfg, str(d))
+                assert second.returncode == 2, second.stderr[-2000:]
+                assert "another twg batch run is writing topic 'drops'" in second.stderr
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)

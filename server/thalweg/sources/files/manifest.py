@@ -12,8 +12,10 @@ since its rows stay in the lane.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,6 +81,26 @@ class Manifest:
         # Commits of several partitions' segments save from worker threads at once; one
         # temp file name per process, so one save at a time.
         self._lock = threading.Lock()
+
+    @staticmethod
+    def lock(directory: Path, topic: str) -> int:
+        """Hold ``directory``'s lock for this process (released when it exits): one run
+        per lane topic at a time.
+
+        Raises:
+            ConfigError: another process holds it.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigError(
+                f"another twg batch run is writing topic {topic!r} ({directory}); "
+                "wait for it, or batch into another topic"
+            ) from exc
+        return fd
 
     @classmethod
     def load(cls, directory: Path, topic: str) -> Manifest:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import glob as pyglob
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -152,6 +153,7 @@ class FileSource:
         self._leftover: pa.RecordBatch | None = None
         self._paused: set[int] = set()
         self._ended: list[PartitionKey] = []
+        self._lock: int | None = None
         self._next_row = 0
         self.finished = asyncio.Event()
         self.lane_partitions: list[int] = []
@@ -160,6 +162,8 @@ class FileSource:
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         del on_revoked  # nothing takes files away
+        assert self.cfg.state_dir is not None
+        self._lock = Manifest.lock(self.cfg.state_dir, self.topic)
         inputs = resolve_inputs(self.cfg.paths)
         p = self.progress
         p.files_total = len(inputs)
@@ -197,6 +201,9 @@ class FileSource:
 
     async def stop(self) -> None:
         self._current = None
+        if self._lock is not None:
+            os.close(self._lock)  # releases the run's lock
+            self._lock = None
 
     # -- reading ---------------------------------------------------------------------
 
