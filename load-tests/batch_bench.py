@@ -36,6 +36,9 @@ from thalweg.config.load import parse_config
 from thalweg.engine.batch import BatchRun, files_source
 
 
+FSYNC = True  # --no-fsync: what the fsyncs cost (never off in production)
+
+
 def make_rows(n: int, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     customers = np.array([f"customer-{i:05d}" for i in range(5000)])
@@ -83,6 +86,7 @@ def thalweg(paths: list[Path], data: Path) -> tuple[float, int]:
     cfg = parse_config(
         {
             "gateway": {"data_dir": str(data)},
+            "raw_lane": {"fsync": FSYNC},
             "sources": [{"kind": "files", "name": "files", "topics": ["orders"]}],
         }
     )
@@ -101,7 +105,10 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--formats", default="parquet,csv")
+    ap.add_argument("--no-fsync", action="store_true", help="raw_lane.fsync = false")
     args = ap.parse_args()
+    global FSYNC
+    FSYNC = not args.no_fsync
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {args.records:,} rows")
     with tempfile.TemporaryDirectory(prefix="batch-bench-") as tmp:
         root = Path(tmp)

@@ -111,7 +111,6 @@ def files_source(
             cluster=base.cluster,
             contract=base.contract,
             schema_limits=base.schema_limits,
-            max_poll_records=base.max_poll_records,
         )
     lane_topic = topic or src.topics[0]
     update: dict[str, Any] = {"topics": [lane_topic], "paths": paths or src.paths}
