@@ -36,9 +36,6 @@ from thalweg.config.load import parse_config
 from thalweg.engine.batch import BatchRun, files_source
 
 
-FSYNC = True  # --no-fsync: what the fsyncs cost (never off in production)
-
-
 def make_rows(n: int, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     customers = np.array([f"customer-{i:05d}" for i in range(5000)])
@@ -82,11 +79,11 @@ def baseline(paths: list[Path], fmt: str, out: Path) -> tuple[float, int]:
     return took, rows
 
 
-def thalweg(paths: list[Path], data: Path) -> tuple[float, int]:
+def thalweg(paths: list[Path], data: Path, fsync: bool = True) -> tuple[float, int]:
     cfg = parse_config(
         {
             "gateway": {"data_dir": str(data)},
-            "raw_lane": {"fsync": FSYNC},
+            "raw_lane": {"fsync": fsync},
             "sources": [{"kind": "files", "name": "files", "topics": ["orders"]}],
         }
     )
@@ -107,8 +104,6 @@ def main() -> None:
     ap.add_argument("--formats", default="parquet,csv")
     ap.add_argument("--no-fsync", action="store_true", help="raw_lane.fsync = false")
     args = ap.parse_args()
-    global FSYNC
-    FSYNC = not args.no_fsync
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {args.records:,} rows")
     with tempfile.TemporaryDirectory(prefix="batch-bench-") as tmp:
         root = Path(tmp)
@@ -119,7 +114,7 @@ def main() -> None:
             for i in range(args.repeats):
                 out_a, out_b = root / f"a-{fmt}-{i}", root / f"b-{fmt}-{i}"
                 a, rows_a = baseline(inputs[fmt], fmt, out_a)
-                b, rows_b = thalweg(inputs[fmt], out_b)
+                b, rows_b = thalweg(inputs[fmt], out_b, fsync=not args.no_fsync)
                 assert rows_a == rows_b == args.records // args.files * args.files
                 best_a, best_b = min(best_a, a), min(best_b, b)
                 shutil.rmtree(out_a)

@@ -38,6 +38,7 @@ from thalweg.sources.files.formats import (
     read_chunks,
 )
 from thalweg.sources.files.manifest import Entry, Identity, Manifest, content_hash
+from thalweg.sources.files.readahead import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,10 @@ class FileSource:
         log.error("%s: %s; skipped", f.uri, why)
 
     async def stop(self) -> None:
+        if self._current is not None:
+            chunks = self._current[1]
+            if isinstance(chunks, ReadAhead):
+                chunks.close()
         self._current = None
         if self._lock is not None:
             os.close(self._lock)  # releases the run's lock
@@ -221,7 +226,7 @@ class FileSource:
                 return {}
             chunk = await asyncio.to_thread(self._next_chunk, entry, chunks)
             if chunk is not None and chunk.num_rows:
-                batch = self._batch(entry, chunk)
+                batch = await asyncio.to_thread(self._batch, entry, chunk)
         key = (self.topic, int(batch.column(self._columns.partition)[0].as_py()))
         if batch.num_rows > max_records:
             self._leftover = batch.slice(max_records)
@@ -235,7 +240,8 @@ class FileSource:
             start = self._start.get(entry.partition, entry.committed)
             f = self._inputs[entry.partition]
             opts = CsvOptions(self.cfg.csv_delimiter, self.cfg.csv_header)
-            self._current = (entry, read_chunks(f.fs, f.path, entry.format, start, opts))
+            chunks = read_chunks(f.fs, f.path, entry.format, start, opts)
+            self._current = (entry, ReadAhead(chunks))
             self._next_row = start
             return True
         self._current = None
