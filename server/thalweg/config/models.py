@@ -658,47 +658,79 @@ class PulsarSourceConfig(_SourceBase):
 FileFormat = Literal["auto", "parquet", "csv", "tsv", "jsonl", "avro", "arrow", "excel"]
 
 
-class FilesSourceConfig(_SourceBase):
+class FileSourceConfig(_SourceBase):
+    """What sources of files share: one lane topic (each file one of its partitions, its
+    row numbers the positions) and the manifest that commits them."""
+
+    topics: list[str] = Field(
+        min_length=1, max_length=1, description="The one lane topic the files' rows go to."
+    )
+    max_poll_records: int = Field(
+        256 * 1024, gt=0, description="Rows handed on per fetch (a file is read in chunks)."
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="Where the manifest lives (default: <data_dir>/batch/<topic> for "
+        "files, <data_dir>/sources/<name> for arrow_ipc).",
+    )
+
+    def _check_files(self) -> None:
+        if "format" in self.model_fields_set:
+            raise ValueError(
+                "sources of files read typed rows: their format is the files' own, not format"
+            )
+        if self.registry is not None or self.json_schema is not None:
+            raise ValueError("sources of files take their schema from the files (no registry)")
+        self._check_common()
+
+
+class FilesSourceConfig(FileSourceConfig):
     """Files read by ``twg batch`` (docs/batch.md): each file's rows go through the same
     decoded lane, contract, dead-letter lane, pipeline and sinks as a topic's records.
     A file is one partition of ``topics[0]``; its row numbers are the positions."""
 
     kind: Literal["files"]
-    topics: list[str] = Field(
-        min_length=1, max_length=1, description="The one lane topic the files' rows go to."
-    )
     paths: list[str] = Field(
         default_factory=list,
         description="Files, directories or globs (local, or s3://...) read when the "
         "command line names none.",
-    )
-    max_poll_records: int = Field(
-        256 * 1024, gt=0, description="Rows handed on per fetch (a file is read in chunks)."
     )
     file_format: FileFormat = Field(
         "auto", description="Format of every file; 'auto': from each file's suffix."
     )
     csv_delimiter: str = Field(",", min_length=1, max_length=1)
     csv_header: bool = Field(True, description="The first CSV record names the columns.")
-    state_dir: Path | None = Field(
-        None, description="Where the batch manifest lives (default: <data_dir>/batch/<topic>)."
-    )
 
     @model_validator(mode="after")
     def _check(self) -> FilesSourceConfig:
-        if "format" in self.model_fields_set:
-            raise ValueError(
-                "files sources read typed rows: set file_format (auto, parquet, csv, ...), "
-                "not format"
-            )
-        if self.registry is not None or self.json_schema is not None:
-            raise ValueError("files sources take their schema from the files (no registry)")
-        self._check_common()
+        self._check_files()
+        return self
+
+
+class ArrowIpcSourceConfig(FileSourceConfig):
+    """Arrow IPC files dropped into a directory, read by ``twg stream`` as they appear
+    (docs/batch.md, "Arrow IPC drops"): each file is a partition of ``topics[0]``."""
+
+    kind: Literal["arrow_ipc"]
+    directory: str = Field(min_length=1, description="A local directory, or a URI (s3://...).")
+    pattern: str = Field("*.arrow*", description="File names read (a glob).")
+    poll_interval_s: float = Field(1.0, gt=0, description="How often the directory is listed.")
+    settle_s: float = Field(
+        1.0,
+        ge=0,
+        description="A file is read once its size and modification time have not changed "
+        "for this long (write files under another name and rename them to be safe at 0).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ArrowIpcSourceConfig:
+        self._check_files()
         return self
 
 
 SourceConfig = Annotated[
-    KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig, Field(discriminator="kind")
+    KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig | ArrowIpcSourceConfig,
+    Field(discriminator="kind"),
 ]
 # A source with a broker behind it: what ``twg stream`` consumes and ``do_put`` produces to.
 BrokerSourceConfig = KafkaSourceConfig | PulsarSourceConfig

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from thalweg.config.models import (
+    ArrowIpcSourceConfig,
     FilesSourceConfig,
     KafkaSourceConfig,
     PulsarSourceConfig,
@@ -37,7 +38,7 @@ RAW_LANE = "raw_lane"  # the health component of the primary raw lane
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
 
-SourceConfig = KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig
+SourceConfig = KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig | ArrowIpcSourceConfig
 
 
 @dataclass(frozen=True, slots=True)

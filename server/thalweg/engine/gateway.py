@@ -6,12 +6,19 @@ import asyncio
 import gc
 import logging
 import os
+from pathlib import Path
 
 import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
-from thalweg.config.models import FilesSourceConfig, PulsarSourceConfig, ThalwegConfig
+from thalweg.config.models import (
+    ArrowIpcSourceConfig,
+    KafkaSourceConfig,
+    PulsarSourceConfig,
+    SourceConfig,
+    ThalwegConfig,
+)
 from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
@@ -87,6 +94,13 @@ def _object_store_mirror(cfg: ThalwegConfig, layout: LaneLayout) -> LaneMirror |
     except LaneError as exc:
         raise ConfigError(f"gateway.data_dir: the object store does not answer: {exc}") from exc
     return mirror
+
+
+def _with_state_dir(source: SourceConfig, data_dir: Path) -> SourceConfig:
+    """An ``arrow_ipc`` source keeps its manifest in the gateway's data_dir unless told."""
+    if isinstance(source, ArrowIpcSourceConfig) and source.state_dir is None:
+        return source.model_copy(update={"state_dir": data_dir / "sources" / source.name})
+    return source
 
 
 def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
@@ -176,8 +190,8 @@ class Gateway:
         )
         ingest, feed = g.role in ("ingest", "both"), g.role in ("recovery", "both")
         # Files sources are read by ``twg batch``; their lanes are served all the same.
-        brokers = [s for s in cfg.sources if not isinstance(s, FilesSourceConfig)]
-        self.runners = [SourceRunner(s, ctx) for s in brokers] if ingest else []
+        streamed = [_with_state_dir(s, g.data_dir) for s in cfg.sources if s.kind != "files"]
+        self.runners = [SourceRunner(s, ctx) for s in streamed] if ingest else []
         # Secondary sinks read the durable lanes, never the fetch path (recovery/feeder).
         self.feeders = (
             build_feeders(
@@ -243,7 +257,7 @@ class Gateway:
                 sources={
                     t: s
                     for s in cfg.sources
-                    if not isinstance(s, FilesSourceConfig)
+                    if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig))
                     for t in s.topics
                 },
                 pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],

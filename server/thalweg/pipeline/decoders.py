@@ -29,7 +29,7 @@ from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.codecs.rows import ArrowRowDecoder
 from thalweg.codecs.typemap import json_schema_record
-from thalweg.config.models import FilesSourceConfig, KafkaSourceConfig, PulsarSourceConfig
+from thalweg.config.models import FileSourceConfig, SourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 Retry = Callable[[Backoff, asyncio.Event, Exception, str], Awaitable[None]]
 
 
-def schema_limits(cfg: KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig) -> SchemaLimits:
+def schema_limits(cfg: SourceConfig) -> SchemaLimits:
     """The source's ``schema_limits`` as the decoders take them."""
     return SchemaLimits(**cfg.schema_limits.model_dump())
 
@@ -65,7 +65,7 @@ class TopicDecoders:
 
     def __init__(
         self,
-        cfg: KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig,
+        cfg: SourceConfig,
         layout: LaneLayout,
         columns: MetadataColumns,
         metrics: Metrics,
@@ -122,7 +122,7 @@ class TopicDecoders:
                 keep = [f for f in pinned if not self._columns.is_reserved(f.name)]
                 pinned = pa.schema(keep)
             decoder = self._decoder(pinned)
-            if self.cfg.max_record_bytes is not None and self.cfg.kind != "files":
+            if self.cfg.max_record_bytes is not None and not isinstance(self.cfg, FileSourceConfig):
                 decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
             if self._registry is not None and self.cfg.registry_max_wait_s is not None:
                 why = (
@@ -162,7 +162,7 @@ class TopicDecoders:
                 self.cfg.name,
                 why,
             )
-        if isinstance(self.cfg, FilesSourceConfig):
+        if isinstance(self.cfg, FileSourceConfig):
             return ArrowRowDecoder(self._columns, pinned, limits)
         if self.cfg.format == "avro":
             assert self._registry is not None

@@ -12,6 +12,7 @@ _LOADERS = {
     "kafka": "thalweg.sources.kafka:KafkaSource",
     "pulsar": "thalweg.sources.pulsar:PulsarSource",
     "files": "thalweg.sources.files.source:FileSource",
+    "arrow_ipc": "thalweg.sources.files.directory:DirectorySource",
 }
 
 

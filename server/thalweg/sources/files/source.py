@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from thalweg.config.models import FilesSourceConfig
+from thalweg.config.models import FileSourceConfig, FilesSourceConfig
 from thalweg.errors import ConfigError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
@@ -137,7 +137,7 @@ class FileSource:
     positions_are_offsets = False
 
     def __init__(
-        self, cfg: FilesSourceConfig, columns: MetadataColumns, owners: OwnerDirectory
+        self, cfg: FileSourceConfig, columns: MetadataColumns, owners: OwnerDirectory
     ) -> None:
         del owners  # files are read by the one process that was asked to
         self.cfg = cfg
@@ -165,11 +165,37 @@ class FileSource:
         del on_revoked  # nothing takes files away
         assert self.cfg.state_dir is not None
         self._lock = Manifest.lock(self.cfg.state_dir, self.topic)
-        inputs = resolve_inputs(self.cfg.paths)
+        inputs = await asyncio.to_thread(self._inputs_now)
+        self.progress.files_total = len(inputs)
+        keys = await self._admit(inputs)
+        if keys:
+            await on_assigned(keys)
+        elif not self.watching:
+            self.finished.set()
+
+    # What a subclass reading a directory as it fills changes (sources/files/directory.py).
+    watching = False
+
+    def _inputs_now(self) -> list[InputFile]:
+        assert isinstance(self.cfg, FilesSourceConfig)
+        return resolve_inputs(self.cfg.paths)
+
+    def _format_of(self, f: InputFile) -> str | None:
+        assert isinstance(self.cfg, FilesSourceConfig)
+        return self.cfg.file_format if self.cfg.file_format != "auto" else detect(f.path)
+
+    def _csv_options(self) -> CsvOptions:
+        if isinstance(self.cfg, FilesSourceConfig):
+            return CsvOptions(self.cfg.csv_delimiter, self.cfg.csv_header)
+        return CsvOptions()
+
+    async def _admit(self, inputs: list[InputFile]) -> list[PartitionKey]:
+        """Queue the files not yet durable (known by identity: done ones are skipped),
+        each with its partition; the keys to announce."""
         p = self.progress
-        p.files_total = len(inputs)
+        queued: list[PartitionKey] = []
         for f in inputs:
-            fmt = self.cfg.file_format if self.cfg.file_format != "auto" else detect(f.path)
+            fmt = self._format_of(f)
             if fmt is None:
                 self._fail_early(f, "unknown format: name a known suffix or set file_format")
                 continue
@@ -189,11 +215,9 @@ class FileSource:
             self._queue.append(entry)
             self._inputs[entry.partition] = f
             p.bytes_total += f.size
+            queued.append((self.topic, entry.partition))
         await asyncio.to_thread(self.manifest.save)
-        if self._queue:
-            await on_assigned([(self.topic, e.partition) for e in self._queue])
-        else:
-            self.finished.set()
+        return queued
 
     def _fail_early(self, f: InputFile, why: str) -> None:
         self.progress.files_failed += 1
@@ -239,13 +263,13 @@ class FileSource:
             entry = self._queue.pop(0)
             start = self._start.get(entry.partition, entry.committed)
             f = self._inputs[entry.partition]
-            opts = CsvOptions(self.cfg.csv_delimiter, self.cfg.csv_header)
+            opts = self._csv_options()
             chunks = read_chunks(f.fs, f.path, entry.format, start, opts)
             self._current = (entry, ReadAhead(chunks))
             self._next_row = start
             return True
         self._current = None
-        if not self.finished.is_set():
+        if not self.watching and not self.finished.is_set():
             self.finished.set()
         return False
 
