@@ -658,9 +658,10 @@ class PulsarSourceConfig(_SourceBase):
 FileFormat = Literal["auto", "parquet", "csv", "tsv", "jsonl", "avro", "arrow", "excel"]
 
 
-class FileSourceConfig(_SourceBase):
-    """What sources of files share: one lane topic (each file one of its partitions, its
-    row numbers the positions) and the manifest that commits them."""
+class TypedSourceConfig(_SourceBase):
+    """What sources whose rows arrive typed share (files, Arrow IPC drops, a Flight
+    stream): one lane topic, rows decoded by admitting their columns, and a state
+    directory where their positions are committed."""
 
     topics: list[str] = Field(
         min_length=1, max_length=1, description="The one lane topic the files' rows go to."
@@ -684,7 +685,7 @@ class FileSourceConfig(_SourceBase):
         self._check_common()
 
 
-class FilesSourceConfig(FileSourceConfig):
+class FilesSourceConfig(TypedSourceConfig):
     """Files read by ``twg batch`` (docs/batch.md): each file's rows go through the same
     decoded lane, contract, dead-letter lane, pipeline and sinks as a topic's records.
     A file is one partition of ``topics[0]``; its row numbers are the positions."""
@@ -707,7 +708,7 @@ class FilesSourceConfig(FileSourceConfig):
         return self
 
 
-class ArrowIpcSourceConfig(FileSourceConfig):
+class ArrowIpcSourceConfig(TypedSourceConfig):
     """Arrow IPC files dropped into a directory, read by ``twg stream`` as they appear
     (docs/batch.md, "Arrow IPC drops"): each file is a partition of ``topics[0]``."""
 
@@ -728,8 +729,35 @@ class ArrowIpcSourceConfig(FileSourceConfig):
         return self
 
 
+class FlightSourceConfig(TypedSourceConfig):
+    """Another Thalweg gateway's topic, followed over Flight ``do_get`` (docs/batch.md,
+    "Flight"): each upstream partition is a partition here, its positions the same."""
+
+    kind: Literal["flight"]
+    location: str = Field(
+        min_length=1, description="The upstream gateway: grpc://host:port or grpc+tls://..."
+    )
+    upstream_topic: str | None = Field(
+        None, description="The upstream topic (default: this source's topic)."
+    )
+    token: SecretStr | None = Field(None, description="Bearer token for the upstream.")
+    tls_root_certs: Path | None = Field(None, description="CA bundle for grpc+tls://.")
+    retry_s: float = Field(1.0, gt=0, description="Wait before reconnecting a broken stream.")
+
+    @model_validator(mode="after")
+    def _check(self) -> FlightSourceConfig:
+        if not self.location.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+            raise ValueError("location must start with grpc://, grpc+tcp:// or grpc+tls://")
+        self._check_files()
+        return self
+
+
 SourceConfig = Annotated[
-    KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig | ArrowIpcSourceConfig,
+    KafkaSourceConfig
+    | PulsarSourceConfig
+    | FilesSourceConfig
+    | ArrowIpcSourceConfig
+    | FlightSourceConfig,
     Field(discriminator="kind"),
 ]
 # A source with a broker behind it: what ``twg stream`` consumes and ``do_put`` produces to.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from thalweg.config.models import (
     ArrowIpcSourceConfig,
     FilesSourceConfig,
+    FlightSourceConfig,
     KafkaSourceConfig,
     PulsarSourceConfig,
     RawLaneConfig,
@@ -38,7 +39,13 @@ RAW_LANE = "raw_lane"  # the health component of the primary raw lane
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
 
-SourceConfig = KafkaSourceConfig | PulsarSourceConfig | FilesSourceConfig | ArrowIpcSourceConfig
+SourceConfig = (
+    KafkaSourceConfig
+    | PulsarSourceConfig
+    | FilesSourceConfig
+    | ArrowIpcSourceConfig
+    | FlightSourceConfig
+)
 
 
 @dataclass(frozen=True, slots=True)

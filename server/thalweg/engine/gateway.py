@@ -14,6 +14,7 @@ from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
 from thalweg.config.models import (
     ArrowIpcSourceConfig,
+    FlightSourceConfig,
     KafkaSourceConfig,
     PulsarSourceConfig,
     SourceConfig,
@@ -97,8 +98,9 @@ def _object_store_mirror(cfg: ThalwegConfig, layout: LaneLayout) -> LaneMirror |
 
 
 def _with_state_dir(source: SourceConfig, data_dir: Path) -> SourceConfig:
-    """An ``arrow_ipc`` source keeps its manifest in the gateway's data_dir unless told."""
-    if isinstance(source, ArrowIpcSourceConfig) and source.state_dir is None:
+    """An ``arrow_ipc`` or ``flight`` source keeps its state in the gateway's data_dir
+    unless told."""
+    if isinstance(source, (ArrowIpcSourceConfig, FlightSourceConfig)) and source.state_dir is None:
         return source.model_copy(update={"state_dir": data_dir / "sources" / source.name})
     return source
 

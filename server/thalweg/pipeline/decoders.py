@@ -29,7 +29,7 @@ from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.codecs.limits import SchemaLimits, check_schema
 from thalweg.codecs.rows import ArrowRowDecoder
 from thalweg.codecs.typemap import json_schema_record
-from thalweg.config.models import FileSourceConfig, SourceConfig
+from thalweg.config.models import SourceConfig, TypedSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout
@@ -122,7 +122,9 @@ class TopicDecoders:
                 keep = [f for f in pinned if not self._columns.is_reserved(f.name)]
                 pinned = pa.schema(keep)
             decoder = self._decoder(pinned)
-            if self.cfg.max_record_bytes is not None and not isinstance(self.cfg, FileSourceConfig):
+            if self.cfg.max_record_bytes is not None and not isinstance(
+                self.cfg, TypedSourceConfig
+            ):
                 decoder = SizeGuard(decoder, self.cfg.max_record_bytes)
             if self._registry is not None and self.cfg.registry_max_wait_s is not None:
                 why = (
@@ -162,7 +164,7 @@ class TopicDecoders:
                 self.cfg.name,
                 why,
             )
-        if isinstance(self.cfg, FileSourceConfig):
+        if isinstance(self.cfg, TypedSourceConfig):
             return ArrowRowDecoder(self._columns, pinned, limits)
         if self.cfg.format == "avro":
             assert self._registry is not None

@@ -52,8 +52,8 @@ def file_rows_batch(
     broken: Sequence[BrokenRow],
     topic: str,
     partition: int,
-    uri: str,
-    mtime_ms: int,
+    uri: str | pa.Array,
+    mtime_ms: int | None,
     cluster: str,
     ingest_ts_us: int,
     columns: MetadataColumns,
@@ -62,6 +62,9 @@ def file_rows_batch(
 
     Args:
         table: the rows that parsed, typed, in file order.
+        uri: the file's URI, or one message id per row (a Flight source: the upstream
+            record ids).
+        mtime_ms: the file's modification time (None: no timestamp).
         rows: the row number of each of ``table``'s rows (ascending).
         broken: the rows that did not parse (their numbers are not in ``rows``).
     """
@@ -103,10 +106,12 @@ def file_rows_batch(
         "topic": _repeated(topic, pa.string(), n),
         "partition": _repeated(partition, pa.int32(), n),
         "offset": offsets,
-        "message_id": _repeated(uri.encode(), pa.binary(), n),
+        "message_id": _repeated(uri.encode(), pa.binary(), n) if isinstance(uri, str) else uri,
         "value": values,
         "headers": _no_headers(n),
-        "timestamp": _repeated(mtime_ms, TIMESTAMP_MS, n),
+        "timestamp": _repeated(mtime_ms, TIMESTAMP_MS, n)
+        if mtime_ms is not None
+        else _nulls(n, TIMESTAMP_MS),
     }
     out = [built[s] if s in built else _nulls(n, t) for s, t in SOURCE_COLUMNS]
     out.append(record_ids(cluster, topic, partition, positions))

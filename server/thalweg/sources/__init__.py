@@ -13,6 +13,7 @@ _LOADERS = {
     "pulsar": "thalweg.sources.pulsar:PulsarSource",
     "files": "thalweg.sources.files.source:FileSource",
     "arrow_ipc": "thalweg.sources.files.directory:DirectorySource",
+    "flight": "thalweg.sources.flight:FlightSource",
 }
 
 

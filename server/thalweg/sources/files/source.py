@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from thalweg.config.models import FileSourceConfig, FilesSourceConfig
+from thalweg.config.models import FilesSourceConfig, TypedSourceConfig
 from thalweg.errors import ConfigError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
@@ -137,7 +137,7 @@ class FileSource:
     positions_are_offsets = False
 
     def __init__(
-        self, cfg: FileSourceConfig, columns: MetadataColumns, owners: OwnerDirectory
+        self, cfg: TypedSourceConfig, columns: MetadataColumns, owners: OwnerDirectory
     ) -> None:
         del owners  # files are read by the one process that was asked to
         self.cfg = cfg
