@@ -6,6 +6,8 @@ restart from its committed positions: every record once."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
+from tests.helpers import start_stream, wait_until
+from thalweg.embedded import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +86,66 @@ def test_a_gateway_follows_another_and_resumes_after_a_restart(
     assert set(raw[f"{P}source_message_id"].to_pylist()) == set(ids.column(0).to_pylist())
     state = json.loads((data / "sources" / "upstream" / "positions.json").read_text())
     assert state["positions"] == {"0": 300, "1": 300}
+
+
+def test_a_follower_killed_twice_resumes_with_every_record_once(
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    topic = topic_factory(2)
+    produce(producer, topic, 0, 60_000)
+    up = gateway_factory([topic])
+    up.wait_durable(topic, {0: 30_000, 1: 30_000}, timeout=120)
+    data = tmp_path / "down"
+    flight, http = free_port(), free_port()
+    config = tmp_path / "thalweg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+flight_listen = "grpc://127.0.0.1:{flight}"
+http_listen = "127.0.0.1:{http}"
+gc_tuning = false
+
+[raw_lane]
+roll_age_s = 0.2
+roll_rows = 2000
+
+[[sources]]
+kind = "flight"
+name = "upstream"
+topics = ["mirror"]
+upstream_topic = "{topic}"
+location = "{up.flight_url}"
+retry_s = 0.2
+max_records_per_s = 15000
+"""
+    )
+    state = data / "sources" / "upstream" / "positions.json"
+
+    def committed() -> int:
+        try:
+            return sum(json.loads(state.read_text())["positions"].values())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    log = tmp_path / "follower.log"
+    for target in (10_000, 30_000):
+        proc = start_stream(config, log)
+        try:
+            wait_until(lambda t=target: committed() >= t, 120, f"{target} committed")  # type: ignore[misc]
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        assert committed() < 60_000
+    proc = start_stream(config, log)
+    try:
+        wait_until(lambda: committed() == 60_000, 120, "every record committed")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    got = decoded(data, "mirror")
+    assert len(got) == len(set(got)) == 60_000
+    assert got == decoded(up.data_dir, topic)

@@ -890,6 +890,8 @@ class ThalwegConfig(_Model):
                 out.append(f"sources.{i}.sasl_password")
             if isinstance(source, PulsarSourceConfig) and source.auth_token is not None:
                 out.append(f"sources.{i}.auth_token")
+            if isinstance(source, FlightSourceConfig) and source.token is not None:
+                out.append(f"sources.{i}.token")
             reg = source.registry
             if reg is not None and reg.password is not None:
                 out.append(f"sources.{i}.registry.password")
