@@ -248,3 +248,29 @@ def test_bad_values_in_a_later_piece_fail_alone(tmp_path: Path) -> None:
     assert sorted(b.row for c in chunks for b in c.broken) == sorted(bad)
     values = [v for c in chunks for v in c.table["n"].to_pylist()]
     assert values == numbers
+
+
+async def test_a_file_source_reads_again_from_where_it_is_sought(tmp_path: Path) -> None:
+    from thalweg.config.models import FilesSourceConfig
+    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.sources.files.source import FileSource
+
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"n": np.arange(3_000)}), p, row_group_size=1_000)
+    cfg = FilesSourceConfig(
+        kind="files", name="f", topics=["t"], paths=[str(p)], state_dir=tmp_path / "state"
+    )
+    source = FileSource(cfg, C, OwnerDirectory())
+    assigned: list[object] = []
+
+    async def on_assigned(keys: list[tuple[str, int]]) -> None:
+        assigned.extend(keys)
+
+    await source.start(on_assigned, on_assigned)
+    assert assigned == [("t", 0)]
+    first = await source.fetch(100, 1_000)
+    assert first[("t", 0)].column(C.position).to_pylist() == list(range(1_000))
+    source.seek(("t", 0), 500)  # e.g. a batch lost before it was durable
+    again = await source.fetch(100, 1_000)
+    assert again[("t", 0)].column(C.position).to_pylist()[:3] == [500, 501, 502]
+    await source.stop()

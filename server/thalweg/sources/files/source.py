@@ -238,6 +238,9 @@ class FileSource:
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         batch = self._leftover
+        if batch is not None and self._partition_of(batch) in self._paused:
+            await asyncio.sleep(min(timeout_ms, 50) / 1000)
+            return {}
         self._leftover = None
         while batch is None:
             if self._current is None and not self._open_next():
@@ -251,11 +254,14 @@ class FileSource:
             chunk = await asyncio.to_thread(self._next_chunk, entry, chunks)
             if chunk is not None and chunk.num_rows:
                 batch = await asyncio.to_thread(self._batch, entry, chunk)
-        key = (self.topic, int(batch.column(self._columns.partition)[0].as_py()))
+        key = (self.topic, self._partition_of(batch))
         if batch.num_rows > max_records:
             self._leftover = batch.slice(max_records)
             batch = batch.slice(0, max_records)
         return {key: batch}
+
+    def _partition_of(self, batch: pa.RecordBatch) -> int:
+        return int(batch.column(self._columns.partition)[0].as_py())
 
     def _open_next(self) -> bool:
         """Start reading the next file; False when every file has been read."""
@@ -341,7 +347,19 @@ class FileSource:
         return entry.committed or None
 
     def seek(self, key: PartitionKey, position: int) -> None:
+        """Read ``key``'s file from ``position``: at its start, or again from there when
+        it is being read (what was read beyond it and not durable is read again)."""
         self._start[key[1]] = position
+        if self._current is not None and self._current[0].partition == key[1]:
+            entry, chunks = self._current
+            if isinstance(chunks, ReadAhead):
+                chunks.close()
+            f = self._inputs[entry.partition]
+            opts = self._csv_options()
+            reread = read_chunks(f.fs, f.path, entry.format, position, opts)
+            self._current = (entry, ReadAhead(reread))
+            self._next_row = position
+            self._leftover = None
 
     def ended(self) -> list[PartitionKey]:
         out, self._ended = self._ended, []
