@@ -31,6 +31,7 @@ from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
 from tests.helpers import arrow_files, safe_count, wait_until
+from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 pytestmark = pytest.mark.integration
 
@@ -507,3 +508,55 @@ topics = ["{topic}"]
         sunk.sort_by("id").to_pylist()
         == arrow_files(streamed).select(["id", "amount", "city"]).sort_by("id").to_pylist()
     )
+
+
+def test_files_in_an_s3_bucket_by_prefix_and_glob(tmp_path: Path, moto: MotoServer) -> None:
+    """``s3://`` names through pyarrow.fs, the endpoint and keys from the usual AWS
+    environment variables (here: the loopback moto server)."""
+    s3: Any = moto.client()
+    s3.create_bucket(Bucket="drops")
+    expected = []
+    for i in range(3):
+        t = rows(1_000, i * 10_000)
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        s3.put_object(Bucket="drops", Key=f"2026/12/part-{i}.parquet", Body=buf.getvalue())
+        expected.append(t)
+    s3.put_object(Bucket="drops", Key="2026/12/notes.txt", Body=b"not data")
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": moto.endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    cfg = write_config(tmp_path)
+    cmd = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "batch", "-c", str(cfg)]
+    proc = subprocess.run(
+        [*cmd, "s3://drops/2026/12/part-[01].parquet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(proc)["rows"] == 2_000
+    proc = subprocess.run(
+        [*cmd, "s3://drops/2026/"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(proc)
+    assert (s["files"], s["files_skipped"], s["rows"]) == (3, 2, 1_000)  # notes.txt: no format
+    decoded = lane(tmp_path / "data", "decoded", "drops")
+    assert sorted(decoded["id"].to_pylist()) == sorted(
+        v for t in expected for v in t["id"].to_pylist()
+    )
+    uris = {m.decode() for m in decoded[f"{P}source_message_id"].to_pylist()}
+    assert uris == {f"s3://drops/2026/12/part-{i}.parquet" for i in range(3)}

@@ -65,7 +65,10 @@ def resolve_inputs(specs: list[str]) -> list[InputFile]:
     """
     out: list[InputFile] = []
     for spec in specs:
-        found = _expand(spec)
+        try:
+            found = _expand(spec)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"{spec}: {exc}") from exc
         if not found:
             raise ConfigError(f"{spec}: no such file (nothing matches)")
         out.extend(found)
@@ -75,8 +78,12 @@ def resolve_inputs(specs: list[str]) -> list[InputFile]:
 
 def _expand(spec: str) -> list[InputFile]:
     if "://" in spec:
-        fs, path = pafs.FileSystem.from_uri(spec)
         scheme = spec.split("://", 1)[0]
+        glob_at = min((spec.find(c) for c in _GLOB if c in spec), default=-1)
+        # A URI cannot hold glob characters: open the directory above them.
+        base = spec if glob_at < 0 else spec[: spec.rfind("/", 0, glob_at)]
+        fs, root = pafs.FileSystem.from_uri(base)
+        path = root if glob_at < 0 else root.rstrip("/") + spec[len(base) :]
         return _from_fs(fs, path, lambda p: f"{scheme}://{p}")
     fs = pafs.LocalFileSystem()
     if _GLOB & set(spec):
