@@ -11,12 +11,13 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -350,3 +351,38 @@ def compiled_descriptor(proto: str, out: Path) -> bytes:
         check=True,
     )
     return out.read_bytes()
+
+
+def kill_at(
+    start: Callable[[], subprocess.Popen[bytes]],
+    committed: Callable[[], int],
+    targets: Sequence[int],
+    total: int,
+    *,
+    while_running: Callable[[], None] | None = None,
+) -> None:
+    """Start a process and SIGKILL its group once ``committed()`` reaches each of
+    ``targets`` in turn, asserting every time it had not finished (a kill mid-run);
+    ``while_running`` is called once, while the first process runs."""
+    for i, target in enumerate(targets):
+        proc = start()
+        try:
+            wait_until(lambda t=target: committed() >= t, 120, f"{target} committed")  # type: ignore[misc]
+            if i == 0 and while_running is not None:
+                while_running()
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        assert committed() < total, "the run finished before it was killed"
+
+
+def run_until(
+    start: Callable[[], subprocess.Popen[bytes]], done: Callable[[], bool], what: str
+) -> None:
+    """Start a process, wait for ``done()``, then stop it with SIGTERM."""
+    proc = start()
+    try:
+        wait_until(done, 120, what)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)

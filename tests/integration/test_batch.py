@@ -13,7 +13,6 @@ import gzip
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,7 +29,7 @@ import zstandard
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
-from tests.helpers import arrow_files, safe_count, wait_until
+from tests.helpers import arrow_files, kill_at, safe_count, wait_until
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 pytestmark = pytest.mark.integration
@@ -377,28 +376,18 @@ def test_a_run_killed_twice_resumes_and_writes_every_row_exactly_once(tmp_path: 
         except (FileNotFoundError, ValueError):
             return 0
 
-    kills = 0
-    for target in (30_000, 110_000):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "thalweg.cli.main", "batch", "--config", str(cfg), str(d)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+    def run() -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "thalweg.cli.main", "batch", "--config", str(cfg), str(d)]
+        return subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        try:
-            wait_until(
-                lambda t=target: committed() >= t, timeout=120, what=f"{target} rows committed"
-            )  # type: ignore[misc]
-            if kills == 0:  # one run per lane topic at a time
-                second = twg_batch(cfg, str(d))
-                assert second.returncode == 2, second.stderr[-2000:]
-                assert "another twg batch run is writing topic 'drops'" in second.stderr
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        kills += 1
-        assert committed() < 180_000, "the run finished before it was killed"
-    assert kills == 2
+
+    def second_run_refused() -> None:  # one run per lane topic at a time
+        second = twg_batch(cfg, str(d))
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "another twg batch run is writing topic 'drops'" in second.stderr
+
+    kill_at(run, committed, (30_000, 110_000), 180_000, while_running=second_run_refused)
     before = committed()
     final = twg_batch(cfg, str(d))
     assert final.returncode == 0, final.stderr[-3000:]
@@ -532,27 +521,22 @@ def test_files_in_an_s3_bucket_by_prefix_and_glob(tmp_path: Path, moto: MotoServ
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     cfg = write_config(tmp_path)
-    cmd = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "batch", "-c", str(cfg)]
-    proc = subprocess.run(
-        [*cmd, "s3://drops/2026/12/part-[01].parquet"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert summary(proc)["rows"] == 2_000
-    proc = subprocess.run(
-        [*cmd, "s3://drops/2026/"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = summary(proc)
+
+    def run(path: str) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "batch"]
+        proc = subprocess.run(
+            [*cmd, "-c", str(cfg), path],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return summary(proc)
+
+    assert run("s3://drops/2026/12/part-[01].parquet")["rows"] == 2_000
+    s = run("s3://drops/2026/")
     assert (s["files"], s["files_skipped"], s["rows"]) == (3, 2, 1_000)  # notes.txt: no format
     decoded = lane(tmp_path / "data", "decoded", "drops")
     assert sorted(decoded["id"].to_pylist()) == sorted(

@@ -6,8 +6,6 @@ restart from its committed positions: every record once."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
-from tests.helpers import start_stream, wait_until
+from tests.helpers import kill_at, run_until, start_stream
 from thalweg.embedded import free_port
 
 pytestmark = pytest.mark.integration
@@ -132,20 +130,8 @@ max_records_per_s = 15000
             return 0
 
     log = tmp_path / "follower.log"
-    for target in (10_000, 30_000):
-        proc = start_stream(config, log)
-        try:
-            wait_until(lambda t=target: committed() >= t, 120, f"{target} committed")  # type: ignore[misc]
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        assert committed() < 60_000
-    proc = start_stream(config, log)
-    try:
-        wait_until(lambda: committed() == 60_000, 120, "every record committed")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+    kill_at(lambda: start_stream(config, log), committed, (10_000, 30_000), 60_000)
+    run_until(lambda: start_stream(config, log), lambda: committed() == 60_000, "all records")
     got = decoded(data, "mirror")
     assert len(got) == len(set(got)) == 60_000
     assert got == decoded(up.data_dir, topic)

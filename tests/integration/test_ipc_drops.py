@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import start_stream, wait_until
+from tests.helpers import kill_at, run_until, start_stream
 from thalweg.embedded import free_port
 
 pytestmark = pytest.mark.integration
@@ -143,20 +142,8 @@ max_poll_records = 2000
             return 0
 
     log = tmp_path / "gateway.log"
-    for target in (20_000, 70_000):
-        proc = start_stream(config, log)
-        try:
-            wait_until(lambda t=target: committed() >= t, 120, f"{target} rows committed")  # type: ignore[misc]
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        assert committed() < 120_000
-    proc = start_stream(config, log)
-    try:
-        wait_until(lambda: committed() == 120_000, 120, "every row committed")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+    kill_at(lambda: start_stream(config, log), committed, (20_000, 70_000), 120_000)
+    run_until(lambda: start_stream(config, log), lambda: committed() == 120_000, "all rows")
     keys = raw_rows(data, topic)
     assert len(keys) == len(set(keys)) == 120_000
     decoded = pq.read_table(data / "decoded" / f"topic={topic}").combine_chunks()

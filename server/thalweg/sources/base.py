@@ -70,3 +70,25 @@ class Source(Protocol):
 
     async def stop(self) -> None:
         """Close connections (leave the group / close the consumer)."""
+
+
+class Unbrokered:
+    """The answers of a source with no broker behind it (files, another gateway over
+    Flight): no group to belong to, no generations, positions that start at 0, no
+    topics to miss. A subclass that can tell whether its upstream answers overrides
+    :meth:`probe`."""
+
+    async def probe(self, timeout_s: float = 3.0) -> bool:
+        return True
+
+    def membership(self) -> tuple[bool, float | None]:
+        return True, None
+
+    def generation(self) -> int:
+        return 0
+
+    async def log_start(self, key: PartitionKey) -> int:
+        return 0
+
+    async def missing_topics(self) -> list[str]:
+        return []

@@ -33,7 +33,7 @@ from thalweg.lane.layout import write_json_durably
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
-from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.base import PartitionKey, RebalanceCallback, Unbrokered
 from thalweg.sources.files.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 QUEUE_BATCHES = 16  # per source: the readers block (gRPC flow control) beyond this
 
 
-class FlightSource:
+class FlightSource(Unbrokered):
     """A ``flight`` source (see the module docstring)."""
 
     positions_are_offsets = False
@@ -253,18 +253,6 @@ class FlightSource:
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         return self._error is None
-
-    def membership(self) -> tuple[bool, float | None]:
-        return True, None
-
-    def generation(self) -> int:
-        return 0
-
-    async def log_start(self, key: PartitionKey) -> int:
-        return 0
-
-    async def missing_topics(self) -> list[str]:
-        return []
 
     def highwater(self, key: PartitionKey) -> int | None:
         return None

@@ -29,7 +29,7 @@ from thalweg.errors import ConfigError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
-from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.base import PartitionKey, RebalanceCallback, Unbrokered
 from thalweg.sources.files.formats import (
     Chunk,
     CsvOptions,
@@ -138,7 +138,7 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
 
 
-class FileSource:
+class FileSource(Unbrokered):
     """The files of one run as a :class:`~thalweg.sources.base.Source`."""
 
     positions_are_offsets = False
@@ -380,20 +380,3 @@ class FileSource:
 
     def resume(self, keys: list[PartitionKey]) -> None:
         self._paused.difference_update(p for _, p in keys)
-
-    # -- what a broker would answer -------------------------------------------------
-
-    async def probe(self, timeout_s: float = 3.0) -> bool:
-        return True
-
-    def membership(self) -> tuple[bool, float | None]:
-        return True, None
-
-    def generation(self) -> int:
-        return 0
-
-    async def log_start(self, key: PartitionKey) -> int:
-        return 0
-
-    async def missing_topics(self) -> list[str]:
-        return []
