@@ -544,3 +544,28 @@ def test_files_in_an_s3_bucket_by_prefix_and_glob(tmp_path: Path, moto: MotoServ
     )
     uris = {m.decode() for m in decoded[f"{P}source_message_id"].to_pylist()}
     assert uris == {f"s3://drops/2026/12/part-{i}.parquet" for i in range(3)}
+
+
+def test_a_sink_another_process_feeds_is_left_to_it(tmp_path: Path) -> None:
+    from thalweg.config import load_config
+    from thalweg.lane.layout import LaneLayout
+    from thalweg.records.columns import MetadataColumns
+    from thalweg.recovery.build import build_feeders
+
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(rows(100), d / "a.parquet")
+    sink = '[[sinks]]\nname = "lake"\nkind = "arrow_ipc"\ntopics = ["drops"]\n'
+    cfg = write_config(tmp_path, extra=sink)
+    config = load_config(cfg)
+    (tmp_path / "data").mkdir()
+    held = build_feeders(  # as a gateway feeding "lake" holds it
+        config, LaneLayout(tmp_path / "data"), MetadataColumns(), only="lake"
+    )
+    assert held
+    proc = twg_batch(cfg, str(d))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(proc)
+    assert s["rows"] == 100
+    assert s["sinks"]["lake"]["fed"] is False
+    assert "lake" in s["sinks"]["lake"]["reason"]

@@ -139,7 +139,10 @@ def _text(s: Any) -> str:
         verb = "would go" if s.dry_run else "went"
         lines.append(f"{s.dead_letters:,} rows {verb} to the dead-letter lane ({why})")
     for name, pas in s.sinks.items():
-        lines.append(f"sink {name}: {pas.get('rows', 0):,} rows")
+        if pas.get("fed") is False:
+            lines.append(f"sink {name}: not fed here ({pas['reason']})")
+        else:
+            lines.append(f"sink {name}: {pas.get('rows', 0):,} rows")
     for e in s.errors:
         lines.append(f"error: {e['file']}: {e['error']}")
     if s.interrupted:
