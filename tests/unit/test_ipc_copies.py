@@ -108,3 +108,24 @@ def test_off_writes_nothing_and_large_tables_are_not_copied(tmp_path: Path) -> N
     (dpath,) = _write(tmp_path / "tiny", tiny, [0])
     assert tiny.get(dpath) is None and tiny.nbytes == 0
     assert not list((tmp_path / "tiny").glob(f"{IPC_DIR}/**/*.arrow"))
+
+
+def test_copies_of_removed_segments_go_at_the_next_write_and_at_start(tmp_path: Path) -> None:
+    """Retention and compaction remove segments; their copies do not wait for the
+    budget to push them out."""
+    copies = IpcCopies(tmp_path, 64 << 20)
+    a, b = _write(tmp_path, copies, [0, 50])
+    a.unlink()  # as retention does
+    (c,) = _write(tmp_path, copies, [100])
+
+    def size(segment: Path) -> int:
+        copy = copies.copy_path(segment)
+        assert copy is not None
+        return copy.stat().st_size if copy.exists() else 0
+
+    assert size(a) == 0 and size(b) > 0
+    assert copies.nbytes == size(b) + size(c)
+    b.unlink()  # while the gateway is down
+    again = IpcCopies(tmp_path, 64 << 20)
+    assert size(b) == 0
+    assert again.nbytes == size(c)

@@ -12,7 +12,8 @@ The copies are a cache, never the lane: the Parquet segment stays the durable re
 written (and fsynced) first. A copy is written to a temp name and renamed, not fsynced;
 one that is missing, torn or unreadable is removed and the read decodes the Parquet
 file. Disk use is bounded by ``gateway.flight.ipc_copy_bytes``, oldest copies out first
-(the budget is re-counted from the directory at start-up). Thread-safe.
+(the budget is re-counted from the directory at start-up), and a copy whose segment
+retention or compaction removed is deleted at the next write. Thread-safe.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class IpcCopies:
             old = self._files.pop(target, None)
             self._bytes += written - (old or 0)
             self._files[target] = written
-            evict = []
+            evict = self._orphans()
             while self._bytes > self.max_bytes and self._files:
                 path, n = self._files.popitem(last=False)
                 self._bytes -= n
@@ -124,6 +125,18 @@ class IpcCopies:
                 self._bytes -= n
         target.unlink(missing_ok=True)
 
+    def segment_of(self, copy: Path) -> Path:
+        """The decoded segment a copy was made of."""
+        return self.root / copy.relative_to(self.dir).with_suffix(".parquet")
+
+    def _orphans(self) -> list[Path]:
+        """Copies whose segment is gone (retention or compaction removed it), taken out
+        of the count — called under the lock, each write: a stat per copy kept."""
+        gone = [c for c in self._files if not self.segment_of(c).exists()]
+        for c in gone:
+            self._bytes -= self._files.pop(c)
+        return gone
+
     def _recount(self) -> None:
         """Count the copies on disk, oldest first; drop temp files a crash left."""
         found: list[tuple[float, Path, int]] = []
@@ -139,3 +152,5 @@ class IpcCopies:
         for _mtime, path, size in sorted(found):
             self._files[path] = size
             self._bytes += size
+        for path in self._orphans():
+            path.unlink(missing_ok=True)
