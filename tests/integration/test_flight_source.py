@@ -9,12 +9,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
 from tests.helpers import kill_at, run_until, start_stream
+from tests.integration.test_ipc_drops import drop
 from thalweg.embedded import free_port
 
 pytestmark = pytest.mark.integration
@@ -135,3 +137,42 @@ max_records_per_s = 15000
     got = decoded(data, "mirror")
     assert len(got) == len(set(got)) == 60_000
     assert got == decoded(up.data_dir, topic)
+
+
+def test_a_partition_the_upstream_adds_is_followed_too(
+    tmp_path: Path,
+    gateway_factory: Callable[..., RunningGateway],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upstream streams Arrow IPC drops: each new file is a new partition there,
+    which the follower finds at its next listing."""
+    import thalweg.sources.flight
+
+    monkeypatch.setattr(thalweg.sources.flight, "LIST_EVERY_S", 0.3)
+    drops = tmp_path / "drops"
+    drops.mkdir()
+    drop(drops, "a.arrows", pa.table({"id": list(range(50))}))
+    ipc = {
+        "kind": "arrow_ipc",
+        "name": "drops",
+        "topics": ["events"],
+        "directory": str(drops),
+        "poll_interval_s": 0.1,
+        "settle_s": 0,
+    }
+    up = gateway_factory([], sources=[ipc], data_dir=tmp_path / "up")
+    up.wait_durable("events", {0: 50})
+    follower = {
+        "kind": "flight",
+        "name": "upstream",
+        "topics": ["mirror"],
+        "upstream_topic": "events",
+        "location": up.flight_url,
+    }
+    down = gateway_factory([], sources=[follower], data_dir=tmp_path / "down")
+    down.wait_durable("mirror", {0: 50})
+    drop(drops, "b.arrows", pa.table({"id": list(range(50, 80))}))  # partition 1 upstream
+    up.wait_durable("events", {0: 50, 1: 30})
+    down.wait_durable("mirror", {0: 50, 1: 30})
+    down.stop()
+    assert sorted(r[0] for r in decoded(tmp_path / "down", "mirror")) == list(range(80))

@@ -39,6 +39,7 @@ from thalweg.sources.files.manifest import Manifest
 log = logging.getLogger(__name__)
 
 QUEUE_BATCHES = 16  # per source: the readers block (gRPC flow control) beyond this
+LIST_EVERY_S = 10.0  # how often the upstream's partitions are listed again
 
 
 class FlightSource(Unbrokered):
@@ -69,6 +70,8 @@ class FlightSource(Unbrokered):
         self._lock_fd: int | None = None
         self._error: str | None = None
         self._save_lock = threading.Lock()
+        self._on_assigned: RebalanceCallback | None = None
+        self._next_listing = float("inf")
 
     # -- the upstream ------------------------------------------------------------------
 
@@ -154,9 +157,13 @@ class FlightSource(Unbrokered):
             raise SourceError(
                 f"upstream {self.cfg.location} lists no partition of topic {self.upstream!r}"
             )
+        self._on_assigned = on_assigned
+        self._next_listing = time.monotonic() + LIST_EVERY_S
         await on_assigned([(self.topic, p) for p in self._partitions])
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
+        if time.monotonic() >= self._next_listing:
+            await self._new_partitions()
         for p in self._partitions:
             if p not in self._readers and p not in self._paused:
                 self._spawn(p)
@@ -179,6 +186,21 @@ class FlightSource(Unbrokered):
             if not self._queue.qsize():
                 break
         return {(self.topic, p): self._raw(p, batches) for p, batches in got.items()}
+
+    async def _new_partitions(self) -> None:
+        """Partitions the upstream added since the last listing, announced like a
+        broker assignment (listed every ``LIST_EVERY_S``; an upstream that does not
+        answer now is asked again then)."""
+        self._next_listing = time.monotonic() + LIST_EVERY_S
+        try:
+            listed = await asyncio.to_thread(self._list_partitions)
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            log.debug("source %s: partitions not listed: %s", self.cfg.name, exc)
+            return
+        new = [p for p in listed if p not in self._partitions]
+        if new and self._on_assigned is not None:
+            self._partitions = sorted({*self._partitions, *new})
+            await self._on_assigned([(self.topic, p) for p in new])
 
     def _raw(self, partition: int, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
         c = self._columns
