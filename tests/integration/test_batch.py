@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -569,3 +570,45 @@ def test_a_sink_another_process_feeds_is_left_to_it(tmp_path: Path) -> None:
     assert s["rows"] == 100
     assert s["sinks"]["lake"]["fed"] is False
     assert "lake" in s["sinks"]["lake"]["reason"]
+
+
+def test_a_terminal_gets_a_progress_bar_and_stdout_only_the_summary(tmp_path: Path) -> None:
+    import pty
+
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(2):
+        pq.write_table(rows(5_000, i * 10_000), d / f"p{i}.parquet")
+    cfg = write_config(tmp_path)
+    main, terminal = pty.openpty()
+    shown: list[bytes] = []
+
+    def drain() -> None:  # read while the child writes: a full pty would block it
+        while True:
+            try:
+                piece = os.read(main, 65536)
+            except OSError:  # EIO: the child's side is closed
+                return
+            if not piece:
+                return
+            shown.append(piece)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    proc = subprocess.run(
+        [sys.executable, "-m", "thalweg.cli.main", "batch", "--config", str(cfg), str(d)],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    os.close(terminal)
+    reader.join(10)
+    os.close(main)
+    assert proc.returncode == 0
+    text = b"".join(shown).decode(errors="replace")
+    assert "files 2/2" in text and "10,000 rows" in text and "rows/s" in text
+    out = proc.stdout.decode()
+    assert out.startswith("batch into topic drops: 2 of 2 files read")
+    assert "files 2/2" not in out

@@ -153,6 +153,7 @@ def _text(s: Any) -> str:
 def _display(ctx: click.Context) -> Any:
     """The progress hook: a rich bar on a terminal, log lines otherwise."""
     if sys.stderr.isatty() and ctx.obj.get("output") != "json":
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             Progress,
@@ -167,6 +168,7 @@ def _display(ctx: click.Context) -> Any:
             TaskProgressColumn(),
             TextColumn("{task.fields[detail]}"),
             TimeRemainingColumn(),
+            console=Console(stderr=True),  # stdout is the summary's
             transient=False,
         )
         task = bar.add_task("files", total=None, detail="")
