@@ -274,3 +274,31 @@ async def test_a_file_source_reads_again_from_where_it_is_sought(tmp_path: Path)
     again = await source.fetch(100, 1_000)
     assert again[("t", 0)].column(C.position).to_pylist()[:3] == [500, 501, 502]
     await source.stop()
+
+
+@pytest.mark.parametrize("start", [0, 70_000])
+def test_avro_files_read_natively_equal_the_per_record_read(tmp_path: Path, start: int) -> None:
+    import fastavro
+
+    from thalweg.sources.files.formats import _avro_per_record
+
+    schema = {
+        "type": "record",
+        "name": "r",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "tag", "type": ["null", "string"]},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        ],
+    }
+    p = tmp_path / "a.avro"
+    records = [{"id": i, "tag": None if i % 3 else f"t{i}", "at": i} for i in range(100_000)]
+    with open(p, "wb") as f:
+        fastavro.writer(f, schema, records, codec="deflate")
+    from thalweg.codecs.avro import container_batches
+
+    assert sum(t.num_rows for t in container_batches(str(p), schema)) == 100_000  # native
+    native, numbers, _ = read_all(p, "avro", start)
+    slow = pa.concat_tables([c.table for c in _avro_per_record(LOCAL, str(p), start)])
+    assert numbers == list(range(start, 100_000))
+    assert native.equals(slow)
