@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -612,3 +613,35 @@ def test_a_terminal_gets_a_progress_bar_and_stdout_only_the_summary(tmp_path: Pa
     out = proc.stdout.decode()
     assert out.startswith("batch into topic drops: 2 of 2 files read")
     assert "files 2/2" not in out
+
+
+def test_sigint_makes_what_was_read_durable_and_a_rerun_resumes(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    pacsv.write_csv(rows(60_000), d / "a.csv")
+    cfg = write_config(tmp_path, extra="max_records_per_s = 20000\nmax_poll_records = 2000")
+    data = tmp_path / "data"
+    argv = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "batch", "-c", str(cfg)]
+    proc = subprocess.Popen(
+        [*argv, str(d)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+    def committed() -> int:
+        try:
+            return sum(e["committed"] for e in manifest(data, "drops")["files"])
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    wait_until(lambda: committed() >= 10_000, 60, "10,000 rows committed")
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    s = json.loads(out.decode().strip().splitlines()[-1])
+    assert s["interrupted"] is True and s["ok"] is False
+    stopped = committed()
+    assert stopped == lane(data, "raw", "drops").num_rows < 60_000  # all it read is durable
+    again = twg_batch(cfg, str(d))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert summary(again)["rows"] == 60_000 - stopped
+    keys = lane(data, "raw", "drops")[f"{P}source_offset"].to_pylist()
+    assert sorted(keys) == list(range(60_000))
