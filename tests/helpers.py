@@ -24,6 +24,8 @@ from typing import Any, NamedTuple, TypeVar
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 
+from thalweg.embedded import free_port
+
 T = TypeVar("T")
 
 
@@ -386,3 +388,25 @@ def run_until(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+
+
+def stream_config(path: Path, data: Path, source: str, roll_rows: int) -> Path:
+    """A ``twg stream`` configuration file on free loopback ports: lanes in ``data``,
+    segments rolled at ``roll_rows`` (or 0.2 s), and the ``[[sources]]`` table given."""
+    path.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+flight_listen = "grpc://127.0.0.1:{free_port()}"
+http_listen = "127.0.0.1:{free_port()}"
+gc_tuning = false
+
+[raw_lane]
+roll_age_s = 0.2
+roll_rows = {roll_rows}
+
+[[sources]]
+{source}
+"""
+    )
+    return path

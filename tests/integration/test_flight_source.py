@@ -15,9 +15,8 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
-from tests.helpers import kill_at, run_until, start_stream
+from tests.helpers import kill_at, run_until, start_stream, stream_config
 from tests.integration.test_ipc_drops import drop
-from thalweg.embedded import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +38,16 @@ def decoded(data: Path, topic: str) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def ends(rows: list[tuple[int, int, int]]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for _, p, pos in rows:
-        out[p] = max(out.get(p, 0), pos + 1)
-    return out
+def following(up: RunningGateway, topic: str) -> dict[str, object]:
+    """A flight source following ``topic`` of the gateway ``up`` into "mirror"."""
+    return {
+        "kind": "flight",
+        "name": "upstream",
+        "topics": ["mirror"],
+        "upstream_topic": topic,
+        "location": up.flight_url,
+        "retry_s": 0.2,
+    }
 
 
 def test_a_gateway_follows_another_and_resumes_after_a_restart(
@@ -56,14 +60,7 @@ def test_a_gateway_follows_another_and_resumes_after_a_restart(
     produce(producer, topic, 0, 400)
     up = gateway_factory([topic])
     up.wait_durable(topic, {0: 200, 1: 200})
-    follower = {
-        "kind": "flight",
-        "name": "upstream",
-        "topics": ["mirror"],
-        "upstream_topic": topic,
-        "location": up.flight_url,
-        "retry_s": 0.2,
-    }
+    follower = following(up, topic)
     data = tmp_path / "down"
     down = gateway_factory([], sources=[follower], data_dir=data)
     down.wait_durable("mirror", {0: 200, 1: 200})
@@ -99,30 +96,14 @@ def test_a_follower_killed_twice_resumes_with_every_record_once(
     up = gateway_factory([topic])
     up.wait_durable(topic, {0: 30_000, 1: 30_000}, timeout=120)
     data = tmp_path / "down"
-    flight, http = free_port(), free_port()
-    config = tmp_path / "thalweg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-flight_listen = "grpc://127.0.0.1:{flight}"
-http_listen = "127.0.0.1:{http}"
-gc_tuning = false
-
-[raw_lane]
-roll_age_s = 0.2
-roll_rows = 2000
-
-[[sources]]
-kind = "flight"
+    source = f"""kind = "flight"
 name = "upstream"
 topics = ["mirror"]
 upstream_topic = "{topic}"
 location = "{up.flight_url}"
 retry_s = 0.2
-max_records_per_s = 15000
-"""
-    )
+max_records_per_s = 15000"""
+    config = stream_config(tmp_path / "thalweg.toml", data, source, roll_rows=2000)
     state = data / "sources" / "upstream" / "positions.json"
 
     def committed() -> int:
@@ -162,13 +143,7 @@ def test_a_partition_the_upstream_adds_is_followed_too(
     }
     up = gateway_factory([], sources=[ipc], data_dir=tmp_path / "up")
     up.wait_durable("events", {0: 50})
-    follower = {
-        "kind": "flight",
-        "name": "upstream",
-        "topics": ["mirror"],
-        "upstream_topic": "events",
-        "location": up.flight_url,
-    }
+    follower = following(up, "events")
     down = gateway_factory([], sources=[follower], data_dir=tmp_path / "down")
     down.wait_durable("mirror", {0: 50})
     drop(drops, "b.arrows", pa.table({"id": list(range(50, 80))}))  # partition 1 upstream

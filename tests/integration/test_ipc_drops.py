@@ -17,8 +17,7 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import kill_at, run_until, start_stream
-from thalweg.embedded import free_port
+from tests.helpers import kill_at, run_until, start_stream, stream_config
 
 pytestmark = pytest.mark.integration
 
@@ -106,31 +105,15 @@ def test_dropped_files_are_streamed_served_and_resumed_after_a_restart(
 def test_a_gateway_killed_while_reading_drops_resumes_with_every_row_once(tmp_path: Path) -> None:
     drops, data, topic = tmp_path / "drops", tmp_path / "lane", "ipc-kill"
     drops.mkdir()
-    flight, http = free_port(), free_port()
-    config = tmp_path / "thalweg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-flight_listen = "grpc://127.0.0.1:{flight}"
-http_listen = "127.0.0.1:{http}"
-gc_tuning = false
-
-[raw_lane]
-roll_age_s = 0.2
-roll_rows = 5000
-
-[[sources]]
-kind = "arrow_ipc"
+    source = f"""kind = "arrow_ipc"
 name = "drops"
 topics = ["{topic}"]
 directory = "{drops}"
 poll_interval_s = 0.1
 settle_s = 0
 max_records_per_s = 40000
-max_poll_records = 2000
-"""
-    )
+max_poll_records = 2000"""
+    config = stream_config(tmp_path / "thalweg.toml", data, source, roll_rows=5000)
     for i in range(3):
         drop(drops, f"part-{i}.arrows", rows(40_000, i * 100_000), batch=4_000)
     manifest = data / "sources" / "drops" / "manifest.json"

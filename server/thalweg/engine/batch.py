@@ -38,10 +38,9 @@ from thalweg.ops.stats import PipelineStats
 from thalweg.pipeline.decode import decode_batch
 from thalweg.pipeline.decoders import TopicDecoders
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.file_rows import file_rows_batch
 from thalweg.recovery.build import build_feeders
 from thalweg.sources.files.formats import CsvOptions, FileReadError, detect, read_chunks
-from thalweg.sources.files.source import FileSource, Progress, resolve_inputs
+from thalweg.sources.files.source import FileSource, Progress, chunk_batch, resolve_inputs
 
 log = logging.getLogger(__name__)
 
@@ -308,18 +307,7 @@ class BatchRun:
                 continue
             try:
                 for chunk in read_chunks(f.fs, f.path, fmt, 0, opts):
-                    raw = file_rows_batch(
-                        table=chunk.table,
-                        rows=chunk.rows,
-                        broken=chunk.broken,
-                        topic=self.topic,
-                        partition=number,
-                        uri=f.uri,
-                        mtime_ms=f.mtime_ns // 1_000_000,
-                        cluster=cfg.cluster_name,
-                        ingest_ts_us=time.time_ns() // 1000,
-                        columns=self.columns,
-                    )
+                    raw = chunk_batch(chunk, f, self.topic, number, cfg, self.columns)
                     _, result = decode_batch(decoder, raw, self.columns)
                     reasons.update(fl.reason.value for fl in result.failures)
                     p.rows += chunk.num_rows

@@ -549,7 +549,9 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
                     ),
                 )
 
-            body = b"\n".join(recs.text(i) for i in range(lo, n))
+            # The lines as they lie in the buffer (blank ones between are skipped by
+            # the parser; a count that differs sends the chunk line by line).
+            body = recs.buf[recs.starts[lo] : recs.ends[n - 1]]
             try:
                 chunk = Chunk(_whole(parse, body, n - lo, schema), ordinals)
             except pa.ArrowInvalid:

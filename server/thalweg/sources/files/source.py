@@ -122,6 +122,29 @@ def _from_fs(fs: pafs.FileSystem, path: str, uri: object) -> list[InputFile]:
     ]
 
 
+def chunk_batch(
+    chunk: Chunk,
+    f: InputFile,
+    topic: str,
+    partition: int,
+    cfg: TypedSourceConfig,
+    columns: MetadataColumns,
+) -> pa.RecordBatch:
+    """The raw-lane batch (payload column included) of one chunk of file ``f``."""
+    return file_rows_batch(
+        table=chunk.table,
+        rows=chunk.rows,
+        broken=chunk.broken,
+        topic=topic,
+        partition=partition,
+        uri=f.uri,
+        mtime_ms=f.mtime_ns // 1_000_000,
+        cluster=cfg.cluster_name,
+        ingest_ts_us=time.time_ns() // 1000,
+        columns=columns,
+    )
+
+
 @dataclass(slots=True)
 class Progress:
     """What the run has done so far (read by the progress display and the summary)."""
@@ -315,18 +338,7 @@ class FileSource(Unbrokered):
 
     def _batch(self, entry: Entry, chunk: Chunk) -> pa.RecordBatch:
         f = self._inputs[entry.partition]
-        return file_rows_batch(
-            table=chunk.table,
-            rows=chunk.rows,
-            broken=chunk.broken,
-            topic=self.topic,
-            partition=entry.partition,
-            uri=entry.uri,
-            mtime_ms=f.mtime_ns // 1_000_000,
-            cluster=self.cfg.cluster_name,
-            ingest_ts_us=time.time_ns() // 1000,
-            columns=self._columns,
-        )
+        return chunk_batch(chunk, f, self.topic, entry.partition, self.cfg, self._columns)
 
     # -- positions -------------------------------------------------------------------
 
