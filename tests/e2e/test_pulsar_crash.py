@@ -149,20 +149,24 @@ def test_sigkill_loop_writes_every_message_exactly_once(
     produce(url, topic, 0, total)
     rng = seeded_rng("THALWEG_CRASH_SEED")  # printed: a failing run can be replayed
     proc = start_gateway(config, log)
+    at_kills: list[int] = []  # rows durable when each kill landed
     try:
         for _ in range(4):
             # Each window counts from the gateway's start-up line, not its launch: start-up
             # alone (imports, ~2 s on a loaded machine) could fill a window, and then no
-            # kill fell mid-ingest. At most 4 x 2 s x 4000 msg/s < total: never all.
+            # kill fell mid-ingest.
             wait_started(proc)
             time.sleep(rng.uniform(0.8, 2.0))
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+            at_kills.append(len(lane_values(data, topic)))
             if lite is not None:
                 lite.stop()
                 lite = PulsarLite(tmp_path / "broker", port=lite.port)
             proc = start_gateway(config, log)
-        assert 0 < len(lane_values(data, topic)) < total, "the kills missed the ingest"
+        # The rate limiter starts with a full second's burst and each restart refills it, so
+        # the last windows may finish the topic; what matters is that kills fell mid-ingest.
+        assert any(0 < n < total for n in at_kills), f"the kills missed the ingest: {at_kills}"
         deadline = time.monotonic() + 90
         while len(lane_values(data, topic)) < total and time.monotonic() < deadline:
             assert proc.poll() is None, f"gateway exited: {log.read_text()[-2000:]}"
