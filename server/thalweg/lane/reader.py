@@ -37,6 +37,10 @@ class LaneReader:
         self._layout = layout
         self._columns = columns
         self._cache = cache
+        # topic -> (the newest decoded segment of each partition, their unified schema):
+        # a read plans with it, and a footer read per partition per request showed in the
+        # time to a read's first batch (about 5 ms over four partitions).
+        self._schemas: dict[str, tuple[tuple[Path, ...], pa.Schema | None]] = {}
 
     def segments_between(self, topic: str, partition: int, start: int, end: int) -> list[Segment]:
         """Raw segments overlapping ``[start, end)`` — below the retention floor too while
@@ -136,14 +140,23 @@ class LaneReader:
 
     def decoded_schema(self, topic: str) -> pa.Schema | None:
         """The union of the newest decoded segment's schema of every partition."""
-        schemas = []
+        newest = []
         for partition in self._layout.partitions(topic):
             segs = self._layout.segments(Lane.DECODED, topic, partition)
             if segs:
-                schemas.append(pq.read_schema(segs[-1].path))
-        if not schemas:
-            return None
-        return pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
+                newest.append(segs[-1].path)
+        key = tuple(newest)
+        known = self._schemas.get(topic)
+        if known is not None and known[0] == key:
+            return known[1]
+        schemas = [pq.read_schema(path) for path in newest]
+        unified = (
+            pa.unify_schemas(schemas, promote_options="permissive").remove_metadata()
+            if schemas
+            else None
+        )
+        self._schemas[topic] = (key, unified)
+        return unified
 
 
 def leaf_index(meta: pq.FileMetaData, column: str) -> int | None:
