@@ -197,6 +197,33 @@ def test_partitioned_topic_is_read_partition_by_partition(
     assert all(len(ps) == 1 for ps in by_key.values())
 
 
+def test_two_partitioned_topics_of_one_source_keep_their_own_lanes(
+    pulsar_partitioned: Callable[[str], tuple[str, str]],
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    """Both topics have partitions 0-2: a message's partition number alone does not say
+    its lane (the one-topic shortcut of the source must not apply), its topic does."""
+    url, first = pulsar_partitioned("pa")
+    _, second = pulsar_partitioned("pb")
+    for topic, base in ((first, 0), (second, 1000)):
+        produce(
+            url,
+            topic,
+            [
+                {"content": json.dumps({"i": base + i}).encode(), "partition_key": f"k{i}"}
+                for i in range(60)
+            ],
+        )
+    rg = gateway_factory([], sources=[pulsar_source_cfg(url, [first, second])])
+    for topic, base in ((first, 0), (second, 1000)):
+        _wait_rows(rg, topic, 60)
+        lane = raw_lane(rg, topic)
+        values = sorted(json.loads(v)["i"] for v in lane["_twg_source_value"].to_pylist())
+        assert values == list(range(base, base + 60))
+        assert set(lane["_twg_source_topic"].to_pylist()) == {topic}
+        assert len(set(lane["_twg_source_partition"].to_pylist())) > 1
+
+
 def test_redelivered_messages_are_not_written_twice(
     pulsar_broker: Broker, gateway_factory: Callable[..., RunningGateway]
 ) -> None:

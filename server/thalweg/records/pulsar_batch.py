@@ -14,6 +14,7 @@ one, so both are null. Kafka-only columns are null.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import methodcaller
 from typing import Protocol
@@ -29,16 +30,15 @@ from thalweg.records.columns import (
     MetadataColumns,
 )
 from thalweg.records.position import pack_message_ids
+from thalweg.records.pulsar_ids import MessageIdParts, parse_message_ids
 from thalweg.records.raw_batch import assemble_headers, constant
 from thalweg.records.record_id import record_ids
 
 
 class PulsarLikeMessageId(Protocol):
-    """The parts of a message id we read (pulsar-client's ``MessageId`` fits)."""
+    """The part of a message id we read (pulsar-client's ``MessageId`` fits): its
+    bytes, whose fields are decoded in bulk (``records.pulsar_ids``)."""
 
-    def ledger_id(self) -> int: ...
-    def entry_id(self) -> int: ...
-    def batch_index(self) -> int: ...
     def serialize(self) -> bytes: ...
 
 
@@ -58,6 +58,46 @@ class PulsarLikeMessage(Protocol):
 
 
 _ids = methodcaller("message_id")
+_serialize = methodcaller("serialize")
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedIds:
+    """The message ids of received messages: the client's objects (acknowledgements take
+    them), their bytes (the ``message_id`` column) and their fields, decoded in bulk."""
+
+    ids: list[PulsarLikeMessageId]
+    serialized: list[bytes]
+    parts: MessageIdParts
+
+    @classmethod
+    def of(cls, messages: Sequence[PulsarLikeMessage]) -> ReceivedIds:
+        """Raises ``ValueError`` when the client's bytes are not a message id."""
+        ids = list(map(_ids, messages))
+        serialized = list(map(_serialize, ids))
+        return cls(ids, serialized, parse_message_ids(serialized))
+
+    def take(self, rows: Sequence[int]) -> ReceivedIds:
+        return ReceivedIds(
+            [self.ids[i] for i in rows],
+            [self.serialized[i] for i in rows],
+            self.parts.take(np.asarray(rows, np.intp)),
+        )
+
+    @staticmethod
+    def concat(chunks: Sequence[ReceivedIds]) -> ReceivedIds:
+        if len(chunks) == 1:
+            return chunks[0]
+        return ReceivedIds(
+            list(chain.from_iterable(c.ids for c in chunks)),
+            list(chain.from_iterable(c.serialized for c in chunks)),
+            MessageIdParts(
+                *(
+                    np.concatenate([getattr(c.parts, f) for c in chunks])
+                    for f in ("ledger", "entry", "partition", "batch")
+                )
+            ),
+        )
 
 
 def _utf8_or_null(values: list[str]) -> pa.Array:
@@ -92,7 +132,7 @@ def build_pulsar_raw_batch(
     cluster: str,
     ingest_ts_us: int,
     columns: MetadataColumns,
-    ids: Sequence[PulsarLikeMessageId] | None = None,
+    ids: ReceivedIds | None = None,
 ) -> pa.RecordBatch:
     """Build the raw-lane batch for messages of one (topic, partition), in id order.
 
@@ -105,15 +145,14 @@ def build_pulsar_raw_batch(
 
     Raises:
         PositionOverflowError: a message id does not fit the packed position.
+        ValueError: the client's bytes of a message id are not a message id.
     """
     n = len(messages)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=columns.raw_schema)
     if ids is None:
-        ids = list(map(_ids, messages))
-    ledger = np.fromiter(map(methodcaller("ledger_id"), ids), np.int64, n)
-    entry = np.fromiter(map(methodcaller("entry_id"), ids), np.int64, n)
-    batch = np.fromiter(map(methodcaller("batch_index"), ids), np.int64, n)
+        ids = ReceivedIds.of(messages)
+    ledger, entry, batch = ids.parts.ledger, ids.parts.entry, ids.parts.batch
     positions = pack_message_ids(ledger, entry, batch)
     nulls = np.fromiter(map(methodcaller("has_null_value"), messages), np.bool_, n)
     data = list(map(methodcaller("data"), messages))
@@ -124,7 +163,7 @@ def build_pulsar_raw_batch(
         "cluster": constant(cluster, pa.string(), n),
         "topic": constant(topic, pa.string(), n),
         "partition": constant(partition, pa.int32(), n),
-        "message_id": pa.array(list(map(methodcaller("serialize"), ids)), pa.binary()),
+        "message_id": pa.array(ids.serialized, pa.binary()),
         "ledger_id": pa.array(ledger),
         "entry_id": pa.array(entry),
         "batch_index": pa.array(batch.astype(np.int32)),

@@ -38,7 +38,7 @@ from thalweg.errors import SourceError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.pulsar_batch import build_pulsar_raw_batch
+from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,15 @@ class PulsarSource:
         # Per partition, what was received and not yet acknowledged: chunks of
         # (positions, message ids), one per fetched batch.
         self._unacked: dict[PartitionKey, list[tuple[np.ndarray[Any, Any], list[Any]]]] = {}
-        self._held: dict[PartitionKey, list[Any]] = {}
+        # Received for a paused partition: (messages, their ids) per fetch, handed over
+        # on resume.
+        self._held: dict[PartitionKey, list[tuple[list[Any], ReceivedIds]]] = {}
         self._paused: set[PartitionKey] = set()
         self._keys: dict[str, PartitionKey] = {}
+        # One topic named: a message's partition is in its id, and the key of each
+        # partition number is learnt from the first message's topic name.
+        self._one_topic = cfg.topics_pattern is None and len(cfg.topics) == 1
+        self._by_partition: dict[int, PartitionKey] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -155,10 +161,28 @@ class PulsarSource:
             self._keys[name] = key
         return key
 
+    def _lane_keys(self, messages: list[Any], ids: ReceivedIds) -> dict[PartitionKey, list[int]]:
+        """The rows of ``messages`` per lane key, in arrival order. With one topic named,
+        from the partition numbers in the ids (a topic name read per message was the
+        largest cost after the ids themselves, load-tests/pulsar_profile.py)."""
+        rows: dict[PartitionKey, list[int]] = {}
+        if self._one_topic:
+            numbers = ids.parts.partition
+            for number in np.unique(numbers).tolist():
+                hit = np.flatnonzero(numbers == number)
+                key = self._by_partition.get(number)
+                if key is None:
+                    key = self._by_partition[number] = self.lane_key(messages[int(hit[0])])
+                rows.setdefault(key, []).extend(hit.tolist())
+            return rows
+        for i, message in enumerate(messages):
+            rows.setdefault(self.lane_key(message), []).append(i)
+        return rows
+
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """New messages as one raw-lane batch per partition, positions ascending;
         redeliveries of anything already handed over are left out."""
-        grouped: dict[PartitionKey, list[Any]] = {}
+        grouped: dict[PartitionKey, list[tuple[list[Any], ReceivedIds]]] = {}
         for key in [k for k in self._held if k not in self._paused]:
             grouped[key] = self._held.pop(key)
         if self._known and self._known <= self._paused:
@@ -169,12 +193,19 @@ class PulsarSource:
                 received = await asyncio.to_thread(self._receive, timeout_ms, max_records)
             except PulsarException as exc:
                 raise SourceError(f"source {self.cfg.name!r}: receive failed: {exc}") from exc
-            for message in received:
-                key = self.lane_key(message)
-                if key in self._paused:
-                    self._held.setdefault(key, []).append(message)
-                else:
-                    grouped.setdefault(key, []).append(message)
+            if received:
+                try:
+                    ids = ReceivedIds.of(received)
+                except ValueError as exc:  # the client's own bytes: not expected, not data
+                    raise SourceError(
+                        f"source {self.cfg.name!r}: unreadable message id: {exc}", retriable=False
+                    ) from exc
+                for key, rows in self._lane_keys(received, ids).items():
+                    part = ([received[i] for i in rows], ids.take(rows))
+                    if key in self._paused:
+                        self._held.setdefault(key, []).append(part)
+                    else:
+                        grouped.setdefault(key, []).append(part)
         new = [k for k in grouped if k not in self._known]
         if new:
             self._known.update(new)
@@ -183,8 +214,9 @@ class PulsarSource:
         ingest_ts_us = time.time_ns() // 1000
         out: dict[PartitionKey, pa.RecordBatch] = {}
         late: list[Any] = []
-        for key, messages in grouped.items():
-            ids = [m.message_id() for m in messages]
+        for key, parts in grouped.items():
+            messages = parts[0][0] if len(parts) == 1 else [m for p in parts for m in p[0]]
+            key_ids = ReceivedIds.concat([p[1] for p in parts])
             raw = build_pulsar_raw_batch(
                 messages,
                 topic=key[0],
@@ -192,9 +224,9 @@ class PulsarSource:
                 cluster=self.cfg.cluster_name,
                 ingest_ts_us=ingest_ts_us,
                 columns=self._columns,
-                ids=ids,
+                ids=key_ids,
             )
-            fresh = self._admit(key, raw, ids, late)
+            fresh = self._admit(key, raw, key_ids.ids, late)
             if fresh.num_rows:
                 out[key] = fresh
         if late:
