@@ -1,8 +1,11 @@
 """Turn received Pulsar messages of one partition into a raw-lane RecordBatch.
 
-The Pulsar client hands over one Python object per message, so reading its fields is
-per-message work no matter what; it is done once per field with ``map`` and every column
-is then built with one bulk call, as for Kafka (``raw_batch``).
+The Pulsar client hands over one Python object per message and one C++ call per field,
+and those calls are most of a Pulsar source's cost (load-tests/pulsar_profile.py). So
+each is made as few times as the data allows: a message's id is read as its bytes and
+decoded in bulk (``records.pulsar_ids``); the fields of a delivered entry — publish time,
+producer name, redelivery count — once per delivery; the rest once per message with
+``map``. Every column is then built with one bulk call, as for Kafka (``raw_batch``).
 
 Field mapping (``docs/pulsar.md``): properties become ``headers`` in the order the
 client returns them; ``timestamp`` is the event time when the producer set one, else the
@@ -20,6 +23,7 @@ from operator import methodcaller
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -100,6 +104,25 @@ class ReceivedIds:
         )
 
 
+def deliveries(
+    ledger: npt.NDArray[np.int64], entry: npt.NDArray[np.int64], batch: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The first message of each delivered entry, and each message's delivery number.
+
+    A delivery is a run of messages of one entry with rising batch indexes: an entry
+    delivered again (a redelivery, perhaps with another count) starts a new run, and so
+    does every message that is not batched (batch index -1)."""
+    n = len(ledger)
+    starts = np.ones(n, np.bool_)
+    starts[1:] = (
+        (ledger[1:] != ledger[:-1])
+        | (entry[1:] != entry[:-1])
+        | (batch[1:] <= batch[:-1])
+        | (batch[1:] < 0)
+    )
+    return np.flatnonzero(starts), np.cumsum(starts) - 1
+
+
 def _utf8_or_null(values: list[str]) -> pa.Array:
     """UTF-8 bytes of ``values``, with "" as null (one vectorised pass, no per-value
     encode: Arrow's string and binary share their bytes)."""
@@ -107,9 +130,8 @@ def _utf8_or_null(values: list[str]) -> pa.Array:
     return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.binary()), arr.cast(pa.binary()))
 
 
-def _ms_or_null(values: list[int]) -> pa.Array:
-    arr = np.array(values, dtype=np.int64)
-    return pa.array(arr, mask=arr == 0).view(TIMESTAMP_MS)
+def _ms_or_null(values: npt.NDArray[np.int64]) -> pa.Array:
+    return pa.array(values, mask=values == 0).view(TIMESTAMP_MS)
 
 
 def _properties(props: list[Mapping[str, str]]) -> pa.Array:
@@ -156,9 +178,16 @@ def build_pulsar_raw_batch(
     positions = pack_message_ids(ledger, entry, batch)
     nulls = np.fromiter(map(methodcaller("has_null_value"), messages), np.bool_, n)
     data = list(map(methodcaller("data"), messages))
-    publish = list(map(methodcaller("publish_timestamp"), messages))
-    event = list(map(methodcaller("event_timestamp"), messages))
-    ts = np.where(np.array(event, np.int64) != 0, event, publish).astype(np.int64)
+    # Publish time, producer name and redelivery count belong to a delivered entry (the
+    # batch's metadata and the broker's delivery), not to each message of the batch: they
+    # are read once per delivery and spread over its messages.
+    firsts, run_of = deliveries(ledger, entry, batch)
+    heads = [messages[i] for i in firsts.tolist()] if len(firsts) < n else list(messages)
+    publish = np.fromiter(map(methodcaller("publish_timestamp"), heads), np.int64)[run_of]
+    producers = pa.array(list(map(methodcaller("producer_name"), heads)), pa.string())
+    redeliveries = np.fromiter(map(methodcaller("redelivery_count"), heads), np.int32)[run_of]
+    event = np.fromiter(map(methodcaller("event_timestamp"), messages), np.int64, n)
+    ts = np.where(event != 0, event, publish)
     built: dict[str, pa.Array] = {
         "cluster": constant(cluster, pa.string(), n),
         "topic": constant(topic, pa.string(), n),
@@ -175,10 +204,8 @@ def build_pulsar_raw_batch(
         "timestamp_type": constant("CreateTime", pa.string(), n),
         "publish_time": _ms_or_null(publish),
         "event_time": _ms_or_null(event),
-        "producer_name": pa.array(list(map(methodcaller("producer_name"), messages)), pa.string()),
-        "redelivery_count": pa.array(
-            np.fromiter(map(methodcaller("redelivery_count"), messages), np.int32, n)
-        ),
+        "producer_name": producers if len(firsts) == n else producers.take(pa.array(run_of)),
+        "redelivery_count": pa.array(redeliveries),
     }
     arrays = [
         built[suffix] if suffix in built else pa.nulls(n, type_) for suffix, type_ in SOURCE_COLUMNS
