@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pulsar
 
@@ -61,17 +62,22 @@ def produce(url: str, topic: str, n: int) -> int:
     return total
 
 
+def subscribe_from_start(client: pulsar.Client, topic: str, name: str, queue: int) -> Any:
+    """A failover consumer on a fresh subscription, from the topic's first message."""
+    return client.subscribe(
+        f"persistent://public/default/{topic}",
+        f"{name}-{uuid.uuid4().hex[:6]}",
+        consumer_type=pulsar.ConsumerType.Failover,
+        initial_position=pulsar.InitialPosition.Earliest,
+        receiver_queue_size=queue,
+    )
+
+
 def bare(url: str, topic: str, n: int, queue: int) -> float:
     """Seconds from the first message to the n-th, counting only."""
     client = pulsar.Client(url, logger=QUIET)
     try:
-        c = client.subscribe(
-            f"persistent://public/default/{topic}",
-            f"bare-{uuid.uuid4().hex[:6]}",
-            consumer_type=pulsar.ConsumerType.Failover,
-            initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=queue,
-        )
+        c = subscribe_from_start(client, topic, "bare", queue)
         start = None
         seen: set[bytes] = set()
         last = None

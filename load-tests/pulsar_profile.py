@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tests.pulsar_lite import PulsarLite
 
-from pulsar_bench import QUIET, produce
+from pulsar_bench import QUIET, produce, subscribe_from_start
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch
 from thalweg.records.pulsar_ids import parse_message_ids
@@ -72,13 +72,7 @@ def per_message_us(items: Sequence[Any], fn: Callable[[Any], object], repeats: i
 def receive_all(url: str, topic: str, n: int, queue: int) -> tuple[list[Any], float]:
     """Every message, received one call each from the C++ consumer; µs per message."""
     client = pulsar.Client(url, logger=QUIET)
-    consumer = client.subscribe(
-        f"persistent://public/default/{topic}",
-        f"profile-{uuid.uuid4().hex[:6]}",
-        consumer_type=pulsar.ConsumerType.Failover,
-        initial_position=pulsar.InitialPosition.Earliest,
-        receiver_queue_size=queue,
-    )
+    consumer = subscribe_from_start(client, topic, "profile", queue)
     inner = consumer._consumer  # the source reads the C++ consumer's messages
     messages: list[Any] = []
     seen: set[bytes] = set()
