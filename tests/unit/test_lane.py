@@ -175,3 +175,32 @@ def test_dead_letters_are_durable_before_the_raw_segment(
     dead = pq.read_table(dlq[0].path)
     assert dead.column(COLS.position).to_pylist() == [1, 3]
     assert dead.column(COLS.stamped("dlq_reason")).to_pylist() == ["syntax", "empty"]
+
+
+def test_the_decoded_schema_follows_a_segment_written_again_under_its_name(
+    tmp_path: Path,
+) -> None:
+    """The reader remembers the decoded lane's schema per newest segment; a new epoch
+    writes the same segment names again, with a schema of its own."""
+    from thalweg.lane.reader import LaneReader
+
+    layout, w = writer(tmp_path)
+    reader = LaneReader(layout, COLS)
+
+    def write(field: str) -> None:
+        r = raw([0, 1, 2])
+        decoded = pa.table(
+            {field: [1, 2, 3], COLS.offset: r.column(COLS.offset), COLS.decode_error: [None] * 3}
+        )
+        w.write("t", 0, r, decoded, 0, 3)
+
+    write("x")
+    first = reader.decoded_schema("t")
+    assert first is not None and "x" in first.names
+    assert reader.decoded_schema("t") is first  # remembered
+    for lane in (Lane.RAW, Lane.DECODED):  # the epoch's files moved away...
+        for f in layout.partition_dir(lane, "t", 0).glob("*.parquet"):
+            f.unlink()
+    write("another_field")  # ...and the same name written again
+    again = reader.decoded_schema("t")
+    assert again is not None and "another_field" in again.names and "x" not in again.names

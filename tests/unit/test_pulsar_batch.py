@@ -1,5 +1,5 @@
-"""Raw-lane rows from received Pulsar messages: per-delivery fields read once per
-delivered entry and spread over its messages, without mixing two deliveries."""
+"""Raw-lane rows from received Pulsar messages: an entry's metadata read once per run of
+the entry and spread over its messages, without mixing two entries or two runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pulsar
 
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch, deliveries
+from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch, entry_runs
 
 
 @dataclass
@@ -62,17 +62,17 @@ class FakeMessage:
         return self.redeliveries
 
 
-def test_deliveries_split_on_entry_and_on_a_batch_index_that_does_not_rise() -> None:
+def test_entry_runs_split_on_entry_and_on_a_batch_index_that_does_not_rise() -> None:
     ledger = np.array([1, 1, 1, 1, 1, 2, 2, 2, 2], np.int64)
     entry = np.array([5, 5, 5, 5, 6, 0, 0, 1, 1], np.int64)
     batch = np.array([0, 1, 0, 1, 0, -1, -1, 3, 4], np.int64)
-    firsts, run_of = deliveries(ledger, entry, batch)
+    firsts, run_of = entry_runs(ledger, entry, batch)
     # entry (1,5) delivered twice; (2,0) two messages that are not batched.
     assert firsts.tolist() == [0, 2, 4, 5, 6, 7]
     assert run_of.tolist() == [0, 0, 1, 1, 2, 3, 4, 5, 5]
 
 
-def test_per_delivery_fields_are_read_once_and_match_every_message() -> None:
+def test_entry_fields_are_read_once_per_run_and_match_every_message() -> None:
     msgs = [
         # entry (3,1): three messages from producer "a"
         *(FakeMessage(3, 1, i, "a", 1000, 0) for i in range(3)),
@@ -104,9 +104,32 @@ def test_per_delivery_fields_are_read_once_and_match_every_message() -> None:
         m.event_ms or m.publish_ms for m in msgs
     ]
     assert [r[src("value")] for r in rows] == [m.data() for m in msgs]
-    # Read from the first message of each of the four deliveries only.
-    read = [m for m in msgs if m.calls]
-    assert [msgs.index(m) for m in read] == [0, 3, 5, 7]
-    assert all(
-        m.calls == {"publish_timestamp": 1, "producer_name": 1, "redelivery_count": 1} for m in read
+    # The entry's fields from the first message of each of the four runs only; the
+    # redelivery count from every message (two deliveries can share a run).
+    heads = [i for i, m in enumerate(msgs) if "producer_name" in m.calls]
+    assert heads == [0, 3, 5, 7]
+    for i, m in enumerate(msgs):
+        entry_fields = {"publish_timestamp": 1, "producer_name": 1} if i in heads else {}
+        assert m.calls == {**entry_fields, "redelivery_count": 1}
+
+
+def test_the_rest_of_an_entry_from_a_second_delivery_keeps_its_own_count() -> None:
+    """After a reconnect the client hands over an entry's remaining messages from the
+    next delivery right behind the first delivery's: one run, two redelivery counts."""
+    msgs = [
+        FakeMessage(7, 3, 0, "a", 1000, 0),
+        FakeMessage(7, 3, 1, "a", 1000, 0),
+        FakeMessage(7, 3, 2, "a", 1000, 1),
+        FakeMessage(7, 3, 3, "a", 1000, 1),
+    ]
+    columns = MetadataColumns()
+    batch = build_pulsar_raw_batch(
+        msgs,
+        topic="t",
+        partition=0,
+        cluster="c",
+        ingest_ts_us=0,
+        columns=columns,
+        ids=ReceivedIds.of(msgs),
     )
+    assert batch.column(columns.source("redelivery_count")).to_pylist() == [0, 0, 1, 1]

@@ -48,12 +48,17 @@ def test_fields_it_does_not_read_are_skipped() -> None:
         bytes.fromhex("08051007 0b"),  # wire type 3 (a group): unknown here
         bytes.fromhex("08051007 2a05"),  # a delimited field longer than what is left
         bytes.fromhex("08" + "ff" * 10 + "01 1007"),  # a varint longer than 10 bytes
+        bytes.fromhex("80"),  # a tag cut off at the end of the bytes
+        bytes.fromhex("0801 80"),  # the same after a field
+        # a length-delimited field of 2**64 - 11 bytes (negative as int64)
+        bytes.fromhex("0a f5ffffffffffffffff01"),
     ],
 )
 def test_malformed_bytes_are_refused(raw: bytes) -> None:
     good = pulsar.MessageId(0, 1, 2, -1).serialize()
-    with pytest.raises(ValueError, match=r"message id|varint"):
-        parse_message_ids([good, raw, good])
+    for ids in ([good, raw, good], [good, raw], [raw]):  # last too: nothing after it
+        with pytest.raises(ValueError, match=r"message id|varint"):
+            parse_message_ids(ids)
 
 
 def test_no_ids() -> None:

@@ -3,8 +3,8 @@
 The Pulsar client hands over one Python object per message and one C++ call per field,
 and those calls are most of a Pulsar source's cost (load-tests/pulsar_profile.py). So
 each is made as few times as the data allows: a message's id is read as its bytes and
-decoded in bulk (``records.pulsar_ids``); the fields of a delivered entry — publish time,
-producer name, redelivery count — once per delivery; the rest once per message with
+decoded in bulk (``records.pulsar_ids``); the fields of an entry's metadata — publish
+time, producer name — once per run of the entry; the rest once per message with
 ``map``. Every column is then built with one bulk call, as for Kafka (``raw_batch``).
 
 Field mapping (``docs/pulsar.md``): properties become ``headers`` in the order the
@@ -104,14 +104,15 @@ class ReceivedIds:
         )
 
 
-def deliveries(
+def entry_runs(
     ledger: npt.NDArray[np.int64], entry: npt.NDArray[np.int64], batch: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """The first message of each delivered entry, and each message's delivery number.
+    """The first message of each run of one entry, and each message's run number.
 
-    A delivery is a run of messages of one entry with rising batch indexes: an entry
-    delivered again (a redelivery, perhaps with another count) starts a new run, and so
-    does every message that is not batched (batch index -1)."""
+    A run is a stretch of messages of one entry with rising batch indexes. An entry
+    handed over again starts a new run when its batch indexes start over, and every
+    message that is not batched (batch index -1) is a run of its own. All messages of a
+    run share the entry's metadata, whichever delivery each came from."""
     n = len(ledger)
     starts = np.ones(n, np.bool_)
     starts[1:] = (
@@ -178,14 +179,15 @@ def build_pulsar_raw_batch(
     positions = pack_message_ids(ledger, entry, batch)
     nulls = np.fromiter(map(methodcaller("has_null_value"), messages), np.bool_, n)
     data = list(map(methodcaller("data"), messages))
-    # Publish time, producer name and redelivery count belong to a delivered entry (the
-    # batch's metadata and the broker's delivery), not to each message of the batch: they
-    # are read once per delivery and spread over its messages.
-    firsts, run_of = deliveries(ledger, entry, batch)
+    # Publish time and producer name belong to an entry (the batch's metadata), not to
+    # each message of the batch: they are read once per run of an entry and spread over
+    # its messages. Not the redelivery count: after a reconnect the client can hand over
+    # the rest of an entry from a second delivery right behind the first's messages.
+    firsts, run_of = entry_runs(ledger, entry, batch)
     heads = [messages[i] for i in firsts.tolist()] if len(firsts) < n else list(messages)
     publish = np.fromiter(map(methodcaller("publish_timestamp"), heads), np.int64)[run_of]
     producers = pa.array(list(map(methodcaller("producer_name"), heads)), pa.string())
-    redeliveries = np.fromiter(map(methodcaller("redelivery_count"), heads), np.int32)[run_of]
+    redeliveries = np.fromiter(map(methodcaller("redelivery_count"), messages), np.int32, n)
     event = np.fromiter(map(methodcaller("event_timestamp"), messages), np.int64, n)
     ts = np.where(event != 0, event, publish)
     built: dict[str, pa.Array] = {

@@ -125,7 +125,8 @@ def _parse_general(serialized: Sequence[bytes]) -> MessageIdParts:
     lengths = np.fromiter(map(len, serialized), np.int64, n)
     ends = np.cumsum(lengths)
     cursor = ends - lengths
-    buf = np.frombuffer(b"".join(serialized) + bytes(_MAX_VARINT), np.uint8)
+    # Padded for two varints read from an id's last byte on (a tag, then its value).
+    buf = np.frombuffer(b"".join(serialized) + bytes(2 * _MAX_VARINT), np.uint8)
     rows = np.arange(n)
     required = np.zeros((2, n), np.bool_)  # ledger and entry id seen
     while True:
@@ -135,6 +136,8 @@ def _parse_general(serialized: Sequence[bytes]) -> MessageIdParts:
         rows_o, at = rows[open_], cursor[open_]
         tags, tag_len = _varints(buf, at)
         at = at + tag_len
+        if (at > ends[open_]).any():
+            raise ValueError("a message id's last tag runs past its bytes")
         wire = (tags & np.uint64(7)).astype(np.int64)
         field = (tags >> np.uint64(3)).astype(np.int64)
         step = np.zeros(len(at), np.int64)
@@ -146,7 +149,11 @@ def _parse_general(serialized: Sequence[bytes]) -> MessageIdParts:
             v, v_len = _varints(buf, at[needs_varint])
             value[needs_varint] = v
             step[needs_varint] = v_len
-            step[delimited] += v[delimited[needs_varint]].astype(np.int64)
+            sizes = v[delimited[needs_varint]]
+            room = (ends[open_] - at)[delimited]
+            if (sizes > room.astype(np.uint64)).any():
+                raise ValueError("a message id's field is longer than its bytes")
+            step[delimited] += sizes.astype(np.int64)
         step[wire == 1] = 8
         step[wire == 5] = 4
         if not (varint | delimited | (wire == 1) | (wire == 5)).all():
