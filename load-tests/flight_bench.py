@@ -319,7 +319,9 @@ async def bare_producer(bootstrap: str, topic: str, values: list[bytes]) -> floa
         await p.stop()
 
 
-def tuned_producer(bootstrap: str, topic: str, values: list[bytes]) -> float:
+def tuned_producer(
+    bootstrap: str, topic: str, values: list[bytes], compression: str = "none"
+) -> float:
     """confluent-kafka as a user tuned for throughput would write it: the strongest of
     the configurations tried here (1 MiB batches alone: 300-310 k rows/s; with a larger
     queue: 400-410 k; with ``batch.num.messages`` raised too: 490-520 k; and leaving the
@@ -335,6 +337,7 @@ def tuned_producer(bootstrap: str, topic: str, values: list[bytes]) -> float:
             "queue.buffering.max.messages": 2_000_000,
             "queue.buffering.max.kbytes": 1 << 21,
             "enable.idempotence": False,
+            "compression.type": compression,
             "log_level": 2,
         }
     )
@@ -352,7 +355,7 @@ def tuned_producer(bootstrap: str, topic: str, values: list[bytes]) -> float:
     return took
 
 
-def bench_put(rows: int) -> dict[str, float]:
+def bench_put(rows: int, compression: str = "none") -> dict[str, float]:
     values = put_values(rows)
     size = sum(map(len, values))
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as d:
@@ -360,10 +363,14 @@ def bench_put(rows: int) -> dict[str, float]:
         tuned_topic, bare_topic, twg_topic = (f"put-{uuid.uuid4().hex[:8]}" for _ in range(3))
         for t in (tuned_topic, bare_topic, twg_topic):
             admin.create_topics([NewTopic(t, PARTITIONS, 1)])[t].result(10)
-        tuned_s = tuned_producer(broker.bootstrap, tuned_topic, values)
+        tuned_s = tuned_producer(broker.bootstrap, tuned_topic, values, compression)
         bare_s = asyncio.run(bare_producer(broker.bootstrap, bare_topic, values))
         source = KafkaSourceConfig(
-            name="bench", bootstrap_servers=broker.bootstrap, topics=[twg_topic], format="none"
+            name="bench",
+            bootstrap_servers=broker.bootstrap,
+            topics=[twg_topic],
+            format="none",
+            produce_compression=compression,  # type: ignore[arg-type]
         )
         cols = MetadataColumns()
         catalog = LaneCatalog(LaneLayout(Path(d)), cols, LiveTail())
@@ -420,6 +427,13 @@ def main() -> None:
         default=4.0,
         help="gateway.flight.ipc_copy_bytes for the do_get lanes (0: no IPC copies)",
     )
+    ap.add_argument(
+        "--put-compression",
+        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+        default="none",
+        help="codec of the tuned producer (compression.type) and of Thalweg's do_put "
+        "(produce_compression) alike",
+    )
     ap.add_argument("--skip-get", action="store_true")
     ap.add_argument("--skip-put", action="store_true")
     args = ap.parse_args()
@@ -430,7 +444,7 @@ def main() -> None:
     if not args.skip_get:
         bench_get(args.gib, args.repeats, args.decoded_compression, args.cache_gib, args.copy_gib)
     if not args.skip_put:
-        bench_put(args.put_rows)
+        bench_put(args.put_rows, args.put_compression)
 
 
 if __name__ == "__main__":

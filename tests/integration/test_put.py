@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer import fetcher
 from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
 from tests.registry_server import FakeRegistry
+from thalweg.embedded import TansuBroker
+from thalweg.kafka import wire
 
 pytestmark = pytest.mark.integration
 
@@ -245,3 +251,54 @@ def test_records_without_keys_spread_over_partitions_and_keyed_ones_follow_the_k
     for r in got:
         where.setdefault(r["_twg_source_key"], set()).add(r["_twg_source_partition"])
     assert len(got) == n and all(len(ps) == 1 for ps in where.values())
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_puts_are_produced_in_compressed_batches_when_configured(
+    codec: str,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    broker: TansuBroker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``produce_compression``: the broker holds batches of that codec (seen by a plain
+    aiokafka consumer's fetcher), and every row reads back as it was put."""
+    topic = topic_factory(1)
+    gw = gateway_factory([topic], format="none", produce_compression=codec)
+    values = [json.dumps({"n": i, "text": "the same words again"}).encode() for i in range(3000)]
+    with thalweg_client.connect(gw.flight_url) as client:
+        client.write(
+            topic, pa.table({"value": values}), key=[b"k%d" % (i % 7) for i in range(3000)]
+        )
+        gw.wait_durable(topic, {0: 3000})
+        raw = client.read(topic, lane="raw").sort_by("_twg_source_offset")
+    assert raw["_twg_source_value"].to_pylist() == values
+    assert raw["_twg_source_key"].to_pylist() == [b"k%d" % (i % 7) for i in range(3000)]
+
+    codecs: list[int] = []
+
+    class Seen(fetcher.MemoryRecords):  # type: ignore[misc,name-defined]
+        def next_batch(self, *args: Any, **kwargs: Any) -> Any:
+            batch = super().next_batch(*args, **kwargs)
+            if batch is not None:
+                codecs.append(batch.compression_type)
+            return batch
+
+    monkeypatch.setattr(fetcher, "MemoryRecords", Seen)
+
+    async def consume() -> int:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            got = 0
+            while got < 3000:
+                batches = await consumer.getmany(timeout_ms=2000)
+                got += sum(len(b) for b in batches.values())
+            return got
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(consume()) == 3000
+    assert codecs and set(codecs) == {wire.CODECS[codec][0]}

@@ -76,6 +76,8 @@ class KafkaWriter:
             otherwise the producer's partitioner decides.
         idempotent: use the idempotent producer (no duplicates on retry); the broker must
             support it (tansu does not: its InitProducerId answers are refused).
+        compression: the record batches' codec ("none", "gzip", "snappy", "lz4" or
+            "zstd"), for batches built here and by aiokafka alike.
     """
 
     def __init__(
@@ -85,12 +87,16 @@ class KafkaWriter:
         *,
         keep_partition: bool = True,
         idempotent: bool = False,
+        compression: str = "none",
         **producer: Any,
     ) -> None:
         self.columns = columns or MetadataColumns()
         self.keep_partition = keep_partition
         producer.setdefault("max_batch_size", 1 << 20)  # 1 MiB batches: fewer requests
         self._batch_size = int(producer["max_batch_size"])
+        self._compression = compression
+        if compression != "none":
+            producer["compression_type"] = compression
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
             acks="all",
@@ -189,7 +195,7 @@ class KafkaWriter:
         order = np.argsort(target, kind="stable")
         groups = np.split(order, np.flatnonzero(np.diff(target[order])) + 1)
         queues = [
-            (int(target[g[0]]), g, wire.batches(rows.take(g), self._batch_size))
+            (int(target[g[0]]), g, wire.batches(rows.take(g), self._batch_size, self._compression))
             for g in groups
             if len(g)
         ]

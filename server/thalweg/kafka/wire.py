@@ -16,11 +16,13 @@ test compares them), and :class:`PrebuiltBatch` hands them to aiokafka's
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
 
 from thalweg.records.rows import ProduceRows
@@ -35,6 +37,16 @@ _AFTER_LENGTH = struct.calcsize(">qi")
 #: The most a record adds to its key, value and headers: a length varint (5), the
 #: attributes byte, a timestamp-delta varlong (10) and an offset-delta varint (5).
 RECORD_OVERHEAD = 21
+#: Record-batch codecs by name: the attributes' codec bits and aiokafka's encoder, at
+#: librdkafka's producer levels rather than aiokafka's: over a 1 MiB batch of JSON here,
+#: lz4 at 9 took 17.8 ms against 1.6 ms at its fast level (8 % larger), gzip at 9
+#: 37 ms against 12 ms at 6 (0.6 % larger). zstd stays at 3, Kafka's default.
+CODECS: dict[str, tuple[int, Callable[[bytes], bytes]]] = {
+    "gzip": (1, partial(gzip_encode, compresslevel=6)),
+    "snappy": (2, snappy_encode),
+    "lz4": (3, partial(lz4_encode, level=0)),
+    "zstd": (4, partial(zstd_encode, level=3)),
+}
 
 
 def varints(values: np.ndarray) -> pa.BinaryArray:
@@ -137,11 +149,19 @@ class PrebuiltBatch:
     ``send_batch`` takes (its ``BatchBuilder``); the header — producer state included —
     is written when the sender builds it."""
 
-    def __init__(self, records: bytes | pa.Buffer, count: int, first_ms: int, max_ms: int):
+    def __init__(
+        self,
+        records: bytes | pa.Buffer,
+        count: int,
+        first_ms: int,
+        max_ms: int,
+        compression: str = "none",
+    ):
         self._records = records
         self._count = count
         self._first_ms = first_ms
         self._max_ms = max_ms
+        self._compression = compression
         self._producer = (-1, -1, -1)
         self._buffer: bytearray | None = None
 
@@ -152,8 +172,16 @@ class PrebuiltBatch:
 
     def _build(self) -> bytearray:
         if self._buffer is None:
-            buf = bytearray(HEADER.size + len(self._records))
-            buf[HEADER.size :] = memoryview(self._records)
+            records: bytes | pa.Buffer = self._records
+            attributes = 0  # no compression, create time, not transactional
+            if self._compression != "none":
+                codec, encode = CODECS[self._compression]
+                plain = records if isinstance(records, bytes) else records.to_pybytes()
+                packed = encode(plain)  # bytes: aiokafka's lz4 takes nothing else
+                if len(packed) < len(records):  # as aiokafka: else sent as it is
+                    records, attributes = packed, codec
+            buf = bytearray(HEADER.size + len(records))
+            buf[HEADER.size :] = memoryview(records)
             producer_id, epoch, sequence = self._producer
             HEADER.pack_into(
                 buf,
@@ -163,7 +191,7 @@ class PrebuiltBatch:
                 -1,  # partition leader epoch
                 2,  # magic
                 0,  # CRC, below
-                0,  # attributes: no compression, create time, not transactional
+                attributes,
                 self._count - 1,
                 self._first_ms,
                 self._max_ms,
@@ -190,8 +218,11 @@ class PrebuiltBatch:
         return None
 
 
-def batches(records: ProduceRows, limit: int) -> Iterator[tuple[int, int, PrebuiltBatch]]:
-    """The records as (start, stop, batch) of at most ``limit`` bytes each, in order."""
+def batches(
+    records: ProduceRows, limit: int, compression: str = "none"
+) -> Iterator[tuple[int, int, PrebuiltBatch]]:
+    """The records as (start, stop, batch) of at most ``limit`` bytes each before
+    compression, in order; ``compression`` names a codec of :data:`CODECS` or "none"."""
     n = len(records)
     if not n:
         return
@@ -205,4 +236,8 @@ def batches(records: ProduceRows, limit: int) -> Iterator[tuple[int, int, Prebui
         tail = tails[start:stop]
         body_sizes = 1 + _sizes(delta) + _sizes(offset_delta) + tail_sizes[start:stop]
         joined = _join(varints(body_sizes), b"\x00", delta, offset_delta, tail)
-        yield start, stop, PrebuiltBatch(_data(joined), stop - start, first, int(stamps.max()))
+        yield (
+            start,
+            stop,
+            PrebuiltBatch(_data(joined), stop - start, first, int(stamps.max()), compression),
+        )

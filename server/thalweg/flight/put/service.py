@@ -258,6 +258,7 @@ class Puts:
                 source.bootstrap_servers,
                 max_request_size=16 << 20,
                 idempotent=self._idempotent,
+                compression=source.produce_compression,
                 request_timeout_ms=self._put_timeout_ms,
                 **security_kwargs(source),
             )
