@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pulsar
+import pyarrow as pa
 
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch, entry_runs
@@ -62,6 +63,22 @@ class FakeMessage:
         return self.redeliveries
 
 
+COLUMNS = MetadataColumns()
+
+
+def build(msgs: list[FakeMessage]) -> pa.RecordBatch:
+    """The raw-lane batch of ``msgs``, as the source builds it."""
+    return build_pulsar_raw_batch(
+        msgs,
+        topic="t",
+        partition=0,
+        cluster="c",
+        ingest_ts_us=0,
+        columns=COLUMNS,
+        ids=ReceivedIds.of(msgs),
+    )
+
+
 def test_entry_runs_split_on_entry_and_on_a_batch_index_that_does_not_rise() -> None:
     ledger = np.array([1, 1, 1, 1, 1, 2, 2, 2, 2], np.int64)
     entry = np.array([5, 5, 5, 5, 6, 0, 0, 1, 1], np.int64)
@@ -83,18 +100,9 @@ def test_entry_fields_are_read_once_per_run_and_match_every_message() -> None:
         *(FakeMessage(3, 1, i, "a", 1000, 2) for i in range(2)),
         FakeMessage(4, 0, -1, "c", 3000, 1),
     ]
-    columns = MetadataColumns()
-    batch = build_pulsar_raw_batch(
-        msgs,
-        topic="t",
-        partition=0,
-        cluster="c",
-        ingest_ts_us=0,
-        columns=columns,
-        ids=ReceivedIds.of(msgs),
-    )
+    batch = build(msgs)
     rows = batch.to_pylist()
-    src = columns.source
+    src = COLUMNS.source
     assert [r[src("producer_name")] for r in rows] == [m.producer for m in msgs]
     assert [r[src("redelivery_count")] for r in rows] == [m.redeliveries for m in msgs]
     assert [int(r[src("publish_time")].timestamp() * 1000) for r in rows] == [
@@ -122,14 +130,5 @@ def test_the_rest_of_an_entry_from_a_second_delivery_keeps_its_own_count() -> No
         FakeMessage(7, 3, 2, "a", 1000, 1),
         FakeMessage(7, 3, 3, "a", 1000, 1),
     ]
-    columns = MetadataColumns()
-    batch = build_pulsar_raw_batch(
-        msgs,
-        topic="t",
-        partition=0,
-        cluster="c",
-        ingest_ts_us=0,
-        columns=columns,
-        ids=ReceivedIds.of(msgs),
-    )
-    assert batch.column(columns.source("redelivery_count")).to_pylist() == [0, 0, 1, 1]
+    batch = build(msgs)
+    assert batch.column(COLUMNS.source("redelivery_count")).to_pylist() == [0, 0, 1, 1]
