@@ -9,8 +9,10 @@ numpy, the pieces of every record are joined by ``binary_join_element_wise``, an
 batch body is the data buffer of the result. Python runs once per batch, not per record.
 
 The bytes are exactly what aiokafka's own builder writes for the same records (a unit
-test compares them), and :class:`PrebuiltBatch` hands them to aiokafka's
-``send_batch`` so its sender, retries and idempotent-producer sequencing are unchanged.
+test compares them; compressed, too, except that gzip and lz4 use librdkafka's faster
+levels), and :class:`PrebuiltBatch` hands them to aiokafka's ``send_batch`` so its
+sender, retries and idempotent-producer sequencing are unchanged. A batch is compressed
+when the sender builds it, on the event loop, as aiokafka's own batches are.
 """
 
 from __future__ import annotations
