@@ -95,12 +95,7 @@ class ReceivedIds:
         return ReceivedIds(
             list(chain.from_iterable(c.ids for c in chunks)),
             list(chain.from_iterable(c.serialized for c in chunks)),
-            MessageIdParts(
-                *(
-                    np.concatenate([getattr(c.parts, f) for c in chunks])
-                    for f in ("ledger", "entry", "partition", "batch")
-                )
-            ),
+            MessageIdParts.concat([c.parts for c in chunks]),
         )
 
 
@@ -184,7 +179,7 @@ def build_pulsar_raw_batch(
     # its messages. Not the redelivery count: after a reconnect the client can hand over
     # the rest of an entry from a second delivery right behind the first's messages.
     firsts, run_of = entry_runs(ledger, entry, batch)
-    heads = [messages[i] for i in firsts.tolist()] if len(firsts) < n else list(messages)
+    heads = [messages[i] for i in firsts.tolist()] if len(firsts) < n else messages
     publish = np.fromiter(map(methodcaller("publish_timestamp"), heads), np.int64)[run_of]
     producers = pa.array(list(map(methodcaller("producer_name"), heads)), pa.string())
     redeliveries = np.fromiter(map(methodcaller("redelivery_count"), messages), np.int32, n)

@@ -44,6 +44,15 @@ class MessageIdParts:
             self.ledger[rows], self.entry[rows], self.partition[rows], self.batch[rows]
         )
 
+    @staticmethod
+    def concat(parts: Sequence[MessageIdParts]) -> MessageIdParts:
+        return MessageIdParts(
+            np.concatenate([p.ledger for p in parts]),
+            np.concatenate([p.entry for p in parts]),
+            np.concatenate([p.partition for p in parts]),
+            np.concatenate([p.batch for p in parts]),
+        )
+
 
 def _varints(
     buf: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]

@@ -200,8 +200,13 @@ class PulsarSource:
                     raise SourceError(
                         f"source {self.cfg.name!r}: unreadable message id: {exc}", retriable=False
                     ) from exc
-                for key, rows in self._lane_keys(received, ids).items():
-                    part = ([received[i] for i in rows], ids.take(rows))
+                keyed = self._lane_keys(received, ids)
+                for key, rows in keyed.items():
+                    # One key (a topic without partitions, the common case): no copies.
+                    whole = len(keyed) == 1
+                    part = (
+                        (received, ids) if whole else ([received[i] for i in rows], ids.take(rows))
+                    )
                     if key in self._paused:
                         self._held.setdefault(key, []).append(part)
                     else:
