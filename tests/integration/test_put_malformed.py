@@ -129,11 +129,15 @@ def test_extension_types_are_refused_at_any_depth(put_gateway: tuple[str, Runnin
         assert client.write(topic, ok) == [{"rows": 1, "partitions": {"0": [0, 0]}}]
 
 
+@pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_a_broker_failure_mid_put_says_exactly_what_was_produced(
-    topic_factory: Callable[..., str], gateway_factory: Callable[..., RunningGateway]
+    compression: str,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
 ) -> None:
     """The broker becomes unreachable between two batches of one put: the first batch is
-    acknowledged with its offsets, the put fails naming the rows produced before it."""
+    acknowledged with its offsets, the put fails naming the rows produced before it —
+    with compressed batches too (the values shrink, so they are sent compressed)."""
     from tests.tcp_proxy import TcpProxy
     from thalweg.embedded import TansuBroker, free_port
 
@@ -150,10 +154,11 @@ def test_a_broker_failure_mid_put_says_exactly_what_was_produced(
             [topic],
             bootstrap_servers=f"127.0.0.1:{proxy_port}",
             format="none",
+            produce_compression=compression,
             gateway={"put_timeout_ms": 3000},
         )
         client = fl.FlightClient(gw.flight_url)
-        batch = pa.record_batch({"value": [b"a", b"b", b"c"]})
+        batch = pa.record_batch({"value": [b"a" * 300, b"b" * 300, b"c" * 300]})
         writer, reader = client.do_put(fl.FlightDescriptor.for_path("topics", topic), batch.schema)
         acks: list[dict[str, object]] = []
         writer.write_batch(batch)
