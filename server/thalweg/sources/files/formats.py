@@ -338,13 +338,21 @@ def _line_chunks(
 
 def _record_end(buf: bytes, quote: int | None) -> int:
     """The index after the last newline of ``buf`` that ends a record (0: none does);
-    ``buf`` starts at a record's start, so quote parity counts from 0."""
+    ``buf`` starts at a record's start, so quote parity counts from 0.
+
+    One vectorised count gives the parity before the last newline (1.7 ms per 8 MiB
+    piece; ``bytes.count`` took 7.5 ms and an index of every quote 6 ms); stepping back
+    a line counts only that line's bytes.
+    """
     end = buf.rfind(b"\n")
     if quote is None or end < 0:
         return end + 1
-    quotes = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == quote)
-    while end >= 0 and int(np.searchsorted(quotes, end)) & 1:
-        end = buf.rfind(b"\n", 0, end)
+    q = bytes((quote,))
+    odd = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=end) == quote)) & 1
+    while end >= 0 and odd:
+        prev = buf.rfind(b"\n", 0, end)
+        odd ^= buf.count(q, prev + 1, end) & 1
+        end = prev
     return end + 1
 
 
@@ -372,15 +380,33 @@ def _csv_header(body: bytes, opts: CsvOptions) -> tuple[list[str] | None, bytes]
     if opts.header and end > 0 and b'"' not in body[:end] and body[:end].strip():
         line = body[:end].rstrip(b"\r").decode("utf-8-sig", "replace")
         return next(pycsv.reader([line], delimiter=opts.delimiter)), body[end + 1 :]
-    recs = split_records(body, ord('"'), True)
+    # Quoted names (pyarrow's and pandas' writers quote them): the first record ends at
+    # the first newline after an even number of quotes. Split only up to it, not the
+    # whole piece (8 MiB of a quoted file: 30 ms).
+    first_end = _first_record_end(body)
+    recs = split_records(body[:first_end], ord('"'), True)
     if not len(recs.starts):
         return None, b""
     first = recs.text(0).decode("utf-8-sig", "replace")
     cells = next(pycsv.reader([first], delimiter=opts.delimiter))
     if not opts.header:
         return [f"f{i}" for i in range(len(cells))], body
-    rest = body[recs.starts[1] :] if len(recs.starts) > 1 else b""
-    return cells, rest
+    return cells, body[first_end:]
+
+
+def _first_record_end(body: bytes) -> int:
+    """The index after the first newline of ``body`` outside quotes, empty lines skipped
+    (``len(body)``: no such newline)."""
+    pos, odd, blank = 0, 0, True
+    while True:
+        nl = body.find(b"\n", pos)
+        if nl < 0:
+            return len(body)
+        odd ^= body.count(b'"', pos, nl) & 1
+        blank = blank and nl - pos <= (body[nl - 1 : nl] == b"\r")  # as split_records
+        if not odd and not blank:
+            return nl + 1
+        pos = nl + 1
 
 
 def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterator[Chunk]:
