@@ -135,6 +135,33 @@ def test_the_decoded_lane_can_use_its_own_codec(tmp_path: Path) -> None:
     assert codec(layout.partition_dir(Lane.DECODED, "t", 0) / name) == "LZ4"
 
 
+def test_decoded_statistics_are_kept_where_they_prune(tmp_path: Path) -> None:
+    """A decoded segment has min/max for its fields and the position, partition and
+    timestamp columns, not for record ids, message ids, cluster or topic (one value per
+    table, or opaque bytes: nothing to prune by, and a third of the write's cost)."""
+    layout = LaneLayout(tmp_path)
+    w = SegmentWriter(layout, COLS, RawLaneConfig())
+    r = raw([0, 1, 2])
+    keep = [COLS.source("cluster"), COLS.topic, COLS.partition, COLS.offset, COLS.record_id]
+    keep += [COLS.source("message_id"), COLS.position]
+    decoded = r.select(keep).append_column("x", pa.array([3, 1, 2]))
+    decoded = decoded.append_column(COLS.decode_error, pa.nulls(3, pa.string()))
+    written = w.write("t", 0, r, decoded, 0, 3)
+    meta = pq.read_metadata(layout.partition_dir(Lane.DECODED, "t", 0) / written.segment.path.name)
+    group = meta.row_group(0)
+    has = {
+        group.column(i).path_in_schema: group.column(i).is_stats_set
+        for i in range(group.num_columns)
+    }
+    assert {k for k, v in has.items() if not v} == {
+        COLS.source("cluster"),
+        COLS.topic,
+        COLS.record_id,
+        COLS.source("message_id"),
+    }
+    assert group.column(list(has).index("x")).statistics.min == 1
+
+
 class _Crash(BaseException):
     """The process dying: not an error anything in the writer may catch."""
 
