@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -79,6 +80,39 @@ def test_csv_records_split_like_a_csv_parser_reads_them(cells: list[list[str]], 
             break
     parsed = [next(csv.reader([r.decode()])) for r in found]
     assert parsed == [r for r in kept if r != ["", ""]]
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", ",", '"', "\n", " ", "\r\n"]), max_size=30), st.booleans()
+)
+@settings(max_examples=300, deadline=None)
+def test_piece_cuts_fall_where_the_splitter_ends_records(tokens: list[str], header: bool) -> None:
+    """The cheap cuts (``bytes.count`` parity) agree with the quote-aware splitter: a
+    piece ends after the last record the splitter finds complete, and the header is
+    the splitter's first record, whatever quotes and blank lines come before."""
+    import csv
+
+    from thalweg.sources.files import formats
+
+    buf = "".join(tokens).encode()
+    assert formats._record_end(buf, ord('"')) == split_records(buf, ord('"'), False).consumed
+    recs = split_records(buf, ord('"'), True)
+    try:
+        cells = next(csv.reader([recs.text(0).decode()])) if len(recs.starts) else None
+    except csv.Error:  # a stray quote in the first record: the file is refused
+        with pytest.raises(csv.Error):
+            formats._csv_header(buf, formats.CsvOptions(header=header))
+        return
+    names, rest = formats._csv_header(buf, formats.CsvOptions(header=header))
+    if cells is None:
+        assert names is None
+        return
+    assert names == (cells if header else [f"f{i}" for i in range(len(cells))])
+    if header:  # what follows is every later record, in order
+        later = split_records(rest, ord('"'), True)
+        assert [later.text(k) for k in range(len(later.starts))] == [
+            recs.text(k) for k in range(1, len(recs.starts))
+        ]
 
 
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
@@ -274,6 +308,80 @@ async def test_a_file_source_reads_again_from_where_it_is_sought(tmp_path: Path)
     again = await source.fetch(100, 1_000)
     assert again[("t", 0)].column(C.position).to_pylist()[:3] == [500, 501, 502]
     await source.stop()
+
+
+async def test_a_new_files_rows_wait_for_its_hash_in_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New files are hashed beside the reading, but no row is handed on (so none can be
+    durable) before the manifest on disk holds its file's hash; a file whose hash
+    cannot be read is failed with its reason; an empty file is hashed at the end; an
+    entry never hashed is dropped when the manifest is loaded again."""
+    import hashlib
+    import threading
+
+    from thalweg.config.models import FilesSourceConfig
+    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.sources.files import source as source_mod
+    from thalweg.sources.files.manifest import Manifest
+
+    paths = [tmp_path / f"{i}.parquet" for i in range(3)]
+    for i, p in enumerate(paths):
+        pq.write_table(pa.table({"n": np.arange(i * 10, i * 10 + 5)}), p)
+    (tmp_path / "3.csv").write_text("")  # empty: no row ever waits for its hash
+    pq.write_table(pa.table({"n": [1]}), tmp_path / "4.parquet")  # its hash fails (below)
+    release = threading.Event()
+    real = source_mod.content_hash
+
+    def slow_hash(fs: pafs.FileSystem, path: str) -> str:
+        if path.endswith("4.parquet"):
+            raise FileNotFoundError(path)
+        release.wait(10)
+        return real(fs, path)
+
+    monkeypatch.setattr(source_mod, "content_hash", slow_hash)
+    state = tmp_path / "state"
+    cfg = FilesSourceConfig(
+        kind="files", name="f", topics=["t"], paths=[str(tmp_path)], state_dir=state
+    )
+    source = source_mod.FileSource(cfg, C, OwnerDirectory())
+
+    async def on_assigned(keys: list[tuple[str, int]]) -> None:
+        del keys
+
+    await source.start(on_assigned, on_assigned)
+    on_disk = json.loads((state / "manifest.json").read_text())["files"]
+    assert [e["sha256"] for e in on_disk] == [""] * 5  # admitted at once, none hashed yet
+    fetching = asyncio.ensure_future(source.fetch(100, 1_000))
+    await asyncio.sleep(0.3)
+    assert not fetching.done()  # the rows are read; they wait for the hash
+    release.set()
+    first = await fetching
+    on_disk = json.loads((state / "manifest.json").read_text())["files"]
+    assert on_disk[0]["sha256"] == hashlib.sha256(paths[0].read_bytes()).hexdigest()
+    assert first[("t", 0)].column(C.position).to_pylist() == [0, 1, 2, 3, 4]
+    got = [first]
+    while len(got) < 10 and not source.finished.is_set():
+        got.append(await source.fetch(50, 1_000))
+    await source.settle()
+    await source.stop()
+    entries = {Path(e.uri).name: e for e in source.manifest.entries}
+    for name in ("0.parquet", "1.parquet", "2.parquet", "3.csv"):
+        want = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert entries[name].sha256 == want, name
+    assert entries["4.parquet"].state == "failed"
+    assert "cannot be read" in (entries["4.parquet"].error or "")
+    assert entries["3.csv"].state == "done"
+    rows = [r for g in got for b in g.values() for r in b.column(C.position).to_pylist()]
+    assert sorted(rows) == sorted([0, 1, 2, 3, 4] * 3)
+    assert source.progress.files_failed == 1
+
+    # A manifest saved while a hash was still being computed: that entry had no row
+    # handed on, so it is dropped (its file is new again to the next run).
+    body = json.loads((state / "manifest.json").read_text())
+    body["files"].append({**body["files"][0], "partition": 9, "sha256": "", "committed": 0})
+    (state / "manifest.json").write_text(json.dumps(body))
+    assert 9 not in {e.partition for e in Manifest.load(state, "t").entries}
 
 
 @pytest.mark.parametrize("start", [0, 70_000])
