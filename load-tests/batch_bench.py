@@ -9,6 +9,9 @@ then, per format, interleaved and best of ``--repeats``:
       files into the raw lane (locators) and the decoded lane (the rows), fsyncs every
       segment and commits each file's rows to the manifest — all included.
 
+``--codec zstd`` (or ``snappy``) writes both with one codec: like for like, since by
+default (a) writes snappy and (b) zstd-1, which costs more CPU and makes smaller files.
+
 Prints seconds, rows/s and the ratio (a)/(b) time — (b)'s throughput as a share of
 (a)'s. Not a test: machines here are noisy (2 shared cores), so only the ratio within
 one run means much.
@@ -70,20 +73,37 @@ def write_inputs(root: Path, records: int, files: int) -> dict[str, list[Path]]:
     return out
 
 
-def baseline(paths: list[Path], fmt: str, out: Path) -> tuple[float, int]:
+def baseline(paths: list[Path], fmt: str, out: Path, codec: str | None = None) -> tuple[float, int]:
     started = time.perf_counter()
     dataset = ds.dataset([str(p) for p in paths], format=fmt)
-    ds.write_dataset(dataset, out, format="parquet", existing_data_behavior="overwrite_or_ignore")
+    options = None
+    if codec is not None:  # the lane's codec (zstd at level 1), not pyarrow's snappy
+        level = 1 if codec == "zstd" else None
+        options = ds.ParquetFileFormat().make_write_options(
+            compression=codec, compression_level=level
+        )
+    ds.write_dataset(
+        dataset,
+        out,
+        format="parquet",
+        file_options=options,
+        existing_data_behavior="overwrite_or_ignore",
+    )
     took = time.perf_counter() - started
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in out.rglob("*.parquet"))
     return took, rows
 
 
-def thalweg(paths: list[Path], data: Path, fsync: bool = True) -> tuple[float, int]:
+def thalweg(
+    paths: list[Path], data: Path, fsync: bool = True, codec: str | None = None
+) -> tuple[float, int]:
+    lane: dict[str, object] = {"fsync": fsync}
+    if codec is not None:
+        lane["compression"] = codec
     cfg = parse_config(
         {
             "gateway": {"data_dir": str(data)},
-            "raw_lane": {"fsync": fsync},
+            "raw_lane": lane,
             "sources": [{"kind": "files", "name": "files", "topics": ["orders"]}],
         }
     )
@@ -103,6 +123,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--formats", default="parquet,csv")
     ap.add_argument("--no-fsync", action="store_true", help="raw_lane.fsync = false")
+    ap.add_argument(
+        "--codec",
+        choices=["snappy", "zstd"],
+        help="one codec for both sides (zstd at level 1, as the lanes write it); default: "
+        "each its own default (pyarrow: snappy, the lanes: zstd-1)",
+    )
     args = ap.parse_args()
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {args.records:,} rows")
     with tempfile.TemporaryDirectory(prefix="batch-bench-") as tmp:
@@ -113,8 +139,8 @@ def main() -> None:
             best_a = best_b = float("inf")
             for i in range(args.repeats):
                 out_a, out_b = root / f"a-{fmt}-{i}", root / f"b-{fmt}-{i}"
-                a, rows_a = baseline(inputs[fmt], fmt, out_a)
-                b, rows_b = thalweg(inputs[fmt], out_b, fsync=not args.no_fsync)
+                a, rows_a = baseline(inputs[fmt], fmt, out_a, args.codec)
+                b, rows_b = thalweg(inputs[fmt], out_b, not args.no_fsync, args.codec)
                 assert rows_a == rows_b == args.records // args.files * args.files
                 best_a, best_b = min(best_a, a), min(best_b, b)
                 shutil.rmtree(out_a)
