@@ -410,3 +410,33 @@ roll_rows = {roll_rows}
 """
     )
     return path
+
+
+class SmallDisk:
+    """A tmpfs of ``kib`` KiB mounted at ``path``: a disk that fills up, for real (the
+    kernel answers ENOSPC). ``grow`` frees space the way an operator would."""
+
+    def __init__(self, path: Path, kib: int) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            why = f"a full-disk test mounts a tmpfs (root, CAP_SYS_ADMIN): {proc.stderr.strip()}"
+            if os.environ.get("CI"):
+                raise RuntimeError(why)  # never skipped in CI
+            import pytest
+
+            pytest.skip(why)
+
+    def grow(self, kib: int) -> None:
+        subprocess.run(
+            ["mount", "-o", f"remount,size={kib}k", str(self.path)], check=True, timeout=30
+        )
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False, timeout=30)

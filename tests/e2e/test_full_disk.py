@@ -1,0 +1,173 @@
+"""A disk that fills up for real (a small tmpfs: the kernel answers ENOSPC) under the data
+directory, mid-run, and space that comes back.
+
+While the disk is full nothing is committed that is not durable: the broker's committed
+offset (``twg stream``) and the batch manifest's ``committed`` (``twg batch``) stay at the
+rows the lane holds, the gateway says it is not ready and why, and the run waits rather
+than dropping rows. Once space returns every record lands, once, and no temp file of a
+refused write is left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Producer
+
+from tests.conftest import RunningGateway, TansuBroker
+from tests.helpers import SmallDisk, committed_offsets, produce_json, wait_until
+from tests.integration.test_batch import lane, manifest, rows
+
+pytestmark = pytest.mark.integration
+
+P = "_twg_"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], SmallDisk]]:
+    disks: list[SmallDisk] = []
+
+    def mount(kib: int) -> SmallDisk:
+        disk = SmallDisk(tmp_path / f"disk-{len(disks)}", kib)
+        disks.append(disk)
+        return disk
+
+    yield mount
+    for disk in disks:
+        disk.close()
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".tmp" in p.name]
+
+
+def lane_rows(root: Path, topic: str) -> int:
+    files = (root / "raw" / f"topic={topic}").rglob("*.parquet")
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def test_twg_batch_waits_on_a_full_disk_commits_only_what_is_durable_and_finishes(
+    tmp_path: Path, small_disk: Callable[[int], SmallDisk]
+) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    expected = [rows(60_000, i * 100_000) for i in range(3)]
+    for i, t in enumerate(expected):
+        pacsv.write_csv(t, inputs / f"part-{i}.csv")
+    disk = small_disk(400)  # the three files' lanes take about 750 KiB
+    data = disk.path / "data"
+    config = tmp_path / "thalweg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+gc_tuning = false
+
+[raw_lane]
+roll_age_s = 0.2
+roll_rows = 20000
+
+[[sources]]
+kind = "files"
+name = "files"
+topics = ["drops"]
+max_poll_records = 2000
+"""
+    )
+    err = tmp_path / "stderr.log"
+    argv = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "batch"]
+    with open(err, "wb") as stderr:
+        proc = subprocess.Popen(
+            [*argv, "-c", str(config), str(inputs)], stdout=subprocess.PIPE, stderr=stderr
+        )
+        try:
+            wait_until(
+                lambda: err.read_bytes().count(b"No space left on device") >= 3,
+                60,
+                "segment writes refused for want of space, and retried",
+                check=lambda: proc.poll() is None or pytest.fail(f"exited {proc.returncode}"),
+            )
+            assert proc.poll() is None  # waiting, not failed and not finished
+            files = manifest(data, "drops")["files"]
+            committed = sum(e["committed"] for e in files)
+            durable = lane_rows(data, "drops")
+            assert 0 < committed == durable < 180_000  # filled mid-run; nothing ahead
+            disk.grow(64 * 1024)  # an operator frees space
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err.read_text()[-3000:]
+    s = json.loads(out.decode().strip().splitlines()[-1])
+    assert s["ok"] and s["rows"] == 180_000 and s["files_done"] == 3
+    raw, decoded = lane(data, "raw", "drops"), lane(data, "decoded", "drops")
+    keys = list(
+        zip(raw[f"{P}source_partition"].to_pylist(), raw[f"{P}position"].to_pylist(), strict=True)
+    )
+    assert len(keys) == len(set(keys)) == 180_000  # every row, once
+    for e, t in zip(sorted(files, key=lambda e: e["partition"]), expected, strict=True):
+        part = decoded.filter(pa.compute.equal(decoded[f"{P}source_partition"], e["partition"]))
+        assert part.select(["id", "name", "amount"]).equals(t)
+    assert temp_files(data) == []  # the refused writes left nothing behind
+
+
+def test_twg_stream_on_a_full_disk_commits_nothing_ahead_of_the_lane_and_catches_up(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    small_disk: Callable[[int], SmallDisk],
+) -> None:
+    topic = topic_factory(2)
+    total = 40_000
+    # Hex digests do not compress: the lanes take about 5 MiB.
+    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
+    produce_json(broker.bootstrap, topic, docs, partition=lambda i: i % 2, producer=producer)
+    disk = small_disk(1024)
+    gw = gateway_factory(
+        [topic], data_dir=disk.path / "lane", raw_lane={"roll_rows": 2_000}, max_poll_records=1_000
+    )
+    gateway = gw.gateway
+    source = gateway.cfg.sources[0]
+    end = gateway.catalog.durable_end
+
+    def admin(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"{gw.admin_url}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    wait_until(
+        lambda: "No space left on device" in admin("/health")[1],
+        60,
+        "/health to say the raw lane is down for want of space",
+    )
+    assert admin("/ready")[0] == 503  # not ready while nothing can be made durable
+    durable = {p: end(topic, p) for p in (0, 1)}
+    assert 0 < sum(durable.values()) < total  # filled mid-ingest
+    committed = committed_offsets(source.bootstrap_servers, source.group_id, topic, [0, 1])
+    for p in (0, 1):
+        assert committed.get(p, -1) <= durable[p]  # the commit invariant holds
+    disk.grow(64 * 1024)
+    gw.wait_durable(topic, {0: total // 2, 1: total // 2}, timeout=120)
+    wait_until(lambda: admin("/ready")[0] == 200, 30, "ready again once writes succeed")
+    for p in (0, 1):
+        assert gw.committed(topic, p, total // 2, timeout=30) == total // 2
+    table = pa.concat_tables(
+        pq.read_table(f, columns=[f"{P}source_partition", f"{P}source_offset"])
+        for f in sorted((gw.data_dir / "raw").rglob("*.parquet"))
+    )
+    keys = list(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)) == total  # every record, once
+    assert temp_files(gw.data_dir) == []  # the refused writes left nothing behind
