@@ -354,7 +354,9 @@ class FileSource(Unbrokered):
                 await asyncio.sleep(min(timeout_ms, 50) / 1000)
                 return {}
             chunk = await asyncio.to_thread(self._next_chunk, entry, chunks)
-            if chunk is not None and chunk.num_rows and await self._hash_saved(entry):
+            if chunk is None:  # ended: an empty file had no row to wait for its hash
+                await self._hash_saved(entry)
+            elif chunk.num_rows and await self._hash_saved(entry):
                 batch = await asyncio.to_thread(self._batch, entry, chunk)
         key = (self.topic, self._partition_of(batch))
         if batch.num_rows > max_records:
@@ -428,7 +430,7 @@ class FileSource(Unbrokered):
         """After the last commit: files that ended with nothing left to make durable
         (empty files, or every row already durable) are done too."""
         for entry in self.manifest.entries:
-            if entry.partition in self._hashing:  # an empty file: no row waited for it
+            if entry.partition in self._hashing:  # a file no row of which was handed on
                 await self._hash_saved(entry)
             ended = entry.rows is not None and entry.committed >= entry.rows
             if entry.partition in self._inputs and entry.state == "pending" and ended:
