@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,12 +153,35 @@ class KafkaWriter:
         target = self._targets(rows, partitions)
         pending: list[tuple[int, np.ndarray, asyncio.Future[Any]]] = []
         try:
-            for p, members, batch in self._round_robin(rows, target):
+            async for p, members, batch in self._compressed(self._round_robin(rows, target)):
                 fut = await self._producer.send_batch(batch, topic, partition=p)
                 pending.append((p, members, fut))
         except KafkaError as exc:
             raise ProduceError(f"produce to {topic!r} failed: {exc}") from exc
         return self._placed(topic, len(rows), pending)
+
+    async def _compressed(
+        self, steps: Iterator[tuple[int, np.ndarray, wire.PrebuiltBatch]]
+    ) -> AsyncIterator[tuple[int, np.ndarray, wire.PrebuiltBatch]]:
+        """``steps`` in order, each batch compressed on a worker thread while the loop
+        encodes the next one (the codecs release the GIL): compression no longer holds
+        the event loop (gzip: 12 ms per MiB)."""
+        if self._compression == "none":
+            for step in steps:
+                yield step
+            return
+        loop = asyncio.get_running_loop()
+        ahead: tuple[tuple[int, np.ndarray, wire.PrebuiltBatch], asyncio.Future[None]] | None
+        ahead = None
+        for step in steps:
+            packing = loop.run_in_executor(None, step[2].compress)
+            if ahead is not None:
+                await ahead[1]
+                yield ahead[0]
+            ahead = (step, packing)
+        if ahead is not None:
+            await ahead[1]
+            yield ahead[0]
 
     def _targets(self, rows: ProduceRows, partitions: list[int]) -> np.ndarray:
         """The partition of every row."""

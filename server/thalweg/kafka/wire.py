@@ -149,7 +149,12 @@ def split(sizes: np.ndarray, limit: int) -> list[tuple[int, int]]:
 class PrebuiltBatch:
     """A record batch whose records are already encoded, in the shape aiokafka's
     ``send_batch`` takes (its ``BatchBuilder``); the header — producer state included —
-    is written when the sender builds it."""
+    is written when the sender builds it.
+
+    ``compress`` may be called first on a worker thread (``KafkaWriter.enqueue`` does):
+    a gzip batch costs 12 ms per MiB, and the codecs release the GIL, so the event loop
+    meanwhile sends the batch before. Otherwise the sender compresses when it builds.
+    """
 
     def __init__(
         self,
@@ -159,11 +164,12 @@ class PrebuiltBatch:
         max_ms: int,
         compression: str = "none",
     ):
+        self._attributes = 0  # no compression, create time, not transactional
+        self._compression = compression
         self._records = records
         self._count = count
         self._first_ms = first_ms
         self._max_ms = max_ms
-        self._compression = compression
         self._producer = (-1, -1, -1)
         self._buffer: bytearray | None = None
 
@@ -172,16 +178,22 @@ class PrebuiltBatch:
     ) -> None:
         self._producer = (producer_id, producer_epoch, base_sequence)
 
+    def compress(self) -> None:
+        """Compress the records with the batch's codec (once; a no-op for "none")."""
+        if self._compression == "none":
+            return
+        codec, encode = CODECS[self._compression]
+        self._compression = "none"
+        records = self._records
+        plain = records if isinstance(records, bytes) else records.to_pybytes()
+        packed = encode(plain)  # bytes: aiokafka's lz4 takes nothing else
+        if len(packed) < len(records):  # as aiokafka: else sent as it is
+            self._records, self._attributes = packed, codec
+
     def _build(self) -> bytearray:
         if self._buffer is None:
-            records: bytes | pa.Buffer = self._records
-            attributes = 0  # no compression, create time, not transactional
-            if self._compression != "none":
-                codec, encode = CODECS[self._compression]
-                plain = records if isinstance(records, bytes) else records.to_pybytes()
-                packed = encode(plain)  # bytes: aiokafka's lz4 takes nothing else
-                if len(packed) < len(records):  # as aiokafka: else sent as it is
-                    records, attributes = packed, codec
+            self.compress()
+            records, attributes = self._records, self._attributes
             buf = bytearray(HEADER.size + len(records))
             buf[HEADER.size :] = memoryview(records)
             producer_id, epoch, sequence = self._producer
