@@ -287,7 +287,7 @@ class FileSource(Unbrokered):
         for _, f, fut in files:
             try:
                 fut.set_result(await asyncio.to_thread(content_hash, f.fs, f.path))
-            except OSError as exc:
+            except Exception as exc:  # OSError, or what a remote file system raises
                 fut.set_exception(exc)
 
     async def _hash_saved(self, entry: Entry) -> bool:
@@ -298,7 +298,7 @@ class FileSource(Unbrokered):
             return True
         try:
             entry.sha256 = await fut
-        except OSError as exc:
+        except Exception as exc:
             if entry.state == "failed":  # its reading failed first, and said so
                 return False
             why = f"{entry.uri}: cannot be read: {exc}"
