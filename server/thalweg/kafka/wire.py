@@ -12,7 +12,8 @@ The bytes are exactly what aiokafka's own builder writes for the same records (a
 test compares them; compressed, too, except that gzip and lz4 use librdkafka's faster
 levels), and :class:`PrebuiltBatch` hands them to aiokafka's ``send_batch`` so its
 sender, retries and idempotent-producer sequencing are unchanged. A batch is compressed
-when the sender builds it, on the event loop, as aiokafka's own batches are.
+on a worker thread before it is handed over (``KafkaWriter``), not on the event loop as
+aiokafka's own batches are; the sender compresses one that was not.
 """
 
 from __future__ import annotations
