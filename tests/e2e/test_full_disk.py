@@ -102,7 +102,8 @@ max_poll_records = 2000
             files = manifest(data, "drops")["files"]
             committed = sum(e["committed"] for e in files)
             durable = lane_rows(data, "drops")
-            assert 0 < committed == durable < 180_000  # filled mid-run; nothing ahead
+            assert 0 < durable < 180_000  # filled mid-run
+            assert committed <= durable  # nothing committed ahead of the lane
             disk.grow(64 * 1024)  # an operator frees space
             out, _ = proc.communicate(timeout=120)
         finally:

@@ -384,6 +384,47 @@ async def test_a_new_files_rows_wait_for_its_hash_in_the_manifest(
     assert 9 not in {e.partition for e in Manifest.load(state, "t").entries}
 
 
+async def test_a_manifest_the_disk_cannot_take_is_a_retriable_commit_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at a commit: the source says so as a broker's refused commit (the
+    next segment's commit covers it), the manifest on disk stays as it was, and no temp
+    file is left beside it."""
+    import errno
+    import os
+
+    from thalweg.config.models import FilesSourceConfig
+    from thalweg.errors import SourceError
+    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.sources.files.source import FileSource
+
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"n": np.arange(10)}), p)
+    state = tmp_path / "state"
+    cfg = FilesSourceConfig(kind="files", name="f", topics=["t"], paths=[str(p)], state_dir=state)
+    source = FileSource(cfg, C, OwnerDirectory())
+
+    async def on_assigned(keys: list[tuple[str, int]]) -> None:
+        del keys
+
+    await source.start(on_assigned, on_assigned)
+    await source.fetch(100, 1_000)  # its hash is saved before its rows are handed on
+    before = (state / "manifest.json").read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SourceError, match="No space left on device"):
+        await source.commit({("t", 0): 10})
+    monkeypatch.undo()
+    assert (state / "manifest.json").read_bytes() == before
+    assert [f.name for f in state.iterdir() if ".tmp" in f.name] == []
+    await source.commit({("t", 0): 10})  # space again: the next commit saves it
+    assert json.loads((state / "manifest.json").read_text())["files"][0]["committed"] == 10
+    await source.stop()
+
+
 @pytest.mark.parametrize("start", [0, 70_000])
 def test_avro_files_read_natively_equal_the_per_record_read(tmp_path: Path, start: int) -> None:
     import fastavro

@@ -269,9 +269,13 @@ def write_json_durably(path: Path, body: dict[str, object]) -> None:
     """Replace ``path`` with ``body`` as JSON: temp → fsync → rename → directory fsync."""
     ensure_dir(path.parent)
     tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(body, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(body, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: the old file stands, no temp is left
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)

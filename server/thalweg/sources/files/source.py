@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from thalweg.config.models import FilesSourceConfig, TypedSourceConfig
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, SourceError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
@@ -424,7 +424,12 @@ class FileSource(Unbrokered):
             entry.committed = max(entry.committed, position)
             if entry.rows is not None and entry.committed >= entry.rows and entry.state != "failed":
                 entry.state = "done"
-        await asyncio.to_thread(self.manifest.save)
+        try:
+            await asyncio.to_thread(self.manifest.save)
+        except OSError as exc:
+            # A full disk, say: as a broker's refused commit, the next segment's commit
+            # covers this one, and a restart resumes at the lane's end anyway.
+            raise SourceError(f"batch manifest {self.manifest.path} not saved: {exc}") from exc
 
     async def settle(self) -> None:
         """After the last commit: files that ended with nothing left to make durable
