@@ -425,6 +425,50 @@ async def test_a_manifest_the_disk_cannot_take_is_a_retriable_commit_error(
     await source.stop()
 
 
+async def test_a_new_files_rows_wait_while_the_disk_refuses_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk when a new file's hash is to be saved: no row of it is handed on
+    (nothing of it may be durable while the manifest lacks its identity), and the run
+    waits rather than fails; once space is freed, the rows come, the hash saved."""
+    import errno
+    import os
+
+    from thalweg.config.models import FilesSourceConfig
+    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.sources.files.source import FileSource
+
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"n": np.arange(10)}), p)
+    state = tmp_path / "state"
+    cfg = FilesSourceConfig(kind="files", name="f", topics=["t"], paths=[str(p)], state_dir=state)
+    source = FileSource(cfg, C, OwnerDirectory())
+
+    async def on_assigned(keys: list[tuple[str, int]]) -> None:
+        del keys
+
+    await source.start(on_assigned, on_assigned)
+    refused = 0
+
+    def full(fd: int) -> None:
+        nonlocal refused
+        refused += 1
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    fetch = asyncio.create_task(source.fetch(100, 1_000))
+    while refused < 3:
+        await asyncio.sleep(0.05)
+    assert not fetch.done()  # waiting, neither failed nor handing rows on
+    monkeypatch.undo()
+    got = await asyncio.wait_for(fetch, 30)
+    assert sum(b.num_rows for b in got.values()) == 10
+    saved = json.loads((state / "manifest.json").read_text())["files"][0]
+    assert saved["sha256"] not in ("", None)
+    assert [f.name for f in state.iterdir() if ".tmp" in f.name] == []
+    await source.stop()
+
+
 @pytest.mark.parametrize("start", [0, 70_000])
 def test_avro_files_read_natively_equal_the_per_record_read(tmp_path: Path, start: int) -> None:
     import fastavro

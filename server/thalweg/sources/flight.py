@@ -245,7 +245,12 @@ class FlightSource(Unbrokered):
     async def commit(self, positions: dict[PartitionKey, int]) -> None:
         for (_, partition), position in positions.items():
             self._committed[partition] = max(self._committed.get(partition, 0), position)
-        await asyncio.to_thread(self._save)
+        try:
+            await asyncio.to_thread(self._save)
+        except OSError as exc:
+            # A full disk, say: a refused commit, as a broker's; the positions are kept
+            # in memory, so the next segment's commit saves them.
+            raise SourceError(f"flight positions {self._state_path} not saved: {exc}") from exc
 
     def _save(self) -> None:
         """One save at a time: several partitions' segments commit from worker threads."""

@@ -273,7 +273,7 @@ class FileSource(Unbrokered):
             self._hashing.update((e.partition, fut) for e, _, fut in futures)
             previous = self._hasher
             self._hasher = asyncio.create_task(self._hash_all(previous, futures))
-        await asyncio.to_thread(self.manifest.save)
+        await self._save_waiting()
         return queued
 
     async def _hash_all(
@@ -311,8 +311,32 @@ class FileSource(Unbrokered):
                 self._close_current()
                 self._ended.append((self.topic, entry.partition))
             return False
-        await asyncio.to_thread(self.manifest.save)
+        await self._save_waiting()
         return True
+
+    async def _save_waiting(self) -> None:
+        """Save the manifest, waiting (retried with backoff) while the disk refuses it.
+
+        Unlike a commit, which the next segment's commit covers, these saves guard an
+        order: a file's identity and hash are on disk before any of its rows is handed
+        on, and the ends of files are recorded at the end. So a full disk makes the run
+        wait here, as a segment write waits, rather than fail it; it goes on once space
+        is freed.
+        """
+        delay = 0.1
+        while True:
+            try:
+                await asyncio.to_thread(self.manifest.save)
+                return
+            except OSError as exc:
+                log.warning(
+                    "batch manifest %s not saved: %s; retried in %.1fs",
+                    self.manifest.path,
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _fail_early(self, f: InputFile, why: str) -> None:
         self.progress.files_failed += 1
@@ -440,7 +464,7 @@ class FileSource(Unbrokered):
             ended = entry.rows is not None and entry.committed >= entry.rows
             if entry.partition in self._inputs and entry.state == "pending" and ended:
                 entry.state = "done"
-        await asyncio.to_thread(self.manifest.save)
+        await self._save_waiting()
 
     async def committed(self, key: PartitionKey) -> int | None:
         entry = self.manifest.by_partition(key[1])
