@@ -122,7 +122,9 @@ def test_compaction_killed_mid_merge_loses_and_repeats_nothing(
 
     rng = seeded_rng("THALWEG_CRASH_SEED")  # printed: a failing run can be replayed
     mid_merge = 0  # kills that left a merge's parts beside it, or a merge's temp files
-    for _ in range(KILLS):
+    kills = 0
+    while kills < KILLS or (mid_merge == 0 and kills < 2 * KILLS):  # one at least mid-way
+        kills += 1
         proc = start_gateway(config, log)
         try:
             wait_started(proc)
@@ -132,7 +134,7 @@ def test_compaction_killed_mid_merge_loses_and_repeats_nothing(
             proc.wait(30)
         left = sum(nested(ranges(raw_dir(q))) for q in range(PARTITIONS))
         mid_merge += bool(left or temp_files(data))
-    print(f"{mid_merge} of {KILLS} kills left a merge in progress")
+    print(f"{mid_merge} of {kills} kills left a merge in progress")
     assert mid_merge >= 1, "no kill found a merge in progress"
     assert produced.wait(60), "the producer did not finish"
 
