@@ -6,11 +6,13 @@ deleting the parts, not quarantining them."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from thalweg.config.models import RawLaneConfig
 from thalweg.config.retention import CompactionConfig
@@ -109,3 +111,51 @@ def test_a_crash_after_the_merge_is_repaired_by_deleting_the_parts(tmp_path: Pat
     assert files_per_partition(layout, T, 0) == 2
     assert not (tmp_path / "quarantine").exists()
     assert rows(layout, Lane.DECODED) == list(range(500))
+
+
+def test_a_merge_the_disk_refuses_leaves_the_parts_and_no_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC at the raw file, after the dead letters, decoded and node twins were
+    written: the merge raises, its twins are gone (they would hold space the ingest
+    needs, and a directory read would see their rows twice), the parts are untouched,
+    and the next run merges."""
+    from thalweg.lane import compaction
+
+    layout = lane(tmp_path)
+    before = {ln: rows(layout, ln) for ln in Lane}
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    name = segment_name(0, 449)
+    real = compaction.write_file_durably
+
+    def full_for_raw(path: Path, *args: object, **kwargs: object) -> None:
+        if path.parent == layout.partition_dir(Lane.RAW, T, 0):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compaction, "write_file_durably", full_for_raw)
+    with pytest.raises(OSError, match="No space left on device"):
+        merge(layout, T, 0, run, RawLaneConfig())
+    node = tmp_path / "nodes" / "clean" / "dlq" / f"topic={T}" / "partition=0"
+    dirs = [layout.partition_dir(ln, T, 0) for ln in Lane] + [node]
+    assert [d for d in dirs if (d / name).exists()] == []
+    assert files_per_partition(layout, T, 0) == 10
+    for ln in Lane:
+        assert rows(layout, ln) == before[ln]
+    monkeypatch.undo()
+    assert merge(layout, T, 0, run, RawLaneConfig()) is not None
+    assert all((d / name).exists() for d in dirs)
+
+
+def test_a_crash_before_the_raw_file_leaves_no_node_dead_letters_twice(tmp_path: Path) -> None:
+    """Killed after the nodes' dead letters were merged and before the raw file landed:
+    start-up removes that merged file (the parts' own files still hold the refusals),
+    and keeps the files named after raw segments."""
+    layout = lane(tmp_path)
+    node = tmp_path / "nodes" / "clean" / "dlq" / f"topic={T}" / "partition=0"
+    parts = sorted(os.listdir(node))
+    unlanded = node / segment_name(0, 449)
+    pq.write_table(pq.read_table(node / parts[0]), unlanded)
+    repair(layout, T, 0)
+    assert not unlanded.exists()
+    assert sorted(os.listdir(node)) == parts

@@ -10,7 +10,8 @@ newest, none younger than ``min_age_s``) into one file per run, in every lane at
   is the parts' decoded twins concatenated, its dead letters theirs; the nodes' dead
   letters named after the parts are merged under its name too.
 * **Nothing breaks meanwhile.** The merged twins are written first (dead letters,
-  decoded, then raw last, each temp → fsync → rename; the raw one refusing to overwrite)
+  decoded, the nodes' dead letters, then raw last, each temp → fsync → rename; the raw
+  one refusing to overwrite; a merge that fails removes the twins it wrote)
   and from the raw rename on, listings leave out the parts — a segment inside another
   is not listed (``LaneLayout.segments``) — so no read sees a position twice. The parts
   are deleted ``grace_s`` later, so a read that listed them keeps them. A crash between
@@ -104,19 +105,40 @@ def merge(
         META_COVERS_TO: last_meta.get(META_COVERS_TO, str(run[-1].last + 1).encode()),
         META_COMPACTED: b"1",
     }
-    for lane in (Lane.DLQ, Lane.DECODED, Lane.RAW):  # raw last: it makes the merge visible
-        directory = layout.partition_dir(lane, topic, partition)
-        parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
-        if not parts:
-            continue
+    twins: list[Path] = []  # written before the raw file: removed if it is not
+    try:
+        for lane in (Lane.DLQ, Lane.DECODED):
+            directory = layout.partition_dir(lane, topic, partition)
+            parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
+            if parts:
+                _write(
+                    directory / name,
+                    _concat(parts),
+                    {**meta, META_LANE: lane.value.encode()},
+                    raw_cfg,
+                    exclusive=False,
+                )
+                twins.append(directory / name)
+        twins += _merge_node_dead_letters(layout, topic, partition, run, name, raw_cfg)
+        raw_dir = layout.partition_dir(Lane.RAW, topic, partition)
+        raw_parts = [raw_dir / s.path.name for s in run]
+        # Raw last: it makes the merge visible (and its parts, with their twins, deletable).
         _write(
-            directory / name,
-            _concat(parts),
-            {**meta, META_LANE: lane.value.encode()},
+            raw_dir / name,
+            _concat(raw_parts),
+            {**meta, META_LANE: Lane.RAW.value.encode()},
             raw_cfg,
-            exclusive=lane is Lane.RAW,
+            exclusive=True,
         )
-    _merge_node_dead_letters(layout, topic, partition, run, name, raw_cfg)
+    except SegmentConflictError:
+        raise  # another writer's merge of that name: its twins are not ours to remove
+    except BaseException:
+        # A full disk, say: the parts stay as they were, and the twins of a merge that
+        # did not land are removed now — they would hold space the ingest needs, and
+        # readers of the directories would see their rows twice.
+        for path in twins:
+            path.unlink(missing_ok=True)
+        raise
     return Merged(layout.partition_dir(Lane.RAW, topic, partition) / name, len(run))
 
 
@@ -163,12 +185,18 @@ def _merge_node_dead_letters(
     run: list[Segment],
     name: str,
     raw_cfg: RawLaneConfig,
-) -> None:
+) -> list[Path]:
+    """The nodes' dead letters of the run's parts under the merge's name (before its raw
+    file lands: once it has, the parts and their dead letters may be deleted); the files
+    written."""
+    written = []
     for node in layout.nodes():
         directory = layout.node_dead_letter_dir(node, topic, partition)
         parts = [directory / s.path.name for s in run if (directory / s.path.name).exists()]
         if parts:
             _write(directory / name, _concat(parts), {}, raw_cfg, exclusive=False)
+            written.append(directory / name)
+    return written
 
 
 def _write(

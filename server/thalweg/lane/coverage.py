@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
 from thalweg.lane.layout import (
+    _SEGMENT_RE,
     META_COVERS_FROM,
     TMP_MARK,
     Lane,
@@ -24,6 +25,7 @@ from thalweg.lane.layout import (
     Segment,
     ensure_dir,
     fsync_dir,
+    segment_name,
 )
 
 QUARANTINE = "quarantine"
@@ -183,7 +185,33 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
             if seg.path.name not in raw:
                 seg.path.unlink(missing_ok=True)
                 log.info("removed %s segment without raw twin %s", lane.value, seg.path)
+    _remove_unlanded_node_merges(layout, topic, partition)
     return [raw[name] for name in sorted(raw.keys() - decoded.keys())]
+
+
+def _remove_unlanded_node_merges(layout: LaneLayout, topic: str, partition: int) -> None:
+    """Remove nodes' dead-letter files a compaction wrote for a merge whose raw file
+    never landed (a crash between the two): named for a range that spans raw segments
+    but is none itself. Their rows are still in the parts' own files."""
+    spans = [
+        (s.first, s.last)
+        for s in layout.segments(Lane.RAW, topic, partition, retained=False, contained=True)
+    ]
+    names = {segment_name(a, b) for a, b in spans}
+    for node in layout.nodes():
+        directory = layout.node_dead_letter_dir(node, topic, partition)
+        try:
+            found = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        for name in found:
+            m = _SEGMENT_RE.match(name)
+            if m is None or name in names:
+                continue
+            first, last = int(m[1]), int(m[2])
+            if any(first <= a and b <= last and (a, b) != (first, last) for a, b in spans):
+                (directory / name).unlink(missing_ok=True)
+                log.info("removed a node's dead letters of an unlanded merge %s", directory / name)
 
 
 def _resolve_overlaps(layout: LaneLayout, topic: str, partition: int) -> None:
