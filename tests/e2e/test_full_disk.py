@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
 import sys
 import urllib.error
@@ -26,8 +27,10 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway, TansuBroker
+from tests.e2e.test_compaction_crash import ranges
 from tests.helpers import SmallDisk, committed_offsets, produce_json, wait_until
 from tests.integration.test_batch import lane, manifest, rows
+from thalweg.lane.layout import segment_name
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +175,65 @@ def test_twg_stream_on_a_full_disk_commits_nothing_ahead_of_the_lane_and_catches
     keys = list(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
     assert len(keys) == len(set(keys)) == total  # every record, once
     assert temp_files(gw.data_dir) == []  # the refused writes left nothing behind
+
+
+def test_compaction_on_a_full_disk_leaves_no_half_merge_and_finishes_once_space_returns(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    small_disk: Callable[[int], SmallDisk],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Merges need room for the merged file while its parts remain: on a disk that the
+    ingest has nearly filled they fail. A failed merge leaves its parts as they were
+    and none of its twins (the space is the ingest's); once space returns the merges
+    finish and every record is on disk once, in the raw and decoded lanes."""
+    caplog.set_level(logging.WARNING, logger="thalweg.ops.periodic")
+    topic = topic_factory(1)
+    total = 20_000
+    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
+    produce_json(broker.bootstrap, topic, docs, producer=producer)
+    disk = small_disk(3 * 1024)  # the lanes take about 2.5 MiB; a merge of them as much
+    gw = gateway_factory(
+        [topic],
+        data_dir=disk.path / "lane",
+        raw_lane={"roll_rows": 500},
+        max_poll_records=500,
+        compaction={"enabled": True, "min_age_s": 0, "min_files": 4, "interval_s": 0.3,
+                    "grace_s": 0.5},
+    )  # fmt: skip
+    raw_dir = gw.data_dir / "raw" / f"topic={topic}" / "partition=0"
+    decoded_dir = gw.data_dir / "decoded" / f"topic={topic}" / "partition=0"
+
+    def refused() -> bool:
+        return any(
+            "compaction run failed" in r.getMessage()
+            and "No space left on device" in (r.exc_text or str(r.exc_info))
+            for r in caplog.records
+        )
+
+    def lone_twins() -> list[str]:
+        """Decoded files of a merge whose raw file is not there."""
+        raw = set(ranges(raw_dir))
+        return [segment_name(*s) for s in ranges(decoded_dir) if s not in raw]
+
+    wait_until(refused, 90, "a merge refused for want of space")
+    wait_until(lambda: lone_twins() == [], 10, lambda: f"no half merge: {lone_twins()}")
+    disk.grow(64 * 1024)
+    gw.wait_durable(topic, {0: total}, timeout=120)
+
+    def settled() -> bool:
+        spans = ranges(raw_dir)
+        nested = any(o != s and o[0] <= s[0] and s[1] <= o[1] for s in spans for o in spans)
+        return len(spans) <= 4 and not nested
+
+    wait_until(settled, 60, lambda: f"merges to finish: {ranges(raw_dir)}")
+    raw = pa.concat_tables(pq.read_table(f, columns=[f"{P}source_offset"]) for f in
+                           sorted(raw_dir.glob("*.parquet")))  # fmt: skip
+    assert sorted(raw.column(0).to_pylist()) == list(range(total))  # every file on disk
+    decoded = pa.concat_tables(pq.read_table(f, columns=["id"]) for f in
+                               sorted(decoded_dir.glob("*.parquet")))  # fmt: skip
+    assert sorted(decoded.column(0).to_pylist()) == list(range(total))
+    assert lone_twins() == []
+    assert temp_files(gw.data_dir) == []

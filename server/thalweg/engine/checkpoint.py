@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -22,6 +23,7 @@ from thalweg.engine.buffer import PartitionBuffer, Pending
 from thalweg.engine.context import RAW_LANE, SourceState, new_backoff
 from thalweg.errors import LaneError, OwnershipLostError, SourceError, ThalwegError
 from thalweg.kafka.dlq import DeadLetterTopic
+from thalweg.lane.layout import Segment
 from thalweg.lane.writer import WrittenSegment
 from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
@@ -41,6 +43,9 @@ class Checkpoint:
         self.s = state
         self._dlq_topic = dlq_topic
         self.flushes: dict[PartitionKey, asyncio.Task[None]] = {}
+        # Called with a segment made durable without its decoded twin (a failed write of
+        # it): the runner rebuilds the twin while it runs (engine/rebuilds.py).
+        self.on_decoded_missing: Callable[[PartitionKey, Segment], None] | None = None
 
     def start_due(self, now: float) -> None:
         """Start a flush for every partition whose buffer is due (``inf``: all)."""
@@ -64,6 +69,8 @@ class Checkpoint:
             refused = pending.raw.num_rows  # what a fence refusal leaves unwritten
             span = pending.span
             written, started = await self._write(key, pending)
+            if not written.decoded_ok and self.on_decoded_missing is not None:
+                self.on_decoded_missing(key, written.segment)
             if ctx.mirror is not None:
                 await self._publish(key, written)
             self._account(key, written, started)

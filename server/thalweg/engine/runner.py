@@ -26,6 +26,7 @@ from thalweg.engine.checkpoint import Checkpoint
 from thalweg.engine.context import LaneContext, SourceConfig, SourceState, new_backoff
 from thalweg.engine.fence import OwnershipFence
 from thalweg.engine.partitions import Partitions
+from thalweg.engine.rebuilds import DecodedRebuilds
 from thalweg.engine.throttle import Throttle
 from thalweg.engine.watch import BrokerWatch
 from thalweg.errors import SourceError
@@ -89,6 +90,8 @@ class SourceRunner:
         for topic in cfg.topics:
             self.decoders.for_topic(topic)
         self.partitions = Partitions(self.state, self.checkpoint, self.decoders)
+        self.rebuilds = DecodedRebuilds(ctx, lambda key: key in self.state.parts, self.decoders.get)
+        self.checkpoint.on_decoded_missing = self.rebuilds.schedule
         self.watch = BrokerWatch(self.state, self.partitions)
         self._throttle = Throttle(cfg.max_records_per_s, cfg.max_bytes_per_s)
         self._sizes = SizeEstimator(cfg.record_size_est_bytes)
@@ -153,6 +156,7 @@ class SourceRunner:
             if fencer is not None:
                 await asyncio.gather(fencer, return_exceptions=True)
             await self.checkpoint.stop()
+            await self.rebuilds.stop()
             await self.source.stop()
             self.ctx.health.set(self.component, State.DOWN, "stopped")
 

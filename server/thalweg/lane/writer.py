@@ -322,7 +322,8 @@ class SegmentWriter:
             if required:
                 raise LaneError(f"decoded segment {path} not written: {exc}") from exc
             # The raw lane is primary: a decoded-lane failure never blocks it. The
-            # missing decoded segment is rebuilt from raw at the next start.
+            # missing decoded segment is rebuilt from raw while the gateway runs
+            # (engine/rebuilds.py) and at the next start.
             log.error("decoded segment %s not written: %s", path, exc)
             return False
 

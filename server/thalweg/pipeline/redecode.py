@@ -1,8 +1,9 @@
-"""Start-up repair of the decoded lane: rebuild decoded segments from their raw twins.
+"""Repair of the decoded lane: rebuild decoded segments from their raw twins.
 
 A decoded-lane write that failed never blocks the raw lane (the primary); the raw
-segment is durable and committed without its decoded twin, which is rebuilt here when
-the partition is next assigned — the raw segment itself is never written again.
+segment is durable and committed without its decoded twin, which is rebuilt here while
+the gateway runs (``engine/rebuilds.py``) and when the partition is next assigned — the
+raw segment itself is never written again.
 """
 
 from __future__ import annotations
