@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway, TansuBroker
-from tests.e2e.test_compaction_crash import ranges
+from tests.e2e.upkeep import ranges
 from tests.helpers import SmallDisk, committed_offsets, produce_json, wait_until
 from tests.integration.test_batch import lane, manifest, rows
 from thalweg.lane.layout import segment_name

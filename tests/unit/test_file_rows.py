@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ from thalweg.sources.files.formats import (
     read_chunks,
     split_records,
 )
+from thalweg.sources.files.source import FileSource
 
 C = MetadataColumns()
 LOCAL = pafs.LocalFileSystem()
@@ -384,19 +387,10 @@ async def test_a_new_files_rows_wait_for_its_hash_in_the_manifest(
     assert 9 not in {e.partition for e in Manifest.load(state, "t").entries}
 
 
-async def test_a_manifest_the_disk_cannot_take_is_a_retriable_commit_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full disk at a commit: the source says so as a broker's refused commit (the
-    next segment's commit covers it), the manifest on disk stays as it was, and no temp
-    file is left beside it."""
-    import errno
-    import os
-
+async def ten_rows_source(tmp_path: Path) -> tuple[FileSource, Path]:
+    """A started file source of one new ten-row Parquet file; its state directory."""
     from thalweg.config.models import FilesSourceConfig
-    from thalweg.errors import SourceError
     from thalweg.lane.owners import OwnerDirectory
-    from thalweg.sources.files.source import FileSource
 
     p = tmp_path / "a.parquet"
     pq.write_table(pa.table({"n": np.arange(10)}), p)
@@ -408,6 +402,18 @@ async def test_a_manifest_the_disk_cannot_take_is_a_retriable_commit_error(
         del keys
 
     await source.start(on_assigned, on_assigned)
+    return source, state
+
+
+async def test_a_manifest_the_disk_cannot_take_is_a_retriable_commit_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at a commit: the source says so as a broker's refused commit (the
+    next segment's commit covers it), the manifest on disk stays as it was, and no temp
+    file is left beside it."""
+    from thalweg.errors import SourceError
+
+    source, state = await ten_rows_source(tmp_path)
     await source.fetch(100, 1_000)  # its hash is saved before its rows are handed on
     before = (state / "manifest.json").read_bytes()
 
@@ -431,23 +437,7 @@ async def test_a_new_files_rows_wait_while_the_disk_refuses_its_hash(
     """A full disk when a new file's hash is to be saved: no row of it is handed on
     (nothing of it may be durable while the manifest lacks its identity), and the run
     waits rather than fails; once space is freed, the rows come, the hash saved."""
-    import errno
-    import os
-
-    from thalweg.config.models import FilesSourceConfig
-    from thalweg.lane.owners import OwnerDirectory
-    from thalweg.sources.files.source import FileSource
-
-    p = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"n": np.arange(10)}), p)
-    state = tmp_path / "state"
-    cfg = FilesSourceConfig(kind="files", name="f", topics=["t"], paths=[str(p)], state_dir=state)
-    source = FileSource(cfg, C, OwnerDirectory())
-
-    async def on_assigned(keys: list[tuple[str, int]]) -> None:
-        del keys
-
-    await source.start(on_assigned, on_assigned)
+    source, state = await ten_rows_source(tmp_path)
     refused = 0
 
     def full(fd: int) -> None:
