@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from tests.unit.test_segment_cache import COLS, segment
 from thalweg.config.models import RawLaneConfig
@@ -129,3 +130,60 @@ def test_copies_of_removed_segments_go_at_the_next_write_and_at_start(tmp_path: 
     again = IpcCopies(tmp_path, 64 << 20)
     assert size(b) == 0
     assert again.nbytes == size(c)
+
+
+def test_retention_and_compaction_delete_the_copies_of_what_they_delete(
+    tmp_path: Path,
+) -> None:
+    """At once, not at the next write: on a full disk the next write may never come,
+    and the copies (four times a zstd segment's size) hold the room it needs."""
+    from thalweg.lane.coverage import remove_merged
+    from thalweg.lane.retention import raise_floor, sweep
+
+    copies = IpcCopies(tmp_path, 64 << 20)
+    a, b, c = _write(tmp_path, copies, [0, 50, 100])
+    layout = LaneLayout(tmp_path)
+    raise_floor(layout, "t", 0, 50, now=0.0)
+    sweep(layout, "t", 0, grace_s=0, now=1.0)
+    kept = [s for s in (a, b, c) if (p := copies.copy_path(s)) is not None and p.exists()]
+    assert kept == [b, c]
+    (seg_b,) = [s for s in layout.segments(Lane.RAW, "t", 0) if s.path.name == b.name]
+    remove_merged(layout, "t", 0, [seg_b])
+    kept = [s for s in (b, c) if (p := copies.copy_path(s)) is not None and p.exists()]
+    assert kept == [c]
+
+
+def test_a_write_refused_for_want_of_space_drops_the_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache never holds space the lanes need: ENOSPC on a segment clears the copies,
+    so the retry has their room; reads decode the Parquet segments meanwhile."""
+    import errno
+    import os
+
+    from thalweg.errors import LaneError
+
+    copies = IpcCopies(tmp_path, 64 << 20)
+    (a,) = _write(tmp_path, copies, [0])
+    assert copies.nbytes > 0
+    layout = LaneLayout(tmp_path)
+    writer = SegmentWriter(layout, COLS, RawLaneConfig(fsync=False), SegmentCache(0, copies))
+    write_table = pq.write_table
+
+    def full(table: pa.Table, where: object, *args: object, **kwargs: object) -> None:
+        if "/raw/" in str(where):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_table(table, where, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pq, "write_table", full)
+    raw, dec = segment(list(range(50, 100)))
+    with pytest.raises(LaneError, match="No space left on device"):
+        writer.write("t", 0, raw, dec, 50, 100)
+    monkeypatch.undo()
+    copy = copies.copy_path(a)
+    assert copy is not None and not copy.exists()
+    assert copies.nbytes == 0
+    reader = LaneReader(layout, COLS, SegmentCache(0, copies))
+    pairs = list(reader.read_pairs("t", 0, 0, 50, decoded=True, with_raw=False))
+    assert sum(t.num_rows for pair in pairs for t in pair if t is not None) == 50
+    assert copies.hits == 0

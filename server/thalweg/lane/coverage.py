@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
+from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import (
     _SEGMENT_RE,
     META_COVERS_FROM,
@@ -106,9 +107,12 @@ def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[S
     names = {s.path.name for s in merged}
     dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
     dirs += [layout.node_dead_letter_dir(n, topic, partition) for n in layout.nodes()]
+    decoded = layout.partition_dir(Lane.DECODED, topic, partition)
     for directory in dirs:
         before = removed
         for name in names:
+            if directory == decoded:
+                remove_copy(layout.root, directory / name)
             try:
                 (directory / name).unlink()
                 removed += 1

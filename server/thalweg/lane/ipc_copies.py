@@ -13,7 +13,8 @@ written (and fsynced) first. A copy is written to a temp name and renamed, not f
 one that is missing, torn or unreadable is removed and the read decodes the Parquet
 file. Disk use is bounded by ``gateway.flight.ipc_copy_bytes``, oldest copies out first
 (the budget is re-counted from the directory at start-up), and a copy whose segment
-retention or compaction removed is deleted at the next write. Thread-safe.
+retention or compaction removed is deleted with it (``remove_copy``), and any left is
+dropped at the next write. Thread-safe.
 """
 
 from __future__ import annotations
@@ -31,6 +32,24 @@ log = logging.getLogger(__name__)
 IPC_DIR = "ipc"
 SUFFIX = ".arrow"
 _TMP = ".tmp-"
+
+
+def copy_of(root: Path, segment: Path) -> Path | None:
+    """Where the copy of ``segment`` (a file under the lane root ``root``) lives."""
+    try:
+        rel = segment.relative_to(root)
+    except ValueError:
+        return None
+    return root / IPC_DIR / rel.with_suffix(SUFFIX)
+
+
+def remove_copy(root: Path, segment: Path) -> None:
+    """Delete the copy of a segment being deleted (retention, compaction) at once: on a
+    full disk the next write, which would drop it too, may never come — the copy's
+    space is what it needs."""
+    target = copy_of(root, segment)
+    if target is not None:
+        target.unlink(missing_ok=True)
 
 
 class IpcCopies:
@@ -57,11 +76,7 @@ class IpcCopies:
 
     def copy_path(self, segment: Path) -> Path | None:
         """Where the copy of ``segment`` (a file under the lane root) lives."""
-        try:
-            rel = segment.relative_to(self.root)
-        except ValueError:
-            return None
-        return self.dir / rel.with_suffix(SUFFIX)
+        return copy_of(self.root, segment)
 
     def put(self, segment: Path, table: pa.Table) -> None:
         """Write ``table`` as the copy of ``segment``; a table larger than a quarter of
@@ -124,6 +139,23 @@ class IpcCopies:
             if n is not None:
                 self._bytes -= n
         target.unlink(missing_ok=True)
+
+    def clear(self) -> int:
+        """Delete every copy (the disk is full: a cache never holds space the lanes
+        need); the bytes freed. Reads decode the Parquet segments until copies are
+        written again."""
+        with self._lock:
+            files = list(self._files)
+            freed = self._bytes
+            self._files.clear()
+            self._bytes = 0
+        for path in files:
+            path.unlink(missing_ok=True)
+        if files:
+            log.warning(
+                "disk full: %d IPC copies removed (%d bytes) to make room", len(files), freed
+            )
+        return freed
 
     def segment_of(self, copy: Path) -> Path:
         """The decoded segment a copy was made of."""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from thalweg.config.retention import RetentionConfig
+from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import (
     _SEGMENT_RE,
     Lane,
@@ -127,6 +128,8 @@ def sweep(
             m = _SEGMENT_RE.match(name)
             if m and int(m[2]) < below:
                 files, nbytes = _unlink(directory / name, files, nbytes)
+                if lane is Lane.DECODED:
+                    remove_copy(layout.root, directory / name)
         if files > before:
             fsync_dir(directory)
     for node in layout.nodes():

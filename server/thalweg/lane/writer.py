@@ -17,6 +17,7 @@ group session must not write what the next owner writes too).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -189,6 +190,7 @@ class SegmentWriter:
         except BaseException as exc:
             _discard(encoding)
             if isinstance(exc, (OSError, pa.ArrowException)):
+                self._make_room(exc)
                 raise LaneError(f"raw segment {path} not written: {exc}") from exc
             raise
         if encoding is not None:
@@ -208,6 +210,7 @@ class SegmentWriter:
         except SegmentConflictError:
             raise
         except (OSError, pa.ArrowException) as exc:
+            self._make_room(exc)
             raise LaneError(f"raw segment {path} not written: {exc}") from exc
         self._keep(path, raw)
         return WrittenSegment(
@@ -296,6 +299,13 @@ class SegmentWriter:
             out.append(DecodeFailure(row, _reason(reason), message.strip() or text))
         return out
 
+    def _make_room(self, exc: BaseException) -> None:
+        """A write refused for want of space: drop the read cache's IPC copies first (a
+        cache never holds space the lanes need; the retry may then fit)."""
+        full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "[errno 28]" in str(exc)
+        if full and self._cache is not None and self._cache.copies is not None:
+            self._cache.copies.clear()
+
     def _keep(self, path: Path, table: pa.Table, *, copy: bool = False) -> None:
         """Hand a durable segment's table to the read cache as a reader of the file would
         get it: Parquet changes some types on the way (seconds become milliseconds, list
@@ -319,6 +329,7 @@ class SegmentWriter:
             self._keep(path, decoded, copy=True)
             return True
         except (OSError, pa.ArrowException) as exc:
+            self._make_room(exc)
             if required:
                 raise LaneError(f"decoded segment {path} not written: {exc}") from exc
             # The raw lane is primary: a decoded-lane failure never blocks it. The
