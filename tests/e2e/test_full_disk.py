@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway, TansuBroker
-from tests.e2e.upkeep import ranges
+from tests.e2e.upkeep import lane_files, nested, ranges
 from tests.helpers import SmallDisk, committed_offsets, produce_json, wait_until
 from tests.integration.test_batch import lane, manifest, rows
 from thalweg.lane.layout import segment_name
@@ -225,15 +225,12 @@ def test_compaction_on_a_full_disk_leaves_no_half_merge_and_finishes_once_space_
 
     def settled() -> bool:
         spans = ranges(raw_dir)
-        nested = any(o != s and o[0] <= s[0] and s[1] <= o[1] for s in spans for o in spans)
-        return len(spans) <= 4 and not nested
+        return len(spans) <= 4 and not nested(spans)
 
     wait_until(settled, 60, lambda: f"merges to finish: {ranges(raw_dir)}")
-    raw = pa.concat_tables(pq.read_table(f, columns=[f"{P}source_offset"]) for f in
-                           sorted(raw_dir.glob("*.parquet")))  # fmt: skip
+    raw = lane_files(gw.data_dir, "raw", topic, [f"{P}source_offset"])
     assert sorted(raw.column(0).to_pylist()) == list(range(total))  # every file on disk
-    decoded = pa.concat_tables(pq.read_table(f, columns=["id"]) for f in
-                               sorted(decoded_dir.glob("*.parquet")))  # fmt: skip
+    decoded = lane_files(gw.data_dir, "decoded", topic, ["id"])
     assert sorted(decoded.column(0).to_pylist()) == list(range(total))
     assert lone_twins() == []
     assert temp_files(gw.data_dir) == []

@@ -59,10 +59,6 @@ class DecodedRebuilds:
             self._tasks[name] = task
             task.add_done_callback(lambda _t: self._tasks.pop(name, None))
 
-    @property
-    def pending(self) -> int:
-        return len(self._tasks)
-
     async def _rebuild(self, key: PartitionKey, segment: Segment) -> None:
         topic, partition = key
         twin = self._ctx.layout.partition_dir(Lane.DECODED, topic, partition) / segment.path.name

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from thalweg.config.models import FilesSourceConfig, TypedSourceConfig
 from thalweg.errors import ConfigError, SourceError
 from thalweg.lane.owners import OwnerDirectory
+from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback, Unbrokered
@@ -323,12 +324,13 @@ class FileSource(Unbrokered):
         wait here, as a segment write waits, rather than fail it; it goes on once space
         is freed.
         """
-        delay = 0.1
+        backoff = Backoff(base_s=0.1, cap_s=5.0)
         while True:
             try:
                 await asyncio.to_thread(self.manifest.save)
                 return
             except OSError as exc:
+                delay = backoff.next_delay()
                 log.warning(
                     "batch manifest %s not saved: %s; retried in %.1fs",
                     self.manifest.path,
@@ -336,7 +338,6 @@ class FileSource(Unbrokered):
                     delay,
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
     def _fail_early(self, f: InputFile, why: str) -> None:
         self.progress.files_failed += 1
