@@ -93,7 +93,9 @@ def test_a_follower_killed_twice_resumes_with_every_record_once(
 ) -> None:
     topic = topic_factory(2)
     produce(producer, topic, 0, 60_000)
-    up = gateway_factory([topic])
+    # Small upstream segments: do_get serves a segment as one batch, and a follower
+    # taking 30,000 rows a step could pass both kill points between two looks.
+    up = gateway_factory([topic], raw_lane={"roll_rows": 3000})
     up.wait_durable(topic, {0: 30_000, 1: 30_000}, timeout=120)
     data = tmp_path / "down"
     source = f"""kind = "flight"
@@ -102,7 +104,7 @@ topics = ["mirror"]
 upstream_topic = "{topic}"
 location = "{up.flight_url}"
 retry_s = 0.2
-max_records_per_s = 15000"""
+max_records_per_s = 10000"""
     config = stream_config(tmp_path / "thalweg.toml", data, source, roll_rows=2000)
     state = data / "sources" / "upstream" / "positions.json"
 

@@ -9,6 +9,7 @@ from collections import namedtuple
 import pyarrow as pa
 
 from thalweg.codecs.json import JsonArrowDecoder
+from thalweg.config.models import RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.records import MetadataColumns, build_raw_batch
 
@@ -40,7 +41,7 @@ def test_held_bytes_count_the_decoded_copies() -> None:
     assert decoded > 0
     assert decoded_buf.held_bytes == raw_buf.held_bytes + decoded
     # Taken to be written: still held (in flight) until the write returns.
-    pending = decoded_buf.take()
+    pending = decoded_buf.take(RawLaneConfig())
     assert pending.nbytes == raw_buf.held_bytes + decoded
     assert decoded_buf.held_bytes == pending.nbytes
     assert decoded_buf.arrow.decoded_bytes == 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import math
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +25,52 @@ class Pending:
     span: OffsetSpan
     nbytes: int
     failures: tuple[DecodeFailure, ...] = ()  # rows of ``decoded`` that did not decode
+
+    def split(self, roll: RawLaneConfig, position: str) -> list[Pending]:
+        """This segment cut into pieces of at most the roll limits (rows and raw bytes),
+        in offset order, each covering up to where the next begins.
+
+        One fetch may bring more than a segment's worth (a backlog, an upstream serving
+        whole segments, a partition whose writes waited on a full disk); written as one,
+        the segment would be larger than an operator sized it, and retention, which
+        never removes a partition's newest segment, could not make room below it.
+        """
+        rows = self.raw.num_rows
+        pieces = max(
+            math.ceil(rows / roll.roll_rows), math.ceil(self.raw.nbytes / roll.roll_bytes), 1
+        )
+        pieces = min(pieces, rows)
+        if pieces <= 1:
+            return [self]
+        size = math.ceil(rows / pieces)
+        offsets = self.raw.column(position)
+        out: list[Pending] = []
+        covers_from = self.span.covers_from
+        taken_bytes = 0
+        for start in range(0, rows, size):
+            n = min(size, rows - start)
+            end = start + n
+            last_piece = end == rows
+            first = int(offsets[start].as_py())
+            last = int(offsets[end - 1].as_py())
+            covers_to = self.span.covers_to if last_piece else last + 1
+            span = replace(
+                self.span,
+                first=first,
+                last=last,
+                covers_from=covers_from,
+                covers_to=covers_to,
+                records=n,
+            )
+            nbytes = self.nbytes - taken_bytes if last_piece else self.nbytes * n // rows
+            taken_bytes += nbytes
+            failures = tuple(
+                replace(f, row=f.row - start) for f in self.failures if start <= f.row < end
+            )
+            decoded = self.decoded.slice(start, n) if self.decoded is not None else None
+            out.append(Pending(self.raw.slice(start, n), decoded, span, nbytes, failures))
+            covers_from = covers_to
+        return out
 
 
 @dataclass(slots=True)
@@ -44,6 +92,8 @@ class PartitionBuffer:
     in_flight_rows: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False  # the source returned the partition's last record
+    # Pieces of a take larger than the roll limits, written before anything newer.
+    rest: deque[Pending] = field(default_factory=deque)
 
     @classmethod
     def create(
@@ -64,6 +114,8 @@ class PartitionBuffer:
 
     def due(self, now: float, cfg: RawLaneConfig) -> bool:
         """True when the buffer should become a segment."""
+        if self.rest:
+            return True
         s = self.sink
         return not s.empty and (
             self.ended
@@ -72,14 +124,24 @@ class PartitionBuffer:
             or now - s.opened_at >= cfg.roll_age_s
         )
 
-    def take(self) -> Pending:
-        nbytes = self.buffered_bytes
-        out, span = self.sink.finish()
-        raw, decoded = out if self.arrow is not None else (out, None)
-        failures = self.arrow.emitted_failures if self.arrow is not None else ()
-        self.in_flight_bytes += nbytes
-        self.in_flight_rows += raw.num_rows
-        return Pending(raw, decoded, span, nbytes, failures)
+    @property
+    def empty(self) -> bool:
+        """Nothing buffered (what is being written aside)."""
+        return self.sink.empty and not self.rest
+
+    def take(self, roll: RawLaneConfig) -> Pending:
+        """The next segment to write: at most the roll limits, oldest records first."""
+        if not self.rest:
+            nbytes = self.sink.nbytes + (self.arrow.decoded_bytes if self.arrow else 0)
+            out, span = self.sink.finish()
+            raw, decoded = out if self.arrow is not None else (out, None)
+            failures = self.arrow.emitted_failures if self.arrow is not None else ()
+            whole = Pending(raw, decoded, span, nbytes, failures)
+            self.rest.extend(whole.split(roll, self.sink.columns.position))
+        pending = self.rest.popleft()
+        self.in_flight_bytes += pending.nbytes
+        self.in_flight_rows += pending.raw.num_rows
+        return pending
 
     @property
     def buffered_bytes(self) -> int:
@@ -87,7 +149,7 @@ class PartitionBuffer:
         their decoded copies (as large as the raw ones, or larger: both are held until
         the segment is written, and ``max_buffered_bytes`` bounds them together)."""
         decoded = self.arrow.decoded_bytes if self.arrow is not None else 0
-        return self.sink.nbytes + decoded
+        return self.sink.nbytes + decoded + sum(p.nbytes for p in self.rest)
 
     @property
     def held_bytes(self) -> int:
@@ -98,4 +160,5 @@ class PartitionBuffer:
     def held_rows(self) -> int:
         """Records received and not yet durable (a count, whatever the transport's
         positions look like)."""
-        return self.sink.rows + self.in_flight_rows
+        waiting: int = sum(p.raw.num_rows for p in self.rest)
+        return self.sink.rows + waiting + self.in_flight_rows

@@ -61,27 +61,18 @@ class Checkpoint:
             await asyncio.sleep(0.01)
 
     async def flush(self, key: PartitionKey, buf: PartitionBuffer) -> None:
-        """Write what ``buf`` holds as one segment, then commit its end."""
+        """Write what ``buf`` holds as segments of at most the roll limits, committing
+        the end of each as it lands."""
         s, ctx = self.s, self.s.ctx
+        refused = 0  # what a fence refusal leaves unwritten
         try:
-            async with buf.lock:
-                pending = buf.take()
-            refused = pending.raw.num_rows  # what a fence refusal leaves unwritten
-            span = pending.span
-            written, started = await self._write(key, pending)
-            if not written.decoded_ok and self.on_decoded_missing is not None:
-                self.on_decoded_missing(key, written.segment)
-            if ctx.mirror is not None:
-                await self._publish(key, written)
-            self._account(key, written, started)
-            if self._dlq_topic is not None and written.dead is not None:
-                await self._send_dead_letters(written.dead)
-            buf.in_flight_bytes -= pending.nbytes
-            buf.in_flight_rows -= pending.raw.num_rows
-            buf.durable = span.covers_to
-            ctx.live.mark_durable(key[0], key[1], span.covers_to)
-            ctx.metrics.durable.labels(*s.labels(key)).set(span.covers_to)
-            await self.commit(buf)
+            while True:
+                async with buf.lock:
+                    pending = buf.take(ctx.raw_cfg)
+                refused = pending.raw.num_rows
+                await self._land(key, buf, pending)
+                if not buf.rest or s.fatal is not None:
+                    break
         except OwnershipLostError as exc:
             # Not written, and the fence doubts ownership now: the loop drops what the
             # partition buffered and rewinds it; another owner reads it anyway.
@@ -98,6 +89,25 @@ class Checkpoint:
             raise
         finally:
             self.flushes.pop(key, None)
+
+    async def _land(self, key: PartitionKey, buf: PartitionBuffer, pending: Pending) -> None:
+        """Write one segment and everything that goes with it, then commit its end."""
+        s, ctx = self.s, self.s.ctx
+        span = pending.span
+        written, started = await self._write(key, pending)
+        if not written.decoded_ok and self.on_decoded_missing is not None:
+            self.on_decoded_missing(key, written.segment)
+        if ctx.mirror is not None:
+            await self._publish(key, written)
+        self._account(key, written, started)
+        if self._dlq_topic is not None and written.dead is not None:
+            await self._send_dead_letters(written.dead)
+        buf.in_flight_bytes -= pending.nbytes
+        buf.in_flight_rows -= pending.raw.num_rows
+        buf.durable = span.covers_to
+        ctx.live.mark_durable(key[0], key[1], span.covers_to)
+        ctx.metrics.durable.labels(*s.labels(key)).set(span.covers_to)
+        await self.commit(buf)
 
     async def _write(self, key: PartitionKey, pending: Pending) -> tuple[WrittenSegment, float]:
         """The segment made durable, and when its successful attempt started.
@@ -257,11 +267,13 @@ class Checkpoint:
         if task is not None:
             await task
         buf = self.s.parts.get(key)
-        if buf is not None and not buf.sink.empty:
+        if buf is None:
+            return
+        if buf.empty:
+            await self.commit(buf)
+        else:
             self.flushes[key] = task = asyncio.create_task(self.flush(key, buf))
             await task
-        elif buf is not None:
-            await self.commit(buf)
 
     async def drain(self) -> None:
         """Flush and commit every partition (a stop); nothing after a lost batch, and
