@@ -55,7 +55,7 @@ def raw(offsets: list[int]) -> pa.RecordBatch:
 
 
 def setup(
-    tmp_path: Path, fence: OwnershipFence | None = None
+    tmp_path: Path, fence: OwnershipFence | None = None, roll: RawLaneConfig | None = None
 ) -> tuple[Checkpoint, SourceState, Commits, PartitionBuffer]:
     layout = LaneLayout(tmp_path)
     health = Health()
@@ -67,7 +67,7 @@ def setup(
         live=LiveTail(),
         metrics=Metrics(),
         health=health,
-        raw_cfg=RawLaneConfig(),
+        raw_cfg=roll or RawLaneConfig(),
     )
     cfg = KafkaSourceConfig(name="s", bootstrap_servers="127.0.0.1:1", topics=["t"])
     commits = Commits()
@@ -87,6 +87,18 @@ def test_a_flush_makes_a_segment_durable_then_commits_exactly_its_end(tmp_path: 
     assert (buf.durable, buf.committed, buf.held_bytes, buf.held_rows) == (3, 3, 0, 0)
     asyncio.run(cp.flush_now(KEY))  # nothing new: no second segment, no second commit
     assert commits.calls == [{KEY: 3}]
+
+
+def test_a_fetch_beyond_the_roll_limits_lands_as_segments_each_committed(
+    tmp_path: Path,
+) -> None:
+    cp, state, commits, buf = setup(tmp_path, roll=RawLaneConfig(roll_rows=4))
+    buf.sink.push(raw(list(range(10))))
+    asyncio.run(cp.flush_now(KEY))
+    segs = state.ctx.layout.segments(Lane.RAW, "t", 0)
+    assert [(s.first, s.last) for s in segs] == [(0, 3), (4, 7), (8, 9)]
+    assert commits.calls == [{KEY: 4}, {KEY: 8}, {KEY: 10}]
+    assert (buf.durable, buf.committed, buf.held_bytes, buf.held_rows) == (10, 10, 0, 0)
 
 
 def test_nothing_is_committed_until_the_lane_can_be_written(tmp_path: Path) -> None:
@@ -142,6 +154,10 @@ def test_a_fenced_write_writes_and_commits_nothing_and_the_source_goes_on(
     asyncio.run(cp.flush_now(KEY))
     assert state.ctx.layout.segments(Lane.RAW, "t", 0) == []
     assert commits.calls == [] and state.fatal is None
+    # Counted once: the refused rows are no longer held, so the drop that follows
+    # counts only what is still buffered.
+    assert buf.held_rows == 0
+    assert state.ctx.metrics.fenced.labels(*state.labels(KEY))._value.get() == 2
 
 
 def test_a_conflicting_segment_stops_the_source_loudly(tmp_path: Path) -> None:

@@ -64,20 +64,23 @@ class Checkpoint:
         """Write what ``buf`` holds as segments of at most the roll limits, committing
         the end of each as it lands."""
         s, ctx = self.s, self.s.ctx
-        refused = 0  # what a fence refusal leaves unwritten
+        pending: Pending | None = None
         try:
             while True:
                 async with buf.lock:
                     pending = buf.take(ctx.raw_cfg)
-                refused = pending.raw.num_rows
                 await self._land(key, buf, pending)
                 if not buf.rest or s.fatal is not None:
                     break
         except OwnershipLostError as exc:
             # Not written, and the fence doubts ownership now: the loop drops what the
-            # partition buffered and rewinds it; another owner reads it anyway.
+            # partition buffered and rewinds it; another owner reads it anyway. The
+            # refused rows are counted here and no longer held (the drop counts the rest).
             log.warning("%s[%d]: %s", key[0], key[1], exc)
-            ctx.metrics.fenced.labels(*s.labels(key)).inc(refused)
+            if pending is not None:
+                buf.in_flight_bytes -= pending.nbytes
+                buf.in_flight_rows -= pending.raw.num_rows
+                ctx.metrics.fenced.labels(*s.labels(key)).inc(pending.raw.num_rows)
         except Exception as exc:
             # The taken batches are gone from memory but not durable. Carrying on would let
             # a later segment commit past them, so the source stops; a restart re-reads
