@@ -18,6 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -233,4 +234,49 @@ def test_compaction_on_a_full_disk_leaves_no_half_merge_and_finishes_once_space_
     decoded = lane_files(gw.data_dir, "decoded", topic, ["id"])
     assert sorted(decoded.column(0).to_pylist()) == list(range(total))
     assert lone_twins() == []
+    assert temp_files(gw.data_dir) == []
+
+
+def test_retention_makes_room_on_a_full_disk_and_the_ingest_goes_on(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    small_disk: Callable[[int], SmallDisk],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A disk a fifth the size of the topic's lanes, retention by age, and no operator:
+    writes refused for want of space wait while retention removes old segments, and the
+    ingest reaches the end of the topic. A backlog fetched while writes waited is
+    written as segments of the roll size (never one segment of all of it, which
+    retention, never removing a partition's newest segment, could not make room below).
+    What the lanes keep at the end is one unbroken run of positions up to the end, in
+    the raw and decoded lanes alike, each once."""
+    caplog.set_level(logging.WARNING)
+    topic = topic_factory(1)
+    total = 40_000
+    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
+    produce_json(broker.bootstrap, topic, docs, producer=producer)
+    disk = small_disk(1024)  # the lanes of the whole topic take about 5 MiB
+    gw = gateway_factory(
+        [topic],
+        data_dir=disk.path / "lane",
+        raw_lane={"roll_rows": 2_000},
+        max_poll_records=1_000,
+        retention={"max_age_s": 1, "grace_s": 0, "interval_s": 0.3},
+    )
+    gw.wait_durable(topic, {0: total}, timeout=180)
+    assert gw.committed(topic, 0, total, timeout=30) == total
+    assert any("No space left on device" in r.getMessage() for r in caplog.records)
+    raw_dir = gw.data_dir / "raw" / f"topic={topic}" / "partition=0"
+    spans = ranges(raw_dir)
+    assert spans[0][0] > 0, "retention removed the oldest segments"
+    assert spans[-1][1] == total - 1
+    for before, after in pairwise(spans):
+        assert after[0] == before[1] + 1, f"a hole or an overlap: {spans}"
+    assert max(end - start + 1 for start, end in spans) <= 2_000  # the roll size
+    # Retention may remove more meanwhile: read the files once, then compare.
+    raw = lane_files(gw.data_dir, "raw", topic, [f"{P}source_offset"])
+    offsets = raw.column(0).to_pylist()
+    assert len(offsets) == len(set(offsets))
     assert temp_files(gw.data_dir) == []

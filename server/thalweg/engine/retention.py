@@ -8,8 +8,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from thalweg.config.models import ThalwegConfig
+from thalweg.lane.ballast import Ballast
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
@@ -41,6 +43,8 @@ class RetentionJob:
         self.retention = cfg.retention
         self.layout = layout
         self.metrics = metrics
+        # Room kept so that a floor can be raised on a full disk (lane/ballast.py).
+        self.ballast = Ballast(layout.root)
         dag = Dag.of(cfg.pipeline)
         # Every destination fed from the lanes, with the topics it reads.
         self._readers: list[tuple[str, set[str]]] = [(s.name, set(s.topics)) for s in cfg.sinks]
@@ -72,6 +76,7 @@ class RetentionJob:
         if self.retention.wait_for_sinks:
             stores = {n: CoverageStore(self.cfg.gateway.data_dir, n) for n, _ in self._readers}
         owned = set(self.owned()) if self.owned is not None else None
+        self.ballast.lay()
         for topic in self.layout.topics():
             for p in self.layout.partitions(topic):
                 if self.mirror is not None and (owned is None or (topic, p) not in owned):
@@ -83,14 +88,23 @@ class RetentionJob:
                     self.layout, topic, p, self.retention, now=now, keep_from=keep, held_by=who
                 )
                 if decision.floor is not None:
-                    raise_floor(self.layout, topic, p, decision.floor, now)
+                    floor = decision.floor
+                    self.ballast.with_room(
+                        f"raise the floor of {topic}[{p}]",
+                        partial(raise_floor, self.layout, topic, p, floor, now),
+                    )
                     if self.mirror is not None:
                         self.mirror.publish_floor(topic, p)
                 self.metrics.retention_held.labels(topic, str(p)).set(1 if decision.held_by else 0)
                 if decision.held_by:
                     log.info("retention held back: %s", decision.held_by)
                 self.metrics.lane_floor.labels(topic, str(p)).set(self.layout.floor(topic, p))
-                files, nbytes = sweep(self.layout, topic, p, self.retention.grace_s, now)
+                files, nbytes = self.ballast.with_room(
+                    f"sweep {topic}[{p}]",
+                    partial(sweep, self.layout, topic, p, self.retention.grace_s, now),
+                )
+                if files:
+                    self.ballast.lay()  # at once: the waiting writes will want the room
                 if self.mirror is not None and files:
                     self.mirror.delete_below(topic, p, self.layout.floor(topic, p))
                 self.metrics.retention_removed_files.labels(topic).inc(files)

@@ -1,0 +1,90 @@
+"""Reserved room for retention: a small file beside the lanes, given up when the disk is
+so full that retention could not otherwise make room.
+
+Retention deletes files only after it has raised the partition's floor durably (a small
+JSON file written and renamed; ``lane.retention``). On a disk full to its last block
+that write is refused, so retention could never delete anything: the gateway would wait
+for an operator although its own limits say which files may go. The ballast (CockroachDB
+keeps an "emergency ballast" for the same reason) is deleted to let the floor be
+written, and laid down again as soon as files were removed, before the waiting segment
+writes take the room back.
+
+64 KiB: a floor file and its temp take two blocks; the rest is margin for a directory
+that has to grow. Nothing else may use it — a segment write that got it would leave
+retention stuck again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from thalweg.lane.layout import RETENTION_DIR, ensure_dir
+
+log = logging.getLogger(__name__)
+
+BALLAST_BYTES = 64 * 1024
+T = TypeVar("T")
+
+
+class Ballast:
+    """The reserved file under ``<root>/retention/``."""
+
+    def __init__(self, root: Path, nbytes: int = BALLAST_BYTES) -> None:
+        self.path = root / RETENTION_DIR / "ballast"
+        self.nbytes = nbytes
+
+    @property
+    def laid(self) -> bool:
+        try:
+            return self.path.stat().st_size >= self.nbytes
+        except FileNotFoundError:
+            return False
+
+    def lay(self) -> bool:
+        """Reserve the room (durably) unless it already is; False when the disk has not
+        got it now (tried again at the next call)."""
+        if self.laid:
+            return True
+        ensure_dir(self.path.parent)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, bytes(self.nbytes))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            self.path.unlink(missing_ok=True)  # a part of it would only mislead
+            return False
+        return True
+
+    def release(self) -> bool:
+        """Give the room back to the disk; False when there was none reserved."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def with_room(self, what: str, write: Callable[[], T]) -> T:
+        """``write()``; if the disk refuses it for want of space, release the ballast and
+        try once more (the error stands when there is no ballast to release)."""
+        try:
+            return write()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.release():
+                raise
+        log.warning(
+            "disk full: released the %d KiB retention ballast (%s) to %s",
+            self.nbytes // 1024,
+            self.path,
+            what,
+        )
+        return write()
