@@ -4,6 +4,7 @@ decoded copies, until the segment that holds them is written."""
 from __future__ import annotations
 
 import json
+import math
 from collections import namedtuple
 
 import pyarrow as pa
@@ -41,7 +42,7 @@ def test_held_bytes_count_the_decoded_copies() -> None:
     assert decoded > 0
     assert decoded_buf.held_bytes == raw_buf.held_bytes + decoded
     # Taken to be written: still held (in flight) until the write returns.
-    pending = decoded_buf.take(RawLaneConfig())
+    pending = decoded_buf.take(RawLaneConfig(), math.inf)
     assert pending.nbytes == raw_buf.held_bytes + decoded
     assert decoded_buf.held_bytes == pending.nbytes
     assert decoded_buf.arrow.decoded_bytes == 0

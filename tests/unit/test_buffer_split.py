@@ -1,9 +1,13 @@
 """A take is at most a segment's worth: what one fetch brought beyond the roll limits
-is written as further segments, in order, each covering up to where the next begins."""
+is written as further full segments, in order, each covering up to where the next
+begins, and what is left past the last full one starts the next segment (written at
+once only when the buffer is due by age, the partition ended, or everything is asked
+for)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections import namedtuple
 from itertools import pairwise
 
@@ -12,7 +16,7 @@ import pyarrow as pa
 from thalweg.codecs.base import DecodeReason
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.buffer import PartitionBuffer, Pending
 from thalweg.records import MetadataColumns, build_raw_batch
 
 COLS = MetadataColumns()
@@ -33,50 +37,78 @@ def _buffer(durable: int | None) -> PartitionBuffer:
     )
 
 
-def test_a_fetch_larger_than_a_segment_is_written_as_several() -> None:
-    # Offsets 100..199 with gaps (a compacted topic), resumed at 90: the first segment
-    # covers from 90, and the pieces cover 90..end with no hole and no overlap.
-    offsets = [o for o in range(100, 260) if o % 3]
-    buf = _buffer(durable=90)
-    buf.sink.push(_raw(offsets, bad=frozenset({101, 190})))
-    roll = RawLaneConfig(roll_rows=30)
-    assert buf.due(0.0, roll)
-    held = buf.held_bytes
-    pieces = []
-    while not buf.empty:
-        pieces.append(buf.take(roll))
-        assert buf.held_bytes == held  # taken, still held until written
-    assert [p.raw.num_rows for p in pieces] == [27, 27, 27, 26]
-    assert sum(p.nbytes for p in pieces) == held
-    assert pieces[0].span.covers_from == 90
-    assert pieces[-1].span.covers_to == offsets[-1] + 1
+def _positions(p: Pending) -> list[int]:
+    return [int(o) for o in p.raw.column(COLS.position).to_pylist()]
+
+
+def _check_contiguous(pieces: list[Pending]) -> None:
     for before, after in pairwise(pieces):
         assert after.span.covers_from == before.span.covers_to
         assert after.span.first > before.span.last
     for p in pieces:
-        got = p.raw.column(COLS.position).to_pylist()
+        got = _positions(p)
         assert (p.span.first, p.span.last, p.span.records) == (got[0], got[-1], len(got))
         assert p.span.covers_from <= p.span.first and p.span.last < p.span.covers_to
-        assert p.decoded is not None and p.decoded.num_rows == p.raw.num_rows
-    assert [o for p in pieces for o in p.raw.column(COLS.position).to_pylist()] == offsets
-    # A failed row's index is its row in its own piece's decoded table.
-    failed = [
-        (p.raw.column(COLS.position)[f.row].as_py(), f.reason) for p in pieces for f in p.failures
-    ]
+        assert p.decoded is not None and p.decoded.num_rows == p.rows
+
+
+def test_full_segments_are_written_and_the_rest_starts_the_next() -> None:
+    # Offsets with gaps (a compacted topic), resumed at 90: the first segment covers
+    # from 90, and the segments cover 90..end with no hole and no overlap.
+    offsets = [o for o in range(100, 260) if o % 3]  # 107 records
+    buf = _buffer(durable=90)
+    buf.sink.push(_raw(offsets, bad=frozenset({101, 190})))
+    roll = RawLaneConfig(roll_rows=30)
+    now = buf.sink.opened_at  # due by rows, not by age
+    assert buf.due(now, roll)
+    held = buf.held_rows
+    pieces = [buf.take(roll, now)]
+    while buf.rest:
+        pieces.append(buf.take(roll, now))
+    assert [p.rows for p in pieces] == [30, 30, 30]
+    assert buf.held_rows == held  # 17 carried, 90 in flight
+    assert not buf.empty and not buf.due(now, roll)  # 17 rows: not a segment yet
+    assert buf.due(now + roll.roll_age_s, roll)  # the carry's age is its oldest record's
+    more = [o for o in range(260, 300) if o % 3]  # 27 more: 44 buffered
+    buf.sink.push(_raw(more))
+    assert buf.due(now, roll)
+    pieces.append(buf.take(roll, now))
+    assert pieces[-1].rows == 30 and buf.carry is not None and buf.carry.rows == 14
+    pieces.append(buf.take(roll, math.inf))  # everything: the carry too
+    assert buf.empty
+    assert pieces[0].span.covers_from == 90
+    assert pieces[-1].span.covers_to == more[-1] + 1
+    _check_contiguous(pieces)
+    assert [o for p in pieces for o in _positions(p)] == offsets + more
+    # A failed row's index is its row in its own segment's decoded table.
+    failed = [(_positions(p)[f.row], f.reason) for p in pieces for f in p.failures]
     assert [o for o, _ in failed] == [101, 190]
     assert all(r is DecodeReason.SYNTAX for _, r in failed)
 
 
-def test_pieces_are_written_before_anything_fetched_after_them() -> None:
+def test_a_carry_joined_with_newer_records_keeps_their_failures_in_place() -> None:
     buf = _buffer(durable=None)
-    buf.sink.push(_raw(list(range(0, 50))))
+    buf.sink.push(_raw(list(range(25)), bad=frozenset({22})))
     roll = RawLaneConfig(roll_rows=20)
-    first = buf.take(roll)
-    buf.sink.push(_raw(list(range(50, 55))))
-    assert buf.held_rows == 55
-    rest = [buf.take(roll), buf.take(roll)]
-    assert [p.span.first for p in [first, *rest]] == [0, 17, 34]
-    assert buf.take(roll).span.first == 50  # then the newer records, once due
+    now = buf.sink.opened_at
+    assert buf.take(roll, now).rows == 20  # 5 carried, one of them failed
+    buf.sink.push(_raw(list(range(25, 45)), bad=frozenset({30})))
+    joined = buf.take(roll, now)
+    assert _positions(joined) == list(range(20, 40))
+    assert [_positions(joined)[f.row] for f in joined.failures] == [22, 30]
+    assert joined.span.covers_from == 20 and joined.span.covers_to == 40
+
+
+def test_due_by_age_or_everything_writes_the_remainder_too() -> None:
+    buf = _buffer(durable=None)
+    buf.sink.push(_raw(list(range(50))))
+    roll = RawLaneConfig(roll_rows=20, roll_age_s=1)
+    later = buf.sink.opened_at + 1
+    pieces = [buf.take(roll, later)]
+    while buf.rest:
+        pieces.append(buf.take(roll, later))
+    assert [p.rows for p in pieces] == [20, 20, 10] and buf.empty
+    _check_contiguous(pieces)
 
 
 def test_the_byte_limit_cuts_too() -> None:
@@ -86,12 +118,12 @@ def test_the_byte_limit_cuts_too() -> None:
     roll = RawLaneConfig(roll_bytes=batch.nbytes // 4 + 1)
     sizes = []
     while not buf.empty:
-        sizes.append(buf.take(roll).raw.num_rows)
+        sizes.append(buf.take(roll, math.inf).rows)
     assert sizes == [250, 250, 250, 250]
 
 
 def test_a_take_within_the_limits_is_one_segment() -> None:
     buf = _buffer(durable=None)
     buf.sink.push(_raw(list(range(10))))
-    pending = buf.take(RawLaneConfig(roll_rows=10))
-    assert pending.raw.num_rows == 10 and buf.empty
+    pending = buf.take(RawLaneConfig(roll_rows=10), 0.0)
+    assert pending.rows == 10 and buf.empty

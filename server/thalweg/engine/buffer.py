@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,51 +25,59 @@ class Pending:
     nbytes: int
     failures: tuple[DecodeFailure, ...] = ()  # rows of ``decoded`` that did not decode
 
-    def split(self, roll: RawLaneConfig, position: str) -> list[Pending]:
-        """This segment cut into pieces of at most the roll limits (rows and raw bytes),
-        in offset order, each covering up to where the next begins.
+    @property
+    def rows(self) -> int:
+        return int(self.raw.num_rows)
 
-        One fetch may bring more than a segment's worth (a backlog, an upstream serving
-        whole segments, a partition whose writes waited on a full disk); written as one,
-        the segment would be larger than an operator sized it, and retention, which
-        never removes a partition's newest segment, could not make room below it.
-        """
-        rows = self.raw.num_rows
-        pieces = max(
-            math.ceil(rows / roll.roll_rows), math.ceil(self.raw.nbytes / roll.roll_bytes), 1
-        )
-        pieces = min(pieces, rows)
-        if pieces <= 1:
-            return [self]
-        size = math.ceil(rows / pieces)
+    def cut(self, n: int, position: str) -> tuple[Pending, Pending]:
+        """The first ``n`` rows and the rest (``0 < n < rows``): the first covers up to
+        where the rest begins, the rest to where this ended."""
+        rows = self.rows
         offsets = self.raw.column(position)
-        out: list[Pending] = []
-        covers_from = self.span.covers_from
-        taken_bytes = 0
-        for start in range(0, rows, size):
-            n = min(size, rows - start)
-            end = start + n
-            last_piece = end == rows
-            first = int(offsets[start].as_py())
-            last = int(offsets[end - 1].as_py())
-            covers_to = self.span.covers_to if last_piece else last + 1
-            span = replace(
-                self.span,
-                first=first,
-                last=last,
-                covers_from=covers_from,
-                covers_to=covers_to,
-                records=n,
-            )
-            nbytes = self.nbytes - taken_bytes if last_piece else self.nbytes * n // rows
-            taken_bytes += nbytes
-            failures = tuple(
-                replace(f, row=f.row - start) for f in self.failures if start <= f.row < end
-            )
-            decoded = self.decoded.slice(start, n) if self.decoded is not None else None
-            out.append(Pending(self.raw.slice(start, n), decoded, span, nbytes, failures))
-            covers_from = covers_to
-        return out
+        head_last, tail_first = int(offsets[n - 1].as_py()), int(offsets[n].as_py())
+        head_span = replace(self.span, last=head_last, covers_to=head_last + 1, records=n)
+        tail_span = replace(
+            self.span, first=tail_first, covers_from=head_last + 1, records=rows - n
+        )
+        head_bytes = self.nbytes * n // rows
+        decoded = self.decoded
+        return (
+            Pending(
+                self.raw.slice(0, n),
+                decoded.slice(0, n) if decoded is not None else None,
+                head_span,
+                head_bytes,
+                tuple(f for f in self.failures if f.row < n),
+            ),
+            Pending(
+                self.raw.slice(n),
+                decoded.slice(n) if decoded is not None else None,
+                tail_span,
+                self.nbytes - head_bytes,
+                tuple(replace(f, row=f.row - n) for f in self.failures if f.row >= n),
+            ),
+        )
+
+    def join(self, later: Pending) -> Pending:
+        """This and the records right after it, as one."""
+        decoded = None
+        if self.decoded is not None and later.decoded is not None:
+            # Later batches may know more fields (the schema only grows): unify by name.
+            decoded = pa.concat_tables([self.decoded, later.decoded], promote_options="permissive")
+        span = replace(
+            self.span,
+            last=later.span.last,
+            covers_to=later.span.covers_to,
+            records=self.span.records + later.span.records,
+        )
+        shifted = tuple(replace(f, row=f.row + self.rows) for f in later.failures)
+        return Pending(
+            pa.concat_tables([self.raw, later.raw], promote_options="permissive"),
+            decoded,
+            span,
+            self.nbytes + later.nbytes,
+            self.failures + shifted,
+        )
 
 
 @dataclass(slots=True)
@@ -92,8 +99,16 @@ class PartitionBuffer:
     in_flight_rows: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False  # the source returned the partition's last record
-    # Pieces of a take larger than the roll limits, written before anything newer.
+    # A take is at most a segment's worth (the roll limits). One fetch may bring more
+    # (a backlog, an upstream serving whole segments, a partition whose writes waited on
+    # a full disk): its further full segments wait in ``rest``, written before anything
+    # newer, and what is left past the last full one is ``carry``, the start of the next
+    # segment. Written as one file, such a take would be larger than an operator sized
+    # segments, and retention, which never removes a partition's newest segment, could
+    # not make room below it on a full disk.
     rest: deque[Pending] = field(default_factory=deque)
+    carry: Pending | None = None
+    carry_opened_at: float = 0.0  # when the carry's oldest record arrived
 
     @classmethod
     def create(
@@ -116,32 +131,80 @@ class PartitionBuffer:
         """True when the buffer should become a segment."""
         if self.rest:
             return True
-        s = self.sink
-        return not s.empty and (
+        if self.sink.empty and self.carry is None:
+            return False
+        return (
             self.ended
-            or s.rows >= cfg.roll_rows
-            or s.nbytes >= cfg.roll_bytes
-            or now - s.opened_at >= cfg.roll_age_s
+            or self._rows >= cfg.roll_rows
+            or self._raw_bytes >= cfg.roll_bytes
+            or now - self._opened_at >= cfg.roll_age_s
         )
 
     @property
     def empty(self) -> bool:
         """Nothing buffered (what is being written aside)."""
-        return self.sink.empty and not self.rest
+        return self.sink.empty and self.carry is None and not self.rest
 
-    def take(self, roll: RawLaneConfig) -> Pending:
-        """The next segment to write: at most the roll limits, oldest records first."""
+    def take(self, roll: RawLaneConfig, now: float) -> Pending:
+        """The next segment to write, oldest records first: at most the roll limits.
+
+        Past the last full segment's worth, the records stay buffered as the start of
+        the next segment — unless the buffer is due by age or the partition ended (or
+        ``now`` is ``inf``: everything, a stop or backpressure), when they go too.
+        """
         if not self.rest:
-            nbytes = self.sink.nbytes + (self.arrow.decoded_bytes if self.arrow else 0)
-            out, span = self.sink.finish()
-            raw, decoded = out if self.arrow is not None else (out, None)
-            failures = self.arrow.emitted_failures if self.arrow is not None else ()
-            whole = Pending(raw, decoded, span, nbytes, failures)
-            self.rest.extend(whole.split(roll, self.sink.columns.position))
+            everything = self.ended or now - self._opened_at >= roll.roll_age_s
+            opened_at = self._opened_at
+            whole = self._whole()
+            size = self._segment_rows(whole, roll)
+            position = self.sink.columns.position
+            while whole.rows > size:
+                head, whole = whole.cut(size, position)
+                self.rest.append(head)
+            if whole.rows == size or everything or not self.rest:
+                self.rest.append(whole)
+            else:
+                self.carry, self.carry_opened_at = whole, opened_at
         pending = self.rest.popleft()
         self.in_flight_bytes += pending.nbytes
-        self.in_flight_rows += pending.raw.num_rows
+        self.in_flight_rows += pending.rows
         return pending
+
+    def _whole(self) -> Pending:
+        """The carry and everything the sink holds, as one."""
+        carry, self.carry = self.carry, None
+        if self.sink.empty:
+            assert carry is not None
+            return carry
+        nbytes = self.sink.nbytes + (self.arrow.decoded_bytes if self.arrow else 0)
+        out, span = self.sink.finish()
+        raw, decoded = out if self.arrow is not None else (out, None)
+        failures = self.arrow.emitted_failures if self.arrow is not None else ()
+        fresh = Pending(raw, decoded, span, nbytes, failures)
+        return carry.join(fresh) if carry is not None else fresh
+
+    @staticmethod
+    def _segment_rows(whole: Pending, roll: RawLaneConfig) -> int:
+        """Rows in a full segment: ``roll_rows``, fewer where ``roll_bytes`` comes first
+        (at the take's mean raw row size)."""
+        raw_bytes = int(whole.raw.nbytes)
+        if raw_bytes <= roll.roll_bytes:
+            return roll.roll_rows
+        by_bytes = max(1, whole.rows * roll.roll_bytes // raw_bytes)
+        return min(roll.roll_rows, by_bytes)
+
+    @property
+    def _rows(self) -> int:
+        return self.sink.rows + (self.carry.rows if self.carry is not None else 0)
+
+    @property
+    def _raw_bytes(self) -> int:
+        carried = int(self.carry.raw.nbytes) if self.carry is not None else 0
+        return self.sink.nbytes + carried
+
+    @property
+    def _opened_at(self) -> float:
+        return self.carry_opened_at if self.carry is not None else self.sink.opened_at
 
     @property
     def buffered_bytes(self) -> int:
@@ -149,7 +212,9 @@ class PartitionBuffer:
         their decoded copies (as large as the raw ones, or larger: both are held until
         the segment is written, and ``max_buffered_bytes`` bounds them together)."""
         decoded = self.arrow.decoded_bytes if self.arrow is not None else 0
-        return self.sink.nbytes + decoded + sum(p.nbytes for p in self.rest)
+        waiting = sum(p.nbytes for p in self.rest)
+        carried = self.carry.nbytes if self.carry is not None else 0
+        return self.sink.nbytes + decoded + waiting + carried
 
     @property
     def held_bytes(self) -> int:
@@ -160,5 +225,5 @@ class PartitionBuffer:
     def held_rows(self) -> int:
         """Records received and not yet durable (a count, whatever the transport's
         positions look like)."""
-        waiting: int = sum(p.raw.num_rows for p in self.rest)
-        return self.sink.rows + waiting + self.in_flight_rows
+        waiting = sum(p.rows for p in self.rest)
+        return self._rows + waiting + self.in_flight_rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -51,7 +52,7 @@ class Checkpoint:
         """Start a flush for every partition whose buffer is due (``inf``: all)."""
         for key, buf in self.s.parts.items():
             if key not in self.flushes and buf.due(now, self.s.ctx.raw_cfg):
-                self.flushes[key] = asyncio.create_task(self.flush(key, buf))
+                self.flushes[key] = asyncio.create_task(self.flush(key, buf, now))
 
     async def wait_any(self) -> None:
         """Until one flush in flight finishes (a moment when none is)."""
@@ -60,15 +61,15 @@ class Checkpoint:
         else:
             await asyncio.sleep(0.01)
 
-    async def flush(self, key: PartitionKey, buf: PartitionBuffer) -> None:
+    async def flush(self, key: PartitionKey, buf: PartitionBuffer, now: float) -> None:
         """Write what ``buf`` holds as segments of at most the roll limits, committing
-        the end of each as it lands."""
+        the end of each as it lands (``now``: what is due, ``PartitionBuffer.take``)."""
         s, ctx = self.s, self.s.ctx
         pending: Pending | None = None
         try:
             while True:
                 async with buf.lock:
-                    pending = buf.take(ctx.raw_cfg)
+                    pending = buf.take(ctx.raw_cfg, now)
                 await self._land(key, buf, pending)
                 if not buf.rest or s.fatal is not None:
                     break
@@ -275,7 +276,7 @@ class Checkpoint:
         if buf.empty:
             await self.commit(buf)
         else:
-            self.flushes[key] = task = asyncio.create_task(self.flush(key, buf))
+            self.flushes[key] = task = asyncio.create_task(self.flush(key, buf, math.inf))
             await task
 
     async def drain(self) -> None:
