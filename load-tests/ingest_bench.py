@@ -142,6 +142,7 @@ class Run:
     base_rss: int  # the gateway's RSS (bytes) when its first record was consumed
     peak_rss: int  # its highest RSS seen until the last record was committed
     peak_arrow: int  # the most Arrow's memory pool held meanwhile (twg_arrow_allocated_bytes)
+    segments: int = 0  # raw-lane files at the end
 
 
 def rss_bytes(pid: int) -> int:
@@ -251,6 +252,7 @@ roll_age_s = {roll_age}
         finally:
             proc.terminate()
             proc.wait(30)
+        segments = sum(1 for _ in Path(d, "lane", "raw").rglob("*.parquet"))
     assert first is not None
     assert all_consumed is not None
     return Run(
@@ -262,6 +264,7 @@ roll_age_s = {roll_age}
         base_rss,
         peak_rss,
         peak_arrow,
+        segments,
     )
 
 
@@ -276,6 +279,7 @@ def thalweg(
     segment_cache_mb: int | None = None,
     fetch_mb: int | None = None,
     ipc_copy_mb: int | None = None,
+    roll_rows: int | None = None,
 ) -> Run:
     fetch = (
         f"\nfetch_max_bytes = {fetch_mb << 20}\nmax_partition_fetch_bytes = {fetch_mb << 20}"
@@ -304,7 +308,14 @@ heartbeat_interval_ms = 1000{fetch}"""
         "twg_partition_consumed_position",
         "twg_partition_committed_position",
         broker_pid,
-        f"max_buffered_bytes = {max_buffered_mb << 20}" if max_buffered_mb else "",
+        "\n".join(
+            line
+            for line, wanted in (
+                (f"max_buffered_bytes = {(max_buffered_mb or 0) << 20}", max_buffered_mb),
+                (f"roll_rows = {roll_rows}", roll_rows),
+            )
+            if wanted
+        ),
         gateway,
     )
 
@@ -326,6 +337,13 @@ def main() -> None:
         type=float,
         default=5.0,
         help="raw_lane.roll_age_s for the gateway (default: the product default)",
+    )
+    ap.add_argument(
+        "--roll-rows",
+        type=int,
+        help="raw_lane.roll_rows (default: the product default, 500000); below a "
+        "partition's share of --records, segments are closed by rows, and a fetch that "
+        "crosses the limit is cut there",
     )
     ap.add_argument(
         "--naive", action="store_true", help="also run (c), the naive user pipeline (JSON)"
@@ -377,6 +395,7 @@ def main() -> None:
             args.segment_cache_mb,
             args.fetch_mb,
             args.ipc_copy_mb,
+            args.roll_rows,
         )
         naive = None
         if args.naive:
@@ -387,7 +406,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {py}")
     print(
         f"settings: {n:,} records, {parts} partitions, format={args.format}, "
-        f"roll_age_s={args.roll_age}, default raw-lane settings otherwise (zstd-1)"
+        f"roll_age_s={args.roll_age}, roll_rows={args.roll_rows or 'default'}, "
+        "default raw-lane settings otherwise (zstd-1)"
     )
     rows = [
         ("(a) bare aiokafka getmany, count only", bare),
@@ -399,6 +419,7 @@ def main() -> None:
     for label, secs in rows:
         print(f"{label:40} {n / secs:10,.0f} rec/s {mb / secs:7.1f} MB/s ({secs:.2f}s)")
     print(f"start-up and group join of twg stream: {run.total_s - run.commit_s:.2f}s")
+    print(f"raw-lane segments: {run.segments} ({n / max(run.segments, 1):,.0f} records each)")
     print(
         f"CPU per record: (a) {bare_cpu / n * 1e6:.2f} us + broker {bare_broker / n * 1e6:.2f} us;"
         f"  (b) gateway {run.cpu_s / n * 1e6:.2f} us + broker {run.broker_cpu_s / n * 1e6:.2f} us"
