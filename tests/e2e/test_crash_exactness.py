@@ -24,13 +24,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.helpers import committed_offsets, seeded_rng, wait_until
 from thalweg.embedded import TansuBroker
-from thalweg.lane import LaneLayout, scan_coverage
+from thalweg.lane import Lane, LaneLayout, scan_coverage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 3
 TOTAL = 120_000
 KILLS = 5
+ROLL_ROWS = 1500
 
 
 def config_text(
@@ -113,7 +114,9 @@ def test_sigkill_loses_and_duplicates_nothing(
     data = tmp_path / "lane"
     config = tmp_path / "twg.toml"
     log = tmp_path / "gateway.log"
-    write_config(config, broker.bootstrap, topic, group, data)
+    # Segments closed by rows as well as by age, at a limit that 2,000-record polls
+    # cross mid-fetch: takes are cut at the limit and the rest carried, through kills.
+    config.write_text(config_text(broker.bootstrap, topic, group, data, roll_rows=ROLL_ROWS))
     layout = LaneLayout(data)
 
     observer = Consumer(
@@ -197,5 +200,9 @@ def test_sigkill_loses_and_duplicates_nothing(
         assert pc.min(offsets).as_py() == 0 and pc.max(offsets).as_py() == n - 1
     values = sorted(json.loads(v)["n"] for v in lane["_twg_source_value"].to_pylist())
     assert values == list(range(TOTAL))
+    sizes = [
+        s.last - s.first + 1 for p in range(PARTITIONS) for s in layout.segments(Lane.RAW, topic, p)
+    ]
+    assert max(sizes) == ROLL_ROWS, "no segment closed by rows, or one over the limit"
     # The final committed offsets equal the lane's end (graceful stop commits all).
     assert committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == expected
