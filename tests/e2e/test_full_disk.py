@@ -61,6 +61,17 @@ def lane_rows(root: Path, topic: str) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
+def produce_digests(
+    broker: TansuBroker, producer: Producer, topic: str, total: int, partitions: int = 1
+) -> None:
+    """``total`` records ``{"id": i, "pad": <a hex digest>}`` (the digests do not
+    compress: the lanes take about 130 bytes a record), round robin over partitions."""
+    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
+    produce_json(
+        broker.bootstrap, topic, docs, partition=lambda i: i % partitions, producer=producer
+    )
+
+
 def test_twg_batch_waits_on_a_full_disk_commits_only_what_is_durable_and_finishes(
     tmp_path: Path, small_disk: Callable[[int], SmallDisk]
 ) -> None:
@@ -135,9 +146,7 @@ def test_twg_stream_on_a_full_disk_commits_nothing_ahead_of_the_lane_and_catches
 ) -> None:
     topic = topic_factory(2)
     total = 40_000
-    # Hex digests do not compress: the lanes take about 5 MiB.
-    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
-    produce_json(broker.bootstrap, topic, docs, partition=lambda i: i % 2, producer=producer)
+    produce_digests(broker, producer, topic, total, partitions=2)  # lanes of about 5 MiB
     disk = small_disk(1024)
     gw = gateway_factory(
         [topic], data_dir=disk.path / "lane", raw_lane={"roll_rows": 2_000}, max_poll_records=1_000
@@ -194,8 +203,7 @@ def test_compaction_on_a_full_disk_leaves_no_half_merge_and_finishes_once_space_
     caplog.set_level(logging.WARNING, logger="thalweg.ops.periodic")
     topic = topic_factory(1)
     total = 20_000
-    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
-    produce_json(broker.bootstrap, topic, docs, producer=producer)
+    produce_digests(broker, producer, topic, total)
     disk = small_disk(3 * 1024)  # the lanes take about 2.5 MiB; a merge of them as much
     gw = gateway_factory(
         [topic],
@@ -256,8 +264,7 @@ def test_retention_makes_room_on_a_full_disk_and_the_ingest_goes_on(
     caplog.set_level(logging.WARNING)
     topic = topic_factory(1)
     total = 40_000
-    docs = ({"id": i, "pad": hashlib.sha256(b"%d" % i).hexdigest()} for i in range(total))
-    produce_json(broker.bootstrap, topic, docs, producer=producer)
+    produce_digests(broker, producer, topic, total)
     disk = small_disk(1024)  # the lanes of the whole topic take about 5 MiB
     gw = gateway_factory(
         [topic],
