@@ -54,7 +54,8 @@ class Ballast:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, bytes(self.nbytes))
+                # Not zeros: a compressing file system (ZFS, btrfs) would store none.
+                os.write(fd, os.urandom(self.nbytes))
                 os.fsync(fd)
             finally:
                 os.close(fd)
