@@ -154,10 +154,40 @@ def test_a_fenced_write_writes_and_commits_nothing_and_the_source_goes_on(
     asyncio.run(cp.flush_now(KEY))
     assert state.ctx.layout.segments(Lane.RAW, "t", 0) == []
     assert commits.calls == [] and state.fatal is None
-    # Counted once: the refused rows are no longer held, so the drop that follows
-    # counts only what is still buffered.
-    assert buf.held_rows == 0
-    assert state.ctx.metrics.fenced.labels(*state.labels(KEY))._value.get() == 2
+    # Refused, not lost: the segment is back in the buffer (the drop that follows, if
+    # ownership was lost, counts it), and written once the doubt clears.
+    assert buf.held_rows == 2 and buf.in_flight_rows == 0
+    fence.confirm("paused past the session")
+    asyncio.run(cp.flush_now(KEY))
+    assert [(s.first, s.last) for s in state.ctx.layout.segments(Lane.RAW, "t", 0)] == [(0, 1)]
+    assert commits.calls == [{KEY: 2}] and buf.held_rows == 0
+
+
+def test_a_refused_segment_of_several_goes_back_first_and_none_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """Ownership in doubt after the first of three segments of one take landed: the
+    others stay buffered, in order; once the doubt clears they land with no hole."""
+    fence = OwnershipFence(60, lambda: (True, None))
+    cp, state, commits, buf = setup(tmp_path, fence, roll=RawLaneConfig(roll_rows=4))
+    buf.sink.push(raw(list(range(10))))
+    land = cp._land
+
+    async def land_then_doubt(*a: Any) -> None:
+        await land(*a)
+        fence.doubt("a test")
+
+    cp._land = land_then_doubt  # type: ignore[method-assign]
+    asyncio.run(cp.flush_now(KEY))
+    segs = state.ctx.layout.segments(Lane.RAW, "t", 0)
+    assert [(s.first, s.last) for s in segs] == [(0, 3)]
+    assert buf.held_rows == 6 and commits.calls == [{KEY: 4}]
+    cp._land = land  # type: ignore[method-assign]
+    fence.confirm("a test")
+    asyncio.run(cp.flush_now(KEY))
+    segs = state.ctx.layout.segments(Lane.RAW, "t", 0)
+    assert [(s.first, s.last) for s in segs] == [(0, 3), (4, 7), (8, 9)]
+    assert commits.calls == [{KEY: 4}, {KEY: 8}, {KEY: 10}] and buf.empty
 
 
 def test_a_conflicting_segment_stops_the_source_loudly(tmp_path: Path) -> None:

@@ -71,17 +71,21 @@ class Checkpoint:
                 async with buf.lock:
                     pending = buf.take(ctx.raw_cfg, now)
                 await self._land(key, buf, pending)
-                if not buf.rest or s.fatal is not None:
-                    break
+                pending = None
+                if s.fatal is not None or s.in_doubt or s.parts.get(key) is not buf:
+                    break  # stopped, or the buffer is being dropped: write no more of it
+                if not (buf.rest or (now == math.inf and not buf.empty)):
+                    break  # the rest is not due (``inf``: everything was asked for)
         except OwnershipLostError as exc:
-            # Not written, and the fence doubts ownership now: the loop drops what the
-            # partition buffered and rewinds it; another owner reads it anyway. The
-            # refused rows are counted here and no longer held (the drop counts the rest).
+            # Not written, and the fence doubts ownership now. The segment goes back to
+            # the front of the buffer: should the doubt clear, it is written next (taken
+            # out, a later segment would commit past it); should ownership be lost, the
+            # loop drops the buffer and rewinds (and the drop counts what it dropped).
             log.warning("%s[%d]: %s", key[0], key[1], exc)
-            if pending is not None:
+            if pending is not None and s.parts.get(key) is buf:
                 buf.in_flight_bytes -= pending.nbytes
-                buf.in_flight_rows -= pending.raw.num_rows
-                ctx.metrics.fenced.labels(*s.labels(key)).inc(pending.raw.num_rows)
+                buf.in_flight_rows -= pending.rows
+                buf.rest.appendleft(pending)
         except Exception as exc:
             # The taken batches are gone from memory but not durable. Carrying on would let
             # a later segment commit past them, so the source stops; a restart re-reads
@@ -267,8 +271,9 @@ class Checkpoint:
 
     async def flush_now(self, key: PartitionKey) -> None:
         """Make everything buffered for ``key`` durable and committed."""
-        task = self.flushes.get(key)
-        if task is not None:
+        # One flush of a partition at a time: the loop may start another while this
+        # waits for one (its segments would land out of order).
+        while (task := self.flushes.get(key)) is not None:
             await task
         buf = self.s.parts.get(key)
         if buf is None:

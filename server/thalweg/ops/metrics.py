@@ -45,7 +45,8 @@ class Metrics:
             "twg_fenced_records",
             "Records this member did not write because its ownership of the partition was "
             "in doubt — a zombie after a pause past its session: dropped from its buffers "
-            "or refused at the segment write; the owner reads them again (docs/lanes.md).",
+            "(a segment write refused meanwhile goes back there first); the owner reads "
+            "them again (docs/lanes.md).",
             part,
             registry=r,
         )
