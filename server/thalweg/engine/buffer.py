@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder, DecodeFailure
@@ -57,6 +58,14 @@ class Pending:
                 tuple(replace(f, row=f.row - n) for f in self.failures if f.row >= n),
             ),
         )
+
+    def copied(self) -> Pending:
+        """The same records in buffers of their own. A slice keeps its whole fetched
+        batch alive: a small carry of a large fetch would hold memory that
+        ``max_buffered_bytes`` counts as free (one copy per segment, of less than one)."""
+        rows = pa.array(np.arange(self.rows))
+        decoded = self.decoded.take(rows) if self.decoded is not None else None
+        return replace(self, raw=self.raw.take(rows), decoded=decoded)
 
     def join(self, later: Pending) -> Pending:
         """This and the records right after it, as one."""
@@ -164,7 +173,7 @@ class PartitionBuffer:
             if whole.rows == size or everything or not self.rest:
                 self.rest.append(whole)
             else:
-                self.carry, self.carry_opened_at = whole, opened_at
+                self.carry, self.carry_opened_at = whole.copied(), opened_at
         pending = self.rest.popleft()
         self.in_flight_bytes += pending.nbytes
         self.in_flight_rows += pending.rows
