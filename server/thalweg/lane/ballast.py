@@ -16,6 +16,7 @@ retention stuck again.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -28,6 +29,7 @@ from thalweg.lane.layout import RETENTION_DIR, ensure_dir
 log = logging.getLogger(__name__)
 
 BALLAST_BYTES = 64 * 1024
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or the user's quota reached
 T = TypeVar("T")
 
 
@@ -42,27 +44,30 @@ class Ballast:
     def laid(self) -> bool:
         try:
             return self.path.stat().st_size >= self.nbytes
-        except FileNotFoundError:
+        except OSError:
             return False
 
     def lay(self) -> bool:
-        """Reserve the room (durably) unless it already is; False when the disk has not
-        got it now (tried again at the next call)."""
+        """Reserve the room (durably) unless it already is; False when it could not be
+        reserved now (tried again at the next call; retention runs on without it)."""
         if self.laid:
             return True
-        ensure_dir(self.path.parent)
         try:
+            ensure_dir(self.path.parent)
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 # Not zeros: a compressing file system (ZFS, btrfs) would store none.
-                os.write(fd, os.urandom(self.nbytes))
+                view = memoryview(os.urandom(self.nbytes))
+                while view:
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            self.path.unlink(missing_ok=True)  # a part of it would only mislead
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)  # a part of it would only mislead
+            if exc.errno not in _NO_ROOM:
+                log.warning("retention ballast %s not laid: %s", self.path, exc)
             return False
         return True
 
@@ -80,7 +85,7 @@ class Ballast:
         try:
             return write()
         except OSError as exc:
-            if exc.errno != errno.ENOSPC or not self.release():
+            if exc.errno not in _NO_ROOM or not self.release():
                 raise
         log.warning(
             "disk full: released the %d KiB retention ballast (%s) to %s",
