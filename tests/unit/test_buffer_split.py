@@ -93,14 +93,16 @@ def test_a_carry_joined_with_newer_records_keeps_their_failures_in_place() -> No
     roll = RawLaneConfig(roll_rows=20)
     now = buf.sink.opened_at
     assert buf.take(roll, now).rows == 20  # 5 carried, one of them failed
-    # The carry has buffers of its own (a slice would keep the whole fetch alive).
+    # A slice keeps its whole fetch alive: the carry is charged for all of it.
     assert buf.carry is not None
-    assert buf.carry.raw.get_total_buffer_size() < fetched.get_total_buffer_size() / 2
+    assert buf.buffered_bytes >= fetched.get_total_buffer_size()
     buf.sink.push(_raw(list(range(25, 45)), bad=frozenset({30})))
     joined = buf.take(roll, now)
     assert _positions(joined) == list(range(20, 40))
     assert [_positions(joined)[f.row] for f in joined.failures] == [22, 30]
     assert joined.span.covers_from == 20 and joined.span.covers_to == 40
+    buf.take(roll, math.inf)
+    assert buf.empty and buf.buffered_bytes == 0  # all of it in flight now
 
 
 def test_due_by_age_or_everything_writes_the_remainder_too() -> None:

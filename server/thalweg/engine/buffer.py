@@ -7,7 +7,6 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder, DecodeFailure
@@ -59,13 +58,15 @@ class Pending:
             ),
         )
 
-    def copied(self) -> Pending:
-        """The same records in buffers of their own. A slice keeps its whole fetched
-        batch alive: a small carry of a large fetch would hold memory that
-        ``max_buffered_bytes`` counts as free (one copy per segment, of less than one)."""
-        rows = pa.array(np.arange(self.rows))
-        decoded = self.decoded.take(rows) if self.decoded is not None else None
-        return replace(self, raw=self.raw.take(rows), decoded=decoded)
+    def pinned(self) -> Pending:
+        """The same records, charged for the memory they keep alive. A slice holds its
+        whole fetched batch: a small carry of a large fetch pins far more than its rows'
+        share, which ``max_buffered_bytes`` must count (copying the carry instead cost
+        up to 40 % of a ``twg batch`` run: wide rows, ``take`` is no memcpy)."""
+        pinned = self.raw.get_total_buffer_size()
+        if self.decoded is not None:
+            pinned += self.decoded.get_total_buffer_size()
+        return replace(self, nbytes=max(self.nbytes, int(pinned)))
 
     def join(self, later: Pending) -> Pending:
         """This and the records right after it, as one."""
@@ -173,7 +174,7 @@ class PartitionBuffer:
             if whole.rows == size or everything or not self.rest:
                 self.rest.append(whole)
             else:
-                self.carry, self.carry_opened_at = whole.copied(), opened_at
+                self.carry, self.carry_opened_at = whole.pinned(), opened_at
         pending = self.rest.popleft()
         self.in_flight_bytes += pending.nbytes
         self.in_flight_rows += pending.rows
