@@ -35,14 +35,24 @@ ROLL_ROWS = 1500
 
 
 def config_text(
-    bootstrap: str, topic: str, group: str, data: Path, *, roll_rows: int = 5000, extra: str = ""
+    bootstrap: str,
+    topic: str,
+    group: str,
+    data: Path,
+    *,
+    roll_rows: int = 5000,
+    max_poll_records: int = 2000,
+    gateway: str = "",
+    extra: str = "",
 ) -> str:
-    """A crash test's gateway: fast rolls, a short session, then ``extra`` tables."""
+    """A crash test's gateway: fast rolls, a short session, then ``extra`` tables
+    (``gateway``: more keys of ``[gateway]``)."""
     return f"""
 [gateway]
 data_dir = "{data}"
 flight_listen = "grpc://127.0.0.1:0"
 http_listen = "127.0.0.1:0"
+{gateway}
 
 [raw_lane]
 roll_age_s = 0.25
@@ -56,7 +66,7 @@ topics = ["{topic}"]
 group_id = "{group}"
 session_timeout_ms = 2000
 heartbeat_interval_ms = 500
-max_poll_records = 2000
+max_poll_records = {max_poll_records}
 {extra}"""
 
 

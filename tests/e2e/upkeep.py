@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from confluent_kafka import Producer
 
+from tests.e2e.test_crash_exactness import config_text as crash_config
 from tests.e2e.test_crash_exactness import start_gateway, wait_started
 from tests.helpers import wait_until
 
@@ -30,27 +31,16 @@ _NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 
 def config_text(bootstrap: str, topic: str, group: str, data: Path, upkeep: str) -> str:
     """Segments of at most 100 rows, fetched 100 at a time, and the ``upkeep`` tables."""
-    return f"""
-[gateway]
-data_dir = "{data}"
-flight_listen = "grpc://127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-gc_tuning = false
-
-[raw_lane]
-roll_age_s = 0.25
-roll_rows = 100
-{upkeep}
-[[sources]]
-name = "upkeep"
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-group_id = "{group}"
-session_timeout_ms = 2000
-heartbeat_interval_ms = 500
-max_poll_records = 100
-"""
+    return crash_config(
+        bootstrap,
+        topic,
+        group,
+        data,
+        roll_rows=100,
+        max_poll_records=100,
+        gateway="gc_tuning = false",
+        extra=upkeep,
+    )
 
 
 def produce(bootstrap: str, topic: str, pad: int) -> threading.Event:

@@ -111,7 +111,7 @@ class Checkpoint:
         if self._dlq_topic is not None and written.dead is not None:
             await self._send_dead_letters(written.dead)
         buf.in_flight_bytes -= pending.nbytes
-        buf.in_flight_rows -= pending.raw.num_rows
+        buf.in_flight_rows -= pending.rows
         buf.durable = span.covers_to
         ctx.live.mark_durable(key[0], key[1], span.covers_to)
         ctx.metrics.durable.labels(*s.labels(key)).set(span.covers_to)

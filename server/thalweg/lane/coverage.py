@@ -108,11 +108,11 @@ def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[S
     dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
     dirs += [layout.node_dead_letter_dir(n, topic, partition) for n in layout.nodes()]
     decoded = layout.partition_dir(Lane.DECODED, topic, partition)
+    for name in names:  # the Arrow IPC copies first: none outlives its segment
+        remove_copy(layout.root, decoded / name)
     for directory in dirs:
         before = removed
         for name in names:
-            if directory == decoded:
-                remove_copy(layout.root, directory / name)
             try:
                 (directory / name).unlink()
                 removed += 1
