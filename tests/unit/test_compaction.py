@@ -18,7 +18,14 @@ from thalweg.config.models import RawLaneConfig
 from thalweg.config.retention import CompactionConfig
 from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.coverage import is_compacted, repair, scan_coverage
-from thalweg.lane.layout import META_COVERS_FROM, META_COVERS_TO, Lane, LaneLayout, segment_name
+from thalweg.lane.layout import (
+    META_COVERS_FROM,
+    META_COVERS_TO,
+    Lane,
+    LaneLayout,
+    Segment,
+    segment_name,
+)
 
 T = "orders"
 NOW = 1_000_000.0
@@ -159,3 +166,66 @@ def test_a_crash_before_the_raw_file_leaves_no_node_dead_letters_twice(tmp_path:
     repair(layout, T, 0)
     assert not unlanded.exists()
     assert sorted(os.listdir(node)) == parts
+
+
+class _Killed(BaseException):
+    """The process died here."""
+
+
+def _on_disk(directory: Path) -> list[int]:
+    """Every position in every file of a directory (what a reader of it counts)."""
+    out: list[int] = []
+    for name in sorted(os.listdir(directory)):
+        out += pq.read_table(directory / name).column("_twg_position").to_pylist()
+    return sorted(out)
+
+
+def test_a_sweep_killed_after_any_deletion_leaves_every_row_once_after_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts of a merge are deleted one file at a time; a kill between any two
+    deletions, then start-up repair, leaves each lane's directory (and the nodes' dead
+    letters) holding every row once. A decoded part outliving its raw file lies inside
+    the merged twin, where no listing shows it — found by a CI run of the compaction
+    crash test (100 decoded rows twice)."""
+    whole = lane(tmp_path / "whole")
+    merge(whole, T, 0, run_of(whole), RawLaneConfig())
+    assert sweep_merged(whole, T, 0, grace_s=0) == 9 + 9 + 3 + 3
+    node_rel = Path("nodes") / "clean" / "dlq" / f"topic={T}" / "partition=0"
+    expected = [_on_disk(whole.partition_dir(ln, T, 0)) for ln in Lane]
+    expected.append(_on_disk(tmp_path / "whole" / node_rel))
+    real = Path.unlink
+    k = 0
+    while True:  # killed at the k-th unlink (Arrow IPC copies first), until none is left
+        root = tmp_path / f"killed-{k}"
+        layout = lane(root)
+        merge(layout, T, 0, run_of(layout), RawLaneConfig())
+        calls = 0
+
+        def dying(path: Path, missing_ok: bool = False, *, _k: int = k) -> None:
+            nonlocal calls
+            calls += 1
+            if calls > _k:
+                raise _Killed
+            real(path, missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", dying)
+        try:
+            sweep_merged(layout, T, 0, grace_s=0)
+            killed = False
+        except _Killed:
+            killed = True
+        monkeypatch.undo()
+        repair(layout, T, 0)
+        dirs = [layout.partition_dir(ln, T, 0) for ln in Lane] + [root / node_rel]
+        assert [_on_disk(d) for d in dirs] == expected, f"killed after {k} unlinks"
+        assert not (root / "quarantine").exists()
+        if not killed:
+            break
+        k += 1
+    assert k == 9 * 5  # a try per part: its copy, decoded, dead letters, node dead letters, raw
+
+
+def run_of(layout: LaneLayout) -> list[Segment]:
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    return run

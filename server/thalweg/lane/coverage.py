@@ -105,8 +105,13 @@ def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[S
     dead letters named after them; the files removed."""
     removed = 0
     names = {s.path.name for s in merged}
-    dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
+    # The raw part goes last: while it is on disk, start-up sees a part inside its merge
+    # and removes the part's every file (``_resolve_overlaps``). Removed first, a crash
+    # could leave a decoded part no listing shows (it lies inside the merged twin) whose
+    # rows a read of the directory would count twice.
+    dirs = [layout.partition_dir(lane, topic, partition) for lane in (Lane.DECODED, Lane.DLQ)]
     dirs += [layout.node_dead_letter_dir(n, topic, partition) for n in layout.nodes()]
+    dirs.append(layout.partition_dir(Lane.RAW, topic, partition))
     decoded = layout.partition_dir(Lane.DECODED, topic, partition)
     for name in names:  # the Arrow IPC copies first: none outlives its segment
         remove_copy(layout.root, decoded / name)
@@ -183,14 +188,18 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
                 log.info("removed interrupted write %s", directory / name)
     _resolve_overlaps(layout, topic, partition)
     raw = {s.path.name: s for s in layout.segments(Lane.RAW, topic, partition)}
-    decoded = {s.path.name: s for s in layout.segments(Lane.DECODED, topic, partition)}
+    decoded: set[str] = set()
     for lane in (Lane.DECODED, Lane.DLQ):
-        for seg in layout.segments(lane, topic, partition):
+        # Every file, contained ones too: a twin inside another (a merge's part whose raw
+        # file is gone) is listed by nothing else and would never be removed.
+        for seg in layout.segments(lane, topic, partition, contained=True):
             if seg.path.name not in raw:
                 seg.path.unlink(missing_ok=True)
                 log.info("removed %s segment without raw twin %s", lane.value, seg.path)
+            elif lane is Lane.DECODED:
+                decoded.add(seg.path.name)
     _remove_unlanded_node_merges(layout, topic, partition)
-    return [raw[name] for name in sorted(raw.keys() - decoded.keys())]
+    return [raw[name] for name in sorted(raw.keys() - decoded)]
 
 
 def _remove_unlanded_node_merges(layout: LaneLayout, topic: str, partition: int) -> None:
