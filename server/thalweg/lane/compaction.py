@@ -16,7 +16,9 @@ newest, none younger than ``min_age_s``) into one file per run, in every lane at
   is not listed (``LaneLayout.segments``) — so no read sees a position twice. The parts
   are deleted ``grace_s`` later, so a read that listed them keeps them. A crash between
   the steps leaves either the parts alone (a decoded or dead-letter merge without its
-  raw file is removed at start as debris) or both, and start-up deletes the parts.
+  raw file is removed at start as debris) or both, and start-up deletes the parts. The
+  parts' raw files are deleted last (``coverage.remove_merged``), so a crash among the
+  deletions leaves a raw part that start-up finds inside the merge.
 * **Only the owner compacts** a partition (the gateway that ingests it), so two
   writers never merge the same files.
 """

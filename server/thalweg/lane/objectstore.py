@@ -141,11 +141,24 @@ class ObjectStore:
         return True
 
     def delete(self, rels: list[str]) -> None:
-        """Remove objects (absent ones are no error)."""
+        """Remove objects (absent ones are no error), in order, a request per 1,000.
+
+        Raises:
+            LaneError: the store refused a key (``DeleteObjects`` answers 200 and names
+                the keys it did not delete); the keys after it are not asked for.
+        """
         for i in range(0, len(rels), 1000):
             chunk = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
             with self._asking("DELETE"):
-                self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+                answer = self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+            refused = answer.get("Errors") or []
+            if refused:
+                first = refused[0]
+                raise LaneError(
+                    f"{self.url}: DELETE refused for {len(refused)} of {len(chunk)} objects, "
+                    f"first {first.get('Key')}: {first.get('Code')} {first.get('Message')}",
+                    retriable=True,
+                )
 
     def _found(self, what: str, call: Callable[[], T]) -> T | None:
         """``call()``; None when the object does not exist (404)."""
