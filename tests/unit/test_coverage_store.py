@@ -75,7 +75,10 @@ def test_one_feeder_per_sink_claims_the_store(tmp_path: Path) -> None:
         second.claim()
     CoverageStore(tmp_path, "other").claim()  # another sink is another lock
     first.release()
+    killed = second.path.with_name(second.path.name + ".tmp-4610")  # a kill -9 mid-flush
+    killed.write_text("{")
     second.claim()
+    assert not killed.exists()  # the one feeder removes what a dead one left
     second.release()
 
 

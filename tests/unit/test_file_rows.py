@@ -485,3 +485,18 @@ def test_avro_files_read_natively_equal_the_per_record_read(tmp_path: Path, star
     slow = pa.concat_tables([c.table for c in _avro_per_record(LOCAL, str(p), start)])
     assert numbers == list(range(start, 100_000))
     assert native.equals(slow)
+
+
+def test_the_run_that_takes_the_lock_removes_a_killed_runs_half_manifest(tmp_path: Path) -> None:
+    from thalweg.sources.files.manifest import MANIFEST_NAME, Manifest
+
+    state = tmp_path / "state"
+    state.mkdir()
+    half = state / (MANIFEST_NAME + ".tmp-4610")  # kill -9 between write and rename
+    half.write_text('{"version"')
+    fd = Manifest.lock(state, "t")
+    try:
+        assert not half.exists()
+        assert Manifest.load(state, "t").entries == []
+    finally:
+        os.close(fd)

@@ -231,3 +231,29 @@ def test_the_decoded_schema_follows_a_segment_written_again_under_its_name(
     write("another_field")  # ...and the same name written again
     again = reader.decoded_schema("t")
     assert again is not None and "another_field" in again.names and "x" not in again.names
+
+
+def test_repair_removes_interrupted_writes_beside_the_lanes_too(tmp_path: Path) -> None:
+    """A kill -9 inside any durable write of a partition's state leaves ``<name>.tmp-<pid>``
+    (a CI run found one beside a retention floor): start-up removes each, and only those."""
+    from thalweg.lane.elsewhere import elsewhere_path
+
+    layout, w = writer(tmp_path)
+    w.write("t", 0, raw([0, 1]), raw([0, 1]), 0, 2)
+    floor = layout.floor_path("t", 0)
+    marker = elsewhere_path(layout, "t", 0)
+    dead = layout.node_dead_letter_dir("enrich", "t", 0)
+    other = layout.floor_path("t", 1)  # another partition's: its owner's to clean
+    for directory in (floor.parent, marker.parent, dead):
+        directory.mkdir(parents=True, exist_ok=True)
+    floor.write_text('{"floor": 0, "steps": []}\n')
+    left = [
+        floor.with_name(floor.name + ".tmp-4610"),
+        marker.with_name(marker.name + ".tmp-77"),
+        dead / "00000000000000000000-00000000000000000001.parquet.tmp-5",
+    ]
+    for path in [*left, other.with_name(other.name + ".tmp-9")]:
+        path.write_bytes(b"half")
+    repair(layout, "t", 0)
+    assert not any(p.exists() for p in left)
+    assert floor.exists() and other.with_name(other.name + ".tmp-9").exists()

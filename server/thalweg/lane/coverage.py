@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
+from thalweg.lane.elsewhere import elsewhere_path
 from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import (
     _SEGMENT_RE,
@@ -26,6 +27,7 @@ from thalweg.lane.layout import (
     Segment,
     ensure_dir,
     fsync_dir,
+    remove_interrupted_writes,
     segment_name,
 )
 
@@ -164,7 +166,8 @@ def resume_position(cov: Coverage, committed: int | None) -> int | None:
 def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
     """Make a partition's lanes consistent after a crash.
 
-    Removes temp files of interrupted writes, and decoded and dead-letter segments without
+    Removes temp files of interrupted writes (the lanes', the nodes' dead letters', the
+    retention floor's, the held-elsewhere marker's), and decoded and dead-letter segments without
     a raw twin (written just before a crash; the records will be fetched again). A raw
     segment whose offsets lie inside another's (two writers of one lane, before fencing
     existed) moves with its twins to ``quarantine/``.
@@ -176,8 +179,9 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
     Returns:
         Raw segments that have no decoded twin and need decoding again.
     """
-    for lane in Lane:
-        directory = layout.partition_dir(lane, topic, partition)
+    dirs = [layout.partition_dir(lane, topic, partition) for lane in Lane]
+    dirs += [layout.node_dead_letter_dir(node, topic, partition) for node in layout.nodes()]
+    for directory in dirs:
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
@@ -186,6 +190,8 @@ def repair(layout: LaneLayout, topic: str, partition: int) -> list[Segment]:
             if TMP_MARK in name:
                 (directory / name).unlink(missing_ok=True)
                 log.info("removed interrupted write %s", directory / name)
+    remove_interrupted_writes(layout.floor_path(topic, partition))
+    remove_interrupted_writes(elsewhere_path(layout, topic, partition))
     _resolve_overlaps(layout, topic, partition)
     raw = {s.path.name: s for s in layout.segments(Lane.RAW, topic, partition)}
     decoded: set[str] = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from thalweg.errors import LaneError, PrefixMismatchError
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "_thalweg.json"
@@ -236,12 +239,29 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def remove_interrupted_writes(path: Path) -> int:
+    """Remove the temp files a killed process left beside ``path`` (``write_*_durably``
+    names them ``<name>.tmp-<pid>``; a kill -9 between write and rename leaves one): the
+    write they held never happened, so nothing is lost. Called by the file's one writer
+    at start — another live writer's temp file would go with them. Returns how many."""
+    prefix = path.name + TMP_MARK
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix)]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for name in names:
+        (path.parent / name).unlink(missing_ok=True)
+        log.info("removed interrupted write %s", path.parent / name)
+    return len(names)
+
+
 def write_file_durably(
     path: Path, write: Callable[[Path], None], *, exclusive: bool = False
 ) -> None:
     """Make ``path`` appear whole or not at all: ``write`` fills a temp file beside it,
     then fsync → rename (or, with ``exclusive``, a hard link that refuses an existing
-    name) → directory fsync. The temp file never outlives the call.
+    name) → directory fsync. The temp file never outlives the call (a kill -9 aside:
+    :func:`remove_interrupted_writes`).
 
     Raises:
         FileExistsError: ``exclusive`` and ``path`` exists.

@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from thalweg.errors import ConfigError, LaneError
 from thalweg.lane.coverage import Coverage, subtract_ranges
-from thalweg.lane.layout import ensure_dir, write_json_durably
+from thalweg.lane.layout import ensure_dir, remove_interrupted_writes, write_json_durably
 from thalweg.sinks.base import CoverageKey, Ranges
 
 FORMAT_VERSION = 1
@@ -69,6 +69,7 @@ class CoverageStore:
         lock.write(str(os.getpid()))
         lock.flush()
         self._owner = lock
+        remove_interrupted_writes(self.path)  # the one feeder now
 
     def release(self) -> None:
         if self._owner is not None:

@@ -29,7 +29,7 @@ import pyarrow.flight as fl
 
 from thalweg.config.models import FlightSourceConfig
 from thalweg.errors import SourceError
-from thalweg.lane.layout import write_json_durably
+from thalweg.lane.layout import remove_interrupted_writes, write_json_durably
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
@@ -58,6 +58,7 @@ class FlightSource(Unbrokered):
         self.upstream = cfg.upstream_topic or self.topic
         self._columns = columns
         self._state_path = cfg.state_dir / "positions.json"
+        remove_interrupted_writes(self._state_path)
         self._committed = _load(self._state_path)
         self._queue: queue.Queue[tuple[int, int, pa.RecordBatch | BaseException]] = queue.Queue(
             QUEUE_BATCHES

@@ -24,9 +24,10 @@ from typing import Literal
 import pyarrow.fs as pafs
 
 from thalweg.errors import ConfigError
-from thalweg.lane.layout import write_json_durably
+from thalweg.lane.layout import remove_interrupted_writes, write_json_durably
 
 VERSION = 1
+MANIFEST_NAME = "manifest.json"
 HASH_BLOCK = 8 * 1024 * 1024
 # A new file's hash while it is computed beside the reading. No row of such a file is
 # handed on before its hash is saved, so an entry still unhashed when a run stopped
@@ -107,6 +108,7 @@ class Manifest:
                 f"another twg batch run is writing topic {topic!r} ({directory}); "
                 "wait for it, or batch into another topic"
             ) from exc
+        remove_interrupted_writes(directory / MANIFEST_NAME)  # the one writer now
         return fd
 
     @classmethod
@@ -116,7 +118,7 @@ class Manifest:
         Raises:
             ConfigError: the file exists but is not a manifest this version reads.
         """
-        path = directory / "manifest.json"
+        path = directory / MANIFEST_NAME
         try:
             body = json.loads(path.read_text("utf-8"))
         except FileNotFoundError:
