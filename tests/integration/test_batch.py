@@ -305,6 +305,30 @@ def test_malformed_rows_go_to_the_dead_letter_lane_and_unreadable_files_are_repo
     assert lane(data, "raw", "drops").num_rows == 4 + 3 + avro_good
 
 
+def test_csv_quote_delimiter_and_null_settings_reach_every_reader(tmp_path: Path) -> None:
+    """The source's CSV settings hold for the run, its dry run and its dead letters."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_text("id|note\n1|'a|b'\n-|'it''s'\n3|-\n4|'x'|y\n5|'two\nlines'\n")
+    cfg = write_config(tmp_path, csv_delimiter='"|"', csv_quote='"\'"', csv_null_values='["-"]')
+    dry = twg_batch(cfg, "--dry-run", str(d))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert (summary(dry)["rows"], summary(dry)["dead_letter_reasons"]) == (5, {"syntax": 1})
+    assert not (tmp_path / "data").exists()
+
+    proc = twg_batch(cfg, str(d))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decoded = lane(tmp_path / "data", "decoded", "drops")
+    assert decoded["id"].to_pylist() == [1, None, 3, None, 5]
+    assert decoded["note"].to_pylist() == ["a|b", "it's", None, None, "two\nlines"]
+    assert (
+        decoded[f"{P}decode_error"].to_pylist()[3].startswith("syntax: expected 2 columns, got 3")
+    )
+    dead = lane(tmp_path / "data", "dlq", "drops")
+    assert dead[f"{P}source_value"].to_pylist() == [b"4|'x'|y"]
+    assert dead[f"{P}source_offset"].to_pylist() == [3]
+
+
 def contract(tmp_path: Path, topic: str) -> Path:
     path = tmp_path / "contract.yaml"
     doc = {

@@ -23,6 +23,7 @@ from thalweg.pipeline.decode import decode_batch
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import BrokenRow, file_rows_batch, row_bytes, strip_payload
 from thalweg.sources.files.formats import (
+    CsvOptions,
     FileReadError,
     detect,
     read_chunks,
@@ -140,10 +141,63 @@ def test_a_csv_value_its_column_cannot_take_fails_that_row_only(tmp_path: Path) 
 
     recs = formats.split_records(body.encode(), ord('"'), True)
     recs.starts, recs.ends = recs.starts[1:], recs.ends[1:]
-    chunk = formats._parse_csv(recs, 0, ["n"], {"n": pa.int64()}, ",", 0)
+    chunk = formats._parse_csv(recs, 0, ["n"], {"n": pa.int64()}, formats.CsvOptions(), 0)
     assert chunk.table["n"].to_pylist() == [0, 1, 2, 3, 4, 7]
     assert [(b.row, b.text) for b in chunk.broken] == [(5, b"oops")]
     assert "int64" in chunk.broken[0].message
+
+
+def read_with(
+    path: Path, opts: CsvOptions, fmt: str = "csv"
+) -> tuple[pa.Table, list[int], list[BrokenRow]]:
+    chunks = list(read_chunks(LOCAL, str(path), fmt, 0, opts))
+    table = pa.concat_tables([c.table for c in chunks])
+    return table, [int(r) for c in chunks for r in c.rows], [b for c in chunks for b in c.broken]
+
+
+def test_another_quote_character_quotes_delimiters_line_breaks_and_itself(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_bytes(b"id;'the v'\n1;'a;b'\n2;'it''s'\n3;'two\nlines'\n4;'x';y\n5;\"\n")
+    table, numbers, broken = read_with(p, CsvOptions(";", True, "'"))
+    assert table.column_names == ["id", "the v"]
+    assert table["the v"].to_pylist() == ["a;b", "it's", "two\nlines", '"']
+    assert numbers == [0, 1, 2, 4]
+    assert [(b.row, b.text, b.message) for b in broken] == [
+        (3, b"4;'x';y", "expected 2 columns, got 3")
+    ]
+
+
+def test_without_quoting_a_quote_is_an_ordinary_character(tmp_path: Path) -> None:
+    """A stray quote (inches, a half-open quote) neither joins lines nor fails a row."""
+    p = tmp_path / "a.csv"
+    p.write_bytes(b'size,la"bel\n5,5" pipe\n6,"half\n7,x\n8,"a,b"\n')
+    table, numbers, broken = read_with(p, CsvOptions(quote=""))
+    assert table.column_names == ["size", 'la"bel']
+    assert table['la"bel'].to_pylist() == ['5" pipe', '"half', "x"]
+    assert numbers == [0, 1, 2]
+    assert [(b.row, b.text, b.message) for b in broken] == [
+        (3, b'8,"a,b"', "expected 2 columns, got 3")
+    ]
+
+
+def test_null_values_are_exactly_the_cells_named_in_every_column(tmp_path: Path) -> None:
+    body = "n\ts\n1\t-\n-\tx\n\t\n2\tNULL\n"
+    p = tmp_path / "a.tsv"
+    p.write_text(body)
+    table, numbers, _ = read_with(p, CsvOptions(null_values=("", "-")), "tsv")
+    assert table.to_pydict() == {"n": [1, None, None, 2], "s": [None, "x", None, "NULL"]}
+    # Unset, pyarrow's list: typed columns take "" and NULL as null, strings keep text;
+    # "-" is no null, so the integer column is read as text.
+    table, numbers, _ = read_with(p, CsvOptions(), "tsv")
+    assert table.to_pydict() == {"n": ["1", "-", "", "2"], "s": ["-", "x", "", "NULL"]}
+    p.write_text("n\tm\n1\t\n\tNULL\n")
+    table, numbers, _ = read_with(p, CsvOptions(), "tsv")
+    assert table.to_pydict() == {"n": [1, None], "m": [None, None]}
+    # Named, a cell outside the list is a value: an empty cell makes a column text.
+    p.write_text("n\tm\n1\ta\n-\tb\n\tc\n\n2\td\n")  # the blank line is no row
+    table, numbers, broken = read_with(p, CsvOptions(null_values=("-",)), "tsv")
+    assert table["n"].to_pylist() == ["1", None, "", "2"] and numbers == [0, 1, 2, 3]
+    assert broken == []
 
 
 def test_json_lines_widen_a_field_and_keep_broken_lines(tmp_path: Path) -> None:

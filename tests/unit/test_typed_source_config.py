@@ -23,6 +23,9 @@ def config(**source: Any) -> dict[str, Any]:
         ({"kind": "flight", "location": "http://x:1"}, "grpc://"),
         ({"kind": "flight"}, "location"),
         ({"kind": "files", "registry": {"url": "http://r"}}, "no registry"),
+        ({"kind": "files", "csv_delimiter": "'", "csv_quote": "'"}, "must differ"),
+        ({"kind": "files", "csv_quote": "\n"}, "line break"),
+        ({"kind": "files", "csv_quote": "ab"}, "at most 1"),
     ],
 )
 def test_typed_sources_refuse_what_does_not_apply(source: dict[str, Any], message: str) -> None:

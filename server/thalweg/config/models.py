@@ -707,10 +707,26 @@ class FilesSourceConfig(TypedSourceConfig):
     )
     csv_delimiter: str = Field(",", min_length=1, max_length=1)
     csv_header: bool = Field(True, description="The first CSV record names the columns.")
+    csv_quote: str = Field(
+        '"',
+        max_length=1,
+        description="The CSV quote character; a quote inside a quoted value is doubled. "
+        "'': no quoting (a quote is an ordinary character). Backslash escapes are not read.",
+    )
+    csv_null_values: list[str] | None = Field(
+        None,
+        description="CSV cells read as null, in every column, strings too. Unset: "
+        "pyarrow's list ('', NULL, NA, N/A, null, NaN, ...) for typed columns; string "
+        "columns keep their text.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FilesSourceConfig:
         self._check_files()
+        if self.csv_quote and self.csv_quote == self.csv_delimiter:
+            raise ValueError("csv_quote and csv_delimiter must differ")
+        if {self.csv_quote, self.csv_delimiter} & {"\n", "\r"}:
+            raise ValueError("csv_quote and csv_delimiter cannot be a line break")
         return self
 
 

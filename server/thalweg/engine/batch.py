@@ -39,8 +39,14 @@ from thalweg.pipeline.decode import decode_batch
 from thalweg.pipeline.decoders import TopicDecoders
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
-from thalweg.sources.files.formats import CsvOptions, FileReadError, detect, read_chunks
-from thalweg.sources.files.source import FileSource, Progress, chunk_batch, resolve_inputs
+from thalweg.sources.files.formats import FileReadError, detect, read_chunks
+from thalweg.sources.files.source import (
+    FileSource,
+    Progress,
+    chunk_batch,
+    csv_options,
+    resolve_inputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +302,7 @@ class BatchRun:
         p = Progress()
         reasons: Counter[str] = Counter()
         cfg = self.source_cfg
-        opts = CsvOptions(cfg.csv_delimiter, cfg.csv_header)
+        opts = csv_options(cfg)
         inputs = resolve_inputs(cfg.paths)
         p.files_total = len(inputs)
         for number, f in enumerate(inputs):

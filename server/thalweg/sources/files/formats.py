@@ -18,7 +18,7 @@ import io
 import logging
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -93,10 +93,47 @@ def detect(path: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class CsvOptions:
-    """How CSV files are split into fields (``tsv`` files use a tab)."""
+    """How CSV files are split into fields (``tsv`` files use a tab).
+
+    ``quote`` is the quote character ("": none, a quote is an ordinary character); a
+    quote inside a quoted value is doubled, as RFC 4180 has it (backslash escapes are
+    not read: the record cuts count quotes). ``null_values``: the cells read as null,
+    in every column, strings too; None keeps pyarrow's list (``""``, ``NULL``, ``NA``,
+    ``N/A``, ``null``, ``NaN`` …), which leaves string columns as written.
+    """
 
     delimiter: str = ","
     header: bool = True
+    quote: str = '"'
+    null_values: tuple[str, ...] | None = None
+
+    @property
+    def quote_byte(self) -> int | None:
+        """The quote as the record splitter takes it (None: no quoting)."""
+        return ord(self.quote) if self.quote else None
+
+    def parse_options(
+        self, invalid_row_handler: Callable[[Any], str] | None = None
+    ) -> pacsv.ParseOptions:
+        return pacsv.ParseOptions(
+            delimiter=self.delimiter,
+            quote_char=self.quote or False,
+            newlines_in_values=bool(self.quote),
+            invalid_row_handler=invalid_row_handler,
+        )
+
+    def convert_options(self, types: dict[str, pa.DataType]) -> pacsv.ConvertOptions:
+        if self.null_values is None:
+            return pacsv.ConvertOptions(column_types=types)
+        return pacsv.ConvertOptions(
+            column_types=types, null_values=list(self.null_values), strings_can_be_null=True
+        )
+
+    def fields(self, line: str) -> list[str]:
+        """The fields of one record's text, split as the parser splits them."""
+        if self.quote:
+            return next(pycsv.reader([line], delimiter=self.delimiter, quotechar=self.quote), [])
+        return next(pycsv.reader([line], delimiter=self.delimiter, quoting=pycsv.QUOTE_NONE), [])
 
 
 def read_chunks(
@@ -111,7 +148,7 @@ def read_chunks(
         "parquet": lambda: _parquet(fs, path, start),
         "arrow": lambda: _arrow(fs, path, start),
         "csv": lambda: _csv(fs, path, start, csv or CsvOptions()),
-        "tsv": lambda: _csv(fs, path, start, CsvOptions("\t", (csv or CsvOptions()).header)),
+        "tsv": lambda: _csv(fs, path, start, replace(csv or CsvOptions(), delimiter="\t")),
         "jsonl": lambda: _jsonl(fs, path, start),
         "avro": lambda: _avro(fs, path, start),
         "excel": lambda: _excel(fs, path, start),
@@ -377,32 +414,33 @@ def _bodies(raw: pa.NativeFile, f: pa.NativeFile, quote: int | None) -> Iterator
 def _csv_header(body: bytes, opts: CsvOptions) -> tuple[list[str] | None, bytes]:
     """The column names and the rest of the first piece (None: no record yet)."""
     end = body.find(b"\n")
-    if opts.header and end > 0 and b'"' not in body[:end] and body[:end].strip():
+    quote = opts.quote.encode()
+    if opts.header and end > 0 and (not quote or quote not in body[:end]) and body[:end].strip():
         line = body[:end].rstrip(b"\r").decode("utf-8-sig", "replace")
-        return next(pycsv.reader([line], delimiter=opts.delimiter)), body[end + 1 :]
+        return opts.fields(line), body[end + 1 :]
     # Quoted names (pyarrow's and pandas' writers quote them): the first record ends at
     # the first newline after an even number of quotes. Split only up to it, not the
     # whole piece (8 MiB of a quoted file: 30 ms).
-    first_end = _first_record_end(body)
-    recs = split_records(body[:first_end], ord('"'), True)
+    first_end = _first_record_end(body, quote)
+    recs = split_records(body[:first_end], opts.quote_byte, True)
     if not len(recs.starts):
         return None, b""
     first = recs.text(0).decode("utf-8-sig", "replace")
-    cells = next(pycsv.reader([first], delimiter=opts.delimiter))
+    cells = opts.fields(first)
     if not opts.header:
         return [f"f{i}" for i in range(len(cells))], body
     return cells, body[first_end:]
 
 
-def _first_record_end(body: bytes) -> int:
-    """The index after the first newline of ``body`` outside quotes, empty lines skipped
-    (``len(body)``: no such newline)."""
+def _first_record_end(body: bytes, quote: bytes = b'"') -> int:
+    """The index after the first newline of ``body`` outside quotes (``quote`` empty:
+    no quoting), empty lines skipped (``len(body)``: no such newline)."""
     pos, odd, blank = 0, 0, True
     while True:
         nl = body.find(b"\n", pos)
         if nl < 0:
             return len(body)
-        odd ^= body.count(b'"', pos, nl) & 1
+        odd ^= (body.count(quote, pos, nl) & 1) if quote else 0
         blank = blank and nl - pos <= (body[nl - 1 : nl] == b"\r")  # as split_records
         if not odd and not blank:
             return nl + 1
@@ -419,19 +457,19 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
     row = 0
     raw, f = _open(fs, path)
     with raw, f:
-        for piece, nbytes in _bodies(raw, f, ord('"')):
+        for piece, nbytes in _bodies(raw, f, opts.quote_byte):
             body = piece
             if names is None:
                 names, body = _csv_header(piece, opts)
                 if names is None:
                     continue
             try:
-                table = _parse_whole(body, names, types, opts.delimiter)
+                table = _parse_whole(body, names, types, opts)
                 chunk = _numbered(table, row)
                 n = table.num_rows
             except pa.ArrowInvalid:
-                recs = split_records(body, ord('"'), True)
-                chunk = _parse_csv(recs, 0, names, types, opts.delimiter, row)
+                recs = split_records(body, opts.quote_byte, True)
+                chunk = _parse_csv(recs, 0, names, types, opts, row)
                 n = len(recs.starts)
             if row + n > start:
                 chunk = _from_row(chunk, start) if row < start else chunk
@@ -444,7 +482,7 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
 
 
 def _parse_whole(
-    body: bytes, names: list[str], types: dict[str, pa.DataType], delimiter: str
+    body: bytes, names: list[str], types: dict[str, pa.DataType], opts: CsvOptions
 ) -> pa.Table:
     if len(body) < 4096 and not body.strip():
         return pa.table({n: pa.array([], types.get(n, pa.null())) for n in names})
@@ -454,8 +492,8 @@ def _parse_whole(
     return pacsv.read_csv(
         io.BytesIO(body),
         read_options=pacsv.ReadOptions(column_names=names, block_size=len(body) + 1),
-        parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(column_types=types),
+        parse_options=opts.parse_options(),
+        convert_options=opts.convert_options(types),
     )
 
 
@@ -474,7 +512,7 @@ def _parse_csv(
     lo: int,
     names: list[str],
     types: dict[str, pa.DataType],
-    delimiter: str,
+    opts: CsvOptions,
     base: int,
 ) -> Chunk:
     n = len(recs.starts)
@@ -488,10 +526,8 @@ def _parse_csv(
         return pacsv.read_csv(
             io.BytesIO(body),
             read_options=pacsv.ReadOptions(column_names=names, block_size=PARSE_BLOCK),
-            parse_options=pacsv.ParseOptions(
-                delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid
-            ),
-            convert_options=pacsv.ConvertOptions(column_types=types),
+            parse_options=opts.parse_options(invalid),
+            convert_options=opts.convert_options(types),
         )
 
     body = recs.buf[recs.starts[lo] : recs.ends[n - 1]]
@@ -512,13 +548,13 @@ def _parse_csv(
         if j == n:  # not found verbatim: parse one by one instead
             return _one_by_one(recs, lo, ordinals, parse)
         good[j - lo] = False
-        broken.append(BrokenRow(int(ordinals[j - lo]), want, _column_count(text, names, delimiter)))
+        broken.append(BrokenRow(int(ordinals[j - lo]), want, _column_count(text, names, opts)))
         j += 1
     return Chunk(table, ordinals[good], broken)
 
 
-def _column_count(text: str, names: list[str], delimiter: str) -> str:
-    got = len(next(pycsv.reader([text], delimiter=delimiter), []))
+def _column_count(text: str, names: list[str], opts: CsvOptions) -> str:
+    got = len(opts.fields(text))
     return f"expected {len(names)} columns, got {got}"
 
 

@@ -124,6 +124,12 @@ def _from_fs(fs: pafs.FileSystem, path: str, uri: object) -> list[InputFile]:
     ]
 
 
+def csv_options(cfg: FilesSourceConfig) -> CsvOptions:
+    """How the source's CSV files are split and which cells are null."""
+    nulls = None if cfg.csv_null_values is None else tuple(cfg.csv_null_values)
+    return CsvOptions(cfg.csv_delimiter, cfg.csv_header, cfg.csv_quote, nulls)
+
+
 def chunk_batch(
     chunk: Chunk,
     f: InputFile,
@@ -222,7 +228,7 @@ class FileSource(Unbrokered):
 
     def _csv_options(self) -> CsvOptions:
         if isinstance(self.cfg, FilesSourceConfig):
-            return CsvOptions(self.cfg.csv_delimiter, self.cfg.csv_header)
+            return csv_options(self.cfg)
         return CsvOptions()
 
     async def _admit(self, inputs: list[InputFile]) -> list[PartitionKey]:
