@@ -87,33 +87,46 @@ def test_csv_records_split_like_a_csv_parser_reads_them(cells: list[list[str]], 
 
 
 @given(
-    st.lists(st.sampled_from(["a", "b", ",", '"', "\n", " ", "\r\n"]), max_size=30), st.booleans()
+    st.lists(st.sampled_from(["a", "b", ",", '"', "'", "\n", " ", "\r\n"]), max_size=30),
+    st.booleans(),
+    st.sampled_from(['"', "'", ""]),
 )
-@settings(max_examples=300, deadline=None)
-def test_piece_cuts_fall_where_the_splitter_ends_records(tokens: list[str], header: bool) -> None:
+@settings(max_examples=400, deadline=None)
+def test_piece_cuts_fall_where_the_splitter_ends_records(
+    tokens: list[str], header: bool, quote: str
+) -> None:
     """The cheap cuts (``bytes.count`` parity) agree with the quote-aware splitter: a
     piece ends after the last record the splitter finds complete, and the header is
-    the splitter's first record, whatever quotes and blank lines come before."""
+    the splitter's first record, whatever quotes and blank lines come before — for any
+    quote character, or none."""
     import csv
 
     from thalweg.sources.files import formats
 
+    opts = formats.CsvOptions(header=header, quote=quote)
+    q = opts.quote_byte
     buf = "".join(tokens).encode()
-    assert formats._record_end(buf, ord('"')) == split_records(buf, ord('"'), False).consumed
-    recs = split_records(buf, ord('"'), True)
+    assert formats._record_end(buf, q) == split_records(buf, q, False).consumed
+    recs = split_records(buf, q, True)
+
+    def fields(line: str) -> list[str]:
+        if quote:
+            return next(csv.reader([line], quotechar=quote), [])
+        return next(csv.reader([line], quoting=csv.QUOTE_NONE), [])
+
     try:
-        cells = next(csv.reader([recs.text(0).decode()])) if len(recs.starts) else None
+        cells = fields(recs.text(0).decode()) if len(recs.starts) else None
     except csv.Error:  # a stray quote in the first record: the file is refused
         with pytest.raises(csv.Error):
-            formats._csv_header(buf, formats.CsvOptions(header=header))
+            formats._csv_header(buf, opts)
         return
-    names, rest = formats._csv_header(buf, formats.CsvOptions(header=header))
+    names, rest = formats._csv_header(buf, opts)
     if cells is None:
         assert names is None
         return
     assert names == (cells if header else [f"f{i}" for i in range(len(cells))])
     if header:  # what follows is every later record, in order
-        later = split_records(rest, ord('"'), True)
+        later = split_records(rest, q, True)
         assert [later.text(k) for k in range(len(later.starts))] == [
             recs.text(k) for k in range(1, len(recs.starts))
         ]
@@ -178,6 +191,10 @@ def test_without_quoting_a_quote_is_an_ordinary_character(tmp_path: Path) -> Non
     assert [(b.row, b.text, b.message) for b in broken] == [
         (3, b'8,"a,b"', "expected 2 columns, got 3")
     ]
+    # A line of spaces is a row, first line or not (JSON lines count it blank).
+    p.write_bytes(b' \nx"\n  \n')
+    table, numbers, broken = read_with(p, CsvOptions(header=False, quote=""))
+    assert table["f0"].to_pylist() == [" ", 'x"', "  "] and numbers == [0, 1, 2]
 
 
 def test_null_values_are_exactly_the_cells_named_in_every_column(tmp_path: Path) -> None:

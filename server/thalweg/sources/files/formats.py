@@ -322,10 +322,15 @@ class _Records:
         return self.buf[self.starts[i] : self.ends[i]]
 
 
-def split_records(buf: bytes, quote: int | None, eof: bool) -> _Records:
+def split_records(
+    buf: bytes, quote: int | None, eof: bool, *, spaces_blank: bool = False
+) -> _Records:
     """The newline-ended records of ``buf`` (and its tail at ``eof``), blank ones left
     out; a newline inside ``quote`` characters does not end a record (RFC 4180: an
-    escaped quote is doubled, so the parity of the quotes before a newline says)."""
+    escaped quote is doubled, so the parity of the quotes before a newline says).
+
+    A blank record is an empty one; with ``spaces_blank`` (JSON lines) one of only
+    spaces and tabs too. A CSV line of spaces is a row: the parser reads it as one."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     ends = np.flatnonzero(arr == 10).astype(np.int64)
     if quote is not None and len(ends):
@@ -342,7 +347,7 @@ def split_records(buf: bytes, quote: int | None, eof: bool) -> _Records:
         cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)
         ends = ends - cr.astype(np.int64)
         blank = ends <= starts
-        if quote is None:  # a JSON line of only whitespace is blank too
+        if spaces_blank:
             maybe = np.flatnonzero(~blank & np.isin(arr[np.minimum(starts, len(arr) - 1)], (9, 32)))
             for i in maybe:
                 blank[i] = not buf[starts[i] : ends[i]].strip()
@@ -350,24 +355,18 @@ def split_records(buf: bytes, quote: int | None, eof: bool) -> _Records:
     return _Records(buf, starts, ends, consumed)
 
 
-def _line_chunks(
-    fs: pafs.FileSystem, path: str, quote: int | None, skip_header: bool
-) -> Iterator[tuple[_Records, int, bytes | None]]:
-    """Complete records of the file, ``CHUNK_BYTES`` at a time, with the bytes each
-    chunk consumed and the header record (when asked to take one)."""
-    header: bytes | None = None
+def _json_lines(fs: pafs.FileSystem, path: str) -> Iterator[tuple[_Records, int]]:
+    """Complete JSON lines of the file (a line of spaces is blank), ``CHUNK_BYTES`` at a
+    time, with the bytes each chunk consumed."""
     with fs.open_input_stream(path, compression="detect") as f:
         buf = b""
         while True:
             data = f.read(CHUNK_BYTES)
             eof = not data
             buf += data
-            recs = split_records(buf, quote, eof)
-            if skip_header and header is None and len(recs.starts):
-                header = recs.text(0)
-                recs = _Records(recs.buf, recs.starts[1:], recs.ends[1:], recs.consumed)
+            recs = split_records(buf, None, eof, spaces_blank=True)
             if len(recs.starts) or recs.consumed:
-                yield recs, recs.consumed, header
+                yield recs, recs.consumed
             buf = buf[recs.consumed :]
             if eof:
                 return
@@ -596,7 +595,7 @@ def _one_by_one(
 def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
     schema: pa.Schema | None = None
     row = 0
-    for recs, nbytes, _ in _line_chunks(fs, path, None, False):
+    for recs, nbytes in _json_lines(fs, path):
         n = len(recs.starts)
         lo = max(0, start - row)
         if lo < n:
