@@ -8,6 +8,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ from thalweg.sources.files.formats import (
 from thalweg.sources.files.source import FileSource
 
 C = MetadataColumns()
+csv_errors = (__import__("csv").Error,)
 LOCAL = pafs.LocalFileSystem()
 
 
@@ -92,13 +94,13 @@ def test_csv_records_split_like_a_csv_parser_reads_them(cells: list[list[str]], 
     st.sampled_from(['"', "'", ""]),
 )
 @settings(max_examples=400, deadline=None)
-def test_piece_cuts_fall_where_the_splitter_ends_records(
+def test_records_and_the_header_are_those_a_csv_reader_finds(
     tokens: list[str], header: bool, quote: str
 ) -> None:
-    """The cheap cuts (``bytes.count`` parity) agree with the quote-aware splitter: a
-    piece ends after the last record the splitter finds complete, and the header is
-    the splitter's first record, whatever quotes and blank lines come before — for any
-    quote character, or none."""
+    """Whatever the quotes — doubled, unclosed, or inside an unquoted field, where the
+    parser takes them for text — the records are those Python's csv reader finds, the
+    header is the first, and the cheap cut (``bytes.count`` parity) agrees with the
+    splitter wherever the parity holds."""
     import csv
 
     from thalweg.sources.files import formats
@@ -107,29 +109,94 @@ def test_piece_cuts_fall_where_the_splitter_ends_records(
     q = opts.quote_byte
     buf = "".join(tokens).encode()
     assert formats._record_end(buf, q) == split_records(buf, q, False).consumed
-    recs = split_records(buf, q, True)
-
-    def fields(line: str) -> list[str]:
-        if quote:
-            return next(csv.reader([line], quotechar=quote), [])
-        return next(csv.reader([line], quoting=csv.QUOTE_NONE), [])
-
-    try:
-        cells = fields(recs.text(0).decode()) if len(recs.starts) else None
-    except csv.Error:  # a stray quote in the first record: the file is refused
-        with pytest.raises(csv.Error):
-            formats._csv_header(buf, opts)
-        return
+    dialect: dict[str, Any] = {"quotechar": quote} if quote else {"quoting": csv.QUOTE_NONE}
+    expected = [r for r in csv.reader(io.StringIO(buf.decode(), newline=""), **dialect) if r]
+    recs = split_records(buf, q, True, delim=ord(","))
+    found = [recs.text(k).decode() for k in range(len(recs.starts))]
+    assert [opts.fields(r) for r in found] == expected
     names, rest = formats._csv_header(buf, opts)
-    if cells is None:
+    if not expected:
         assert names is None
         return
-    assert names == (cells if header else [f"f{i}" for i in range(len(cells))])
+    assert names == (expected[0] if header else [f"f{i}" for i in range(len(expected[0]))])
     if header:  # what follows is every later record, in order
-        later = split_records(rest, q, True)
-        assert [later.text(k) for k in range(len(later.starts))] == [
-            recs.text(k) for k in range(1, len(recs.starts))
-        ]
+        later = split_records(rest, q, True, delim=ord(","))
+        assert [later.text(k).decode() for k in range(len(later.starts))] == found[1:]
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", " ", ",", '"', "'", "\n", "\r\n"]), max_size=40),
+    st.sampled_from(['"', "'", ""]),
+    st.booleans(),
+    st.integers(min_value=1, max_value=24),
+)
+@settings(max_examples=300, deadline=None)
+def test_csv_rows_do_not_depend_on_where_pieces_are_cut(
+    tokens: list[str], quote: str, header: bool, piece: int
+) -> None:
+    """Row numbers are positions a resumed run seeks to: a file read in pieces of a few
+    bytes gives the same rows, values and broken rows as read in one piece."""
+    import tempfile
+
+    from thalweg.sources.files import formats
+
+    body = "".join(tokens).encode()
+    opts = CsvOptions(header=header, quote=quote)
+
+    def read(chunk_bytes: int) -> tuple[dict[int, object], list[tuple[int, bytes]]]:
+        formats.CHUNK_BYTES = chunk_bytes
+        with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+            f.write(body)
+            f.flush()
+            try:
+                chunks = list(read_chunks(LOCAL, f.name, "csv", 0, opts))
+            except csv_errors as exc:  # a stray quote in the header: refused either way
+                return {-1: type(exc).__name__}, []
+        rows: dict[int, object] = {}
+        for c in chunks:
+            values = zip(*(col.to_pylist() for col in c.table.columns), strict=True)
+            for n, v in zip(c.rows.tolist(), values, strict=True):
+                rows[n] = tuple("" if x is None else str(x) for x in v)
+        return rows, [(b.row, b.text) for c in chunks for b in c.broken]
+
+    whole = formats.CHUNK_BYTES
+    try:
+        assert read(piece) == read(whole)
+    finally:
+        formats.CHUNK_BYTES = whole
+
+
+def test_a_quote_inside_an_unquoted_field_is_text_and_holds_nothing_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``12" pipe`` turns the quote count for the rest of the file (every later value is
+    quoted); the parser reads the quote as text. The file is still read in pieces of
+    about the chunk size (not held whole), every row as pyarrow reads the file, and a
+    broken row further on is that one row."""
+    import pyarrow.csv as pacsv
+
+    from thalweg.sources.files import formats
+
+    monkeypatch.setattr(formats, "CHUNK_BYTES", 4096)
+    lines = ["id,item,note"] + [f'{i},"item {i}","n, {i}"' for i in range(20_000)]
+    lines[10] = '9,12" pipe,"a\nb"'
+    lines[15_001] = '15000,"x","y",extra'
+    p = tmp_path / "a.csv"
+    p.write_text("\n".join(lines) + "\n")
+    chunks = list(read_chunks(LOCAL, str(p), "csv"))
+    assert len(chunks) > p.stat().st_size // (3 * 4096)
+    assert max(c.nbytes for c in chunks) < 3 * 4096
+    table = pa.concat_tables([c.table for c in chunks])
+    numbers = [int(r) for c in chunks for r in c.rows]
+    broken = [(b.row, b.text) for c in chunks for b in c.broken]
+    assert broken == [(15_000, b'15000,"x","y",extra')]
+    assert numbers == [i for i in range(20_000) if i != 15_000]
+    whole = pacsv.read_csv(
+        io.BytesIO("\n".join(lines[:15_001] + lines[15_002:]).encode()),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+    )
+    assert table.to_pylist() == whole.to_pylist()
+    assert table["item"][9].as_py() == '12" pipe' and table["note"][9].as_py() == "a\nb"
 
 
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:

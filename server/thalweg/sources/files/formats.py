@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from thalweg.errors import ThalwegError
 from thalweg.records.file_rows import BrokenRow
+from thalweg.sources.files.quotes import count_holds, ends_inside_quotes, newlines_inside
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ class CsvOptions:
     def quote_byte(self) -> int | None:
         """The quote as the record splitter takes it (None: no quoting)."""
         return ord(self.quote) if self.quote else None
+
+    @property
+    def delim_byte(self) -> int:
+        return ord(self.delimiter)
 
     def parse_options(
         self, invalid_row_handler: Callable[[Any], str] | None = None
@@ -323,11 +328,18 @@ class _Records:
 
 
 def split_records(
-    buf: bytes, quote: int | None, eof: bool, *, spaces_blank: bool = False
+    buf: bytes,
+    quote: int | None,
+    eof: bool,
+    *,
+    delim: int | None = None,
+    spaces_blank: bool = False,
 ) -> _Records:
     """The newline-ended records of ``buf`` (and its tail at ``eof``), blank ones left
     out; a newline inside ``quote`` characters does not end a record (RFC 4180: an
-    escaped quote is doubled, so the parity of the quotes before a newline says).
+    escaped quote is doubled, so the parity of the quotes before a newline says). Given
+    ``delim`` (the delimiter), quotes the count misreads (one inside an unquoted field)
+    are read as the parser reads them (:mod:`.quotes`).
 
     A blank record is an empty one; with ``spaces_blank`` (JSON lines) one of only
     spaces and tabs too. A CSV line of spaces is a row: the parser reads it as one."""
@@ -335,7 +347,11 @@ def split_records(
     ends = np.flatnonzero(arr == 10).astype(np.int64)
     if quote is not None and len(ends):
         quotes = np.flatnonzero(arr == quote)
-        if len(quotes):  # a newline after an odd number of quotes is inside a value
+        if not len(quotes):
+            pass
+        elif delim is not None and not count_holds(arr, quotes, delim):
+            ends = ends[~newlines_inside(buf, quotes, ends, delim)]
+        else:  # a newline after an odd number of quotes is inside a value
             ends = ends[(np.searchsorted(quotes, ends) & 1) == 0]
     consumed = int(ends[-1]) + 1 if len(ends) else 0
     if eof and consumed < len(buf):
@@ -392,15 +408,24 @@ def _record_end(buf: bytes, quote: int | None) -> int:
     return end + 1
 
 
-def _bodies(raw: pa.NativeFile, f: pa.NativeFile, quote: int | None) -> Iterator[tuple[bytes, int]]:
+def _bodies(
+    raw: pa.NativeFile, f: pa.NativeFile, quote: int | None, delim: int
+) -> Iterator[tuple[bytes, int]]:
     """The stream cut at record ends about every ``CHUNK_BYTES``, with the file bytes
-    each piece took."""
+    each piece took.
+
+    The cut counts quotes. When that finds no record end in more than a piece (a quote
+    inside an unquoted field turned the count, or one value is that long), the buffer is
+    read as the parser reads it: a stray quote costs one slow pass, not the rest of the
+    file held in memory and copied on every read."""
     carry, read = b"", 0
     while True:
         data = f.read(CHUNK_BYTES)
         eof = not data
         buf = carry + data if carry else data
         cut = len(buf) if eof else _record_end(buf, quote)
+        if not cut and not eof and quote is not None and len(buf) > CHUNK_BYTES:
+            cut = split_records(buf, quote, False, delim=delim).consumed
         if cut:
             pos = raw.tell()
             yield buf[:cut], pos - read
@@ -410,8 +435,11 @@ def _bodies(raw: pa.NativeFile, f: pa.NativeFile, quote: int | None) -> Iterator
             return
 
 
-def _csv_header(body: bytes, opts: CsvOptions) -> tuple[list[str] | None, bytes]:
-    """The column names and the rest of the first piece (None: no record yet)."""
+def _csv_header(
+    body: bytes, opts: CsvOptions, eof: bool = True
+) -> tuple[list[str] | None, bytes] | None:
+    """The column names and the rest of the first piece (names None: no record in it;
+    None: the first record goes on past the piece, wanting the next — not at ``eof``)."""
     end = body.find(b"\n")
     quote = opts.quote.encode()
     if opts.header and end > 0 and (not quote or quote not in body[:end]) and body[:end].strip():
@@ -422,6 +450,17 @@ def _csv_header(body: bytes, opts: CsvOptions) -> tuple[list[str] | None, bytes]
     # whole piece (8 MiB of a quoted file: 30 ms).
     first_end = _first_record_end(body, quote)
     recs = split_records(body[:first_end], opts.quote_byte, True)
+    q = opts.quote_byte
+    if q is not None and len(recs.starts):
+        arr = np.frombuffer(body, dtype=np.uint8, count=first_end)
+        quotes = np.flatnonzero(arr == q)
+        if len(quotes) and not count_holds(arr, quotes, opts.delim_byte):
+            # A quote inside an unquoted name: the count ended the record in the wrong
+            # place; read the piece as the parser does.
+            recs = split_records(body, q, eof, delim=opts.delim_byte)
+            if not len(recs.starts) and not eof:
+                return None
+            first_end = int(recs.starts[1]) if len(recs.starts) > 1 else recs.consumed
     if not len(recs.starts):
         return None, b""
     first = recs.text(0).decode("utf-8-sig", "replace")
@@ -450,41 +489,95 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
     """Pieces of about ``CHUNK_BYTES`` cut at record ends, each parsed whole by pyarrow
     (on every core); a piece holding a row that does not parse is parsed again the
     careful way — split into records here, each refused one located — so only its
-    rows pay for it. The first piece's types hold for the rest of the file."""
+    rows pay for it. The first piece's types hold for the rest of the file.
+
+    A piece whose end the quote count misplaced (see :mod:`.quotes`) gives its rows up
+    to the last record end the parser sees and hands the rest on to the next piece, so
+    rows and their numbers do not depend on where pieces are cut."""
     names: list[str] | None = None
     types: dict[str, pa.DataType] = {}
     row = 0
+    held = b""
     raw, f = _open(fs, path)
+
+    def rows_of(body: bytes, nbytes: int, eof: bool) -> Iterator[Chunk]:
+        nonlocal row, held
+        assert names is not None
+        chunk, n, held = _csv_piece(body, names, types, opts, row, eof)
+        if row + n > start:
+            chunk = _from_row(chunk, start) if row < start else chunk
+            chunk.nbytes = nbytes
+            for fld in chunk.table.schema:
+                if not pa.types.is_null(fld.type):
+                    types.setdefault(fld.name, fld.type)
+            yield chunk
+        row += n
+
     with raw, f:
-        for piece, nbytes in _bodies(raw, f, opts.quote_byte):
-            body = piece
+        for piece, nbytes in _bodies(raw, f, opts.quote_byte, opts.delim_byte):
+            body, held = (held + piece if held else piece), b""
             if names is None:
-                names, body = _csv_header(piece, opts)
+                header = _csv_header(body, opts, eof=False)
+                if header is None:  # the header goes on into the next piece
+                    held = body
+                    continue
+                names, body = header
                 if names is None:
                     continue
-            try:
-                table = _parse_whole(body, names, types, opts)
-                chunk = _numbered(table, row)
-                n = table.num_rows
-            except pa.ArrowInvalid:
-                recs = split_records(body, opts.quote_byte, True)
-                chunk = _parse_csv(recs, 0, names, types, opts, row)
-                n = len(recs.starts)
-            if row + n > start:
-                chunk = _from_row(chunk, start) if row < start else chunk
-                chunk.nbytes = nbytes
-                for fld in chunk.table.schema:
-                    if not pa.types.is_null(fld.type):
-                        types.setdefault(fld.name, fld.type)
-                yield chunk
-            row += n
+            yield from rows_of(body, nbytes, False)
+        if held and names is None:
+            header = _csv_header(held, opts)
+            assert header is not None
+            names, held = header
+        if held and names is not None:
+            yield from rows_of(held, 0, True)
+
+
+def _csv_piece(
+    body: bytes,
+    names: list[str],
+    types: dict[str, pa.DataType],
+    opts: CsvOptions,
+    row: int,
+    eof: bool,
+) -> tuple[Chunk, int, bytes]:
+    """The rows of one piece numbered from ``row``, how many, and the bytes held for
+    the next piece: a tail after the last record end the parser sees (none at
+    ``eof``)."""
+    q = opts.quote_byte
+    try:
+        table = _parse_whole(body, names, types, opts)
+    except pa.ArrowInvalid:
+        recs = split_records(body, q, eof, delim=opts.delim_byte)
+        return _parse_csv(recs, 0, names, types, opts, row), len(recs.starts), body[recs.consumed :]
+    if not eof and q is not None and not _one_row_per_line(table, body, q, opts.delim_byte):
+        # Values hold line breaks, or there are blank lines: check that the piece ends
+        # where the parser ends a record (pyarrow takes a value still open at the end
+        # without a word).
+        end = split_records(body, q, False, delim=opts.delim_byte).consumed
+        if end < len(body):
+            chunk, n, _ = _csv_piece(body[:end], names, types, opts, row, True)
+            return chunk, n, body[end:]
+    return _numbered(table, row), table.num_rows, b""
+
+
+def _one_row_per_line(table: pa.Table, body: bytes, quote: int, delim: int) -> bool:
+    """Whether every line of ``body`` is one of ``table``'s rows, each record ending at
+    its line's end. As many rows as lines leaves one way to be wrong: the last line
+    opens a value the end of the piece leaves open (its newline inside it), which a
+    walk over that line's quotes tells."""
+    newlines = int(np.count_nonzero(np.frombuffer(body, dtype=np.uint8) == 10))
+    if table.num_rows != newlines + (not body.endswith(b"\n")):
+        return False
+    last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]
+    return not ends_inside_quotes(last, quote, delim)
 
 
 def _parse_whole(
     body: bytes, names: list[str], types: dict[str, pa.DataType], opts: CsvOptions
 ) -> pa.Table:
-    if len(body) < 4096 and not body.strip():
-        return pa.table({n: pa.array([], types.get(n, pa.null())) for n in names})
+    if len(body) < 4096 and not body.strip(b"\r\n"):  # blank lines only: no rows
+        return _no_rows(names, types)
     # One block per piece: the least CPU of the settings measured (0.047 s per 8 MiB
     # against 0.073 s in 1 MiB blocks allowing newlines in values), and a block boundary
     # can never fall inside a quoted value.
@@ -506,6 +599,10 @@ def _from_row(chunk: Chunk, start: int) -> Chunk:
     )
 
 
+def _no_rows(names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    return pa.table({n: pa.array([], types.get(n, pa.null())) for n in names})
+
+
 def _parse_csv(
     recs: _Records,
     lo: int,
@@ -515,6 +612,8 @@ def _parse_csv(
     base: int,
 ) -> Chunk:
     n = len(recs.starts)
+    if n <= lo:
+        return Chunk(_no_rows(names, types), np.arange(0, dtype=np.int64))
     bad: list[str] = []
 
     def invalid(row: Any) -> str:
@@ -553,7 +652,10 @@ def _parse_csv(
 
 
 def _column_count(text: str, names: list[str], opts: CsvOptions) -> str:
-    got = len(opts.fields(text))
+    try:
+        got = len(opts.fields(text))
+    except pycsv.Error:  # a record Python's reader refuses outright (pyarrow did too)
+        return f"expected {len(names)} columns"
     return f"expected {len(names)} columns, got {got}"
 
 
