@@ -89,7 +89,7 @@ def test_csv_records_split_like_a_csv_parser_reads_them(cells: list[list[str]], 
 
 
 @given(
-    st.lists(st.sampled_from(["a", "b", ",", '"', "'", "\n", " ", "\r\n"]), max_size=30),
+    st.lists(st.sampled_from(["a", "b", ",", '"', "'", "\n", " ", "\r\n", "\r"]), max_size=30),
     st.booleans(),
     st.sampled_from(['"', "'", ""]),
 )
@@ -125,7 +125,7 @@ def test_records_and_the_header_are_those_a_csv_reader_finds(
 
 
 @given(
-    st.lists(st.sampled_from(["a", "b", " ", ",", '"', "'", "\n", "\r\n"]), max_size=40),
+    st.lists(st.sampled_from(["a", "b", " ", ",", '"', "'", "\n", "\r\n", "\r"]), max_size=40),
     st.sampled_from(['"', "'", ""]),
     st.booleans(),
     st.integers(min_value=1, max_value=24),
@@ -197,6 +197,33 @@ def test_a_quote_inside_an_unquoted_field_is_text_and_holds_nothing_back(
     )
     assert table.to_pylist() == whole.to_pylist()
     assert table["item"][9].as_py() == '12" pipe' and table["note"][9].as_py() == "a\nb"
+
+
+def test_lines_that_end_in_a_lone_carriage_return_are_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Classic Mac OS line ends (Excel's "CSV (Macintosh)"): pyarrow's parser ends a
+    record at a lone CR, and so does the reader — in pieces, not the file held whole."""
+    import pyarrow.csv as pacsv
+
+    from thalweg.sources.files import formats
+
+    monkeypatch.setattr(formats, "CHUNK_BYTES", 4096)
+    lines = ["id,note"] + [f'{i},"n\r{i}"' if i % 100 == 7 else f"{i},n {i}" for i in range(5_000)]
+    lines[3_001] = "3000,x,extra"
+    p = tmp_path / "mac.csv"
+    p.write_bytes("\r".join(lines).encode() + b"\r")
+    chunks = list(read_chunks(LOCAL, str(p), "csv"))
+    assert len(chunks) > p.stat().st_size // (3 * 4096)
+    assert [(b.row, b.text) for c in chunks for b in c.broken] == [(3_000, b"3000,x,extra")]
+    numbers = [int(r) for c in chunks for r in c.rows]
+    assert numbers == [i for i in range(5_000) if i != 3_000]
+    whole = pacsv.read_csv(
+        io.BytesIO("\r".join(lines[:3_001] + lines[3_002:]).encode()),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+    )
+    assert pa.concat_tables([c.table for c in chunks]).to_pylist() == whole.to_pylist()
+    assert whole["note"][7].as_py() == "n\r7"
 
 
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:

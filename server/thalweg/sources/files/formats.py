@@ -338,13 +338,22 @@ def split_records(
     """The newline-ended records of ``buf`` (and its tail at ``eof``), blank ones left
     out; a newline inside ``quote`` characters does not end a record (RFC 4180: an
     escaped quote is doubled, so the parity of the quotes before a newline says). Given
-    ``delim`` (the delimiter), quotes the count misreads (one inside an unquoted field)
-    are read as the parser reads them (:mod:`.quotes`).
+    ``delim`` (the delimiter: a CSV buffer), quotes the count misreads (one inside an
+    unquoted field) are read as the parser reads them (:mod:`.quotes`), and a carriage
+    return not followed by a newline ends a record too, as it does for the parser
+    (files from classic Mac OS end lines so).
 
     A blank record is an empty one; with ``spaces_blank`` (JSON lines) one of only
     spaces and tabs too. A CSV line of spaces is a row: the parser reads it as one."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     ends = np.flatnonzero(arr == 10).astype(np.int64)
+    if delim is not None:
+        cr = np.flatnonzero(arr == 13)
+        if len(cr):  # a CR that ends the buffer may yet be followed by a LF, but not at eof
+            follows = arr[np.minimum(cr + 1, len(arr) - 1)]
+            lone = cr[(follows != 10) & ((cr + 1 < len(arr)) | eof)]
+            if len(lone):
+                ends = np.union1d(ends, lone.astype(np.int64))
     if quote is not None and len(ends):
         quotes = np.flatnonzero(arr == quote)
         if not len(quotes):
@@ -361,6 +370,8 @@ def split_records(
     # Trailing carriage returns are not part of a record (CRLF files).
     if len(ends):
         cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)
+        if delim is not None:  # a CSV tail still in quotes at eof keeps its last CR
+            cr &= ends < len(arr)
         ends = ends - cr.astype(np.int64)
         blank = ends <= starts
         if spaces_blank:
@@ -414,17 +425,18 @@ def _bodies(
     """The stream cut at record ends about every ``CHUNK_BYTES``, with the file bytes
     each piece took.
 
-    The cut counts quotes. When that finds no record end in more than a piece (a quote
-    inside an unquoted field turned the count, or one value is that long), the buffer is
-    read as the parser reads it: a stray quote costs one slow pass, not the rest of the
-    file held in memory and copied on every read."""
+    The cut counts quotes before newlines. When that finds no record end in more than a
+    piece (a quote inside an unquoted field turned the count, lines end in a lone
+    carriage return, or one value is that long), the buffer is read as the parser reads
+    it: a stray quote costs one slow pass, not the rest of the file held in memory and
+    copied on every read."""
     carry, read = b"", 0
     while True:
         data = f.read(CHUNK_BYTES)
         eof = not data
         buf = carry + data if carry else data
         cut = len(buf) if eof else _record_end(buf, quote)
-        if not cut and not eof and quote is not None and len(buf) > CHUNK_BYTES:
+        if not cut and not eof and len(buf) > CHUNK_BYTES:
             cut = split_records(buf, quote, False, delim=delim).consumed
         if cut:
             pos = raw.tell()
@@ -442,25 +454,31 @@ def _csv_header(
     None: the first record goes on past the piece, wanting the next — not at ``eof``)."""
     end = body.find(b"\n")
     quote = opts.quote.encode()
-    if opts.header and end > 0 and (not quote or quote not in body[:end]) and body[:end].strip():
-        line = body[:end].rstrip(b"\r").decode("utf-8-sig", "replace")
-        return opts.fields(line), body[end + 1 :]
+    line = body[:end].rstrip(b"\r")
+    simple = end > 0 and (not quote or quote not in line) and b"\r" not in line
+    if opts.header and simple and line.strip():
+        return opts.fields(line.decode("utf-8-sig", "replace")), body[end + 1 :]
     # Quoted names (pyarrow's and pandas' writers quote them): the first record ends at
     # the first newline after an even number of quotes. Split only up to it, not the
     # whole piece (8 MiB of a quoted file: 30 ms).
+    q, d = opts.quote_byte, opts.delim_byte
     first_end = _first_record_end(body, quote)
-    recs = split_records(body[:first_end], opts.quote_byte, True)
-    q = opts.quote_byte
+    recs = split_records(body[:first_end], q, True, delim=d)
+    if len(recs.starts) > 1:  # lines that end in a lone carriage return
+        first_end = int(recs.starts[1])
+    # Read the piece as the parser does when the walk could have been misled: by a
+    # quote inside an unquoted name (the count ended the record in the wrong place) or
+    # by lone carriage returns (it took a line of records for a blank one).
+    exact = not len(recs.starts) and first_end < len(body)
     if q is not None and len(recs.starts):
         arr = np.frombuffer(body, dtype=np.uint8, count=first_end)
         quotes = np.flatnonzero(arr == q)
-        if len(quotes) and not count_holds(arr, quotes, opts.delim_byte):
-            # A quote inside an unquoted name: the count ended the record in the wrong
-            # place; read the piece as the parser does.
-            recs = split_records(body, q, eof, delim=opts.delim_byte)
-            if not len(recs.starts) and not eof:
-                return None
-            first_end = int(recs.starts[1]) if len(recs.starts) > 1 else recs.consumed
+        exact = bool(len(quotes)) and not count_holds(arr, quotes, d)
+    if exact:
+        recs = split_records(body, q, eof, delim=d)
+        if not len(recs.starts):
+            return (None, b"") if eof or recs.consumed == len(body) else None
+        first_end = int(recs.starts[1]) if len(recs.starts) > 1 else recs.consumed
     if not len(recs.starts):
         return None, b""
     first = recs.text(0).decode("utf-8-sig", "replace")
@@ -563,10 +581,15 @@ def _csv_piece(
 
 def _one_row_per_line(table: pa.Table, body: bytes, quote: int, delim: int) -> bool:
     """Whether every line of ``body`` is one of ``table``'s rows, each record ending at
-    its line's end. As many rows as lines leaves one way to be wrong: the last line
-    opens a value the end of the piece leaves open (its newline inside it), which a
-    walk over that line's quotes tells."""
-    newlines = int(np.count_nonzero(np.frombuffer(body, dtype=np.uint8) == 10))
+    its line's end. With no lone carriage return (a line end the newline count does not
+    see), as many rows as lines leaves one way to be wrong: the last line opens a value
+    the end of the piece leaves open (its newline inside it), which a walk over that
+    line's quotes tells."""
+    arr = np.frombuffer(body, dtype=np.uint8)
+    crs = int(np.count_nonzero(arr == 13))
+    if crs and crs != body.count(b"\r\n"):  # lone carriage returns end records too
+        return False
+    newlines = int(np.count_nonzero(arr == 10))
     if table.num_rows != newlines + (not body.endswith(b"\n")):
         return False
     last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]
