@@ -242,6 +242,27 @@ def test_lines_that_end_in_a_lone_carriage_return_are_rows(
     assert whole["note"][7].as_py() == "n\r7"
 
 
+def test_a_row_longer_than_a_parser_block_is_a_row_not_a_dead_letter(tmp_path: Path) -> None:
+    """pyarrow refuses a row that straddles two parser blocks; the careful CSV path
+    (taken for the broken row beside it) and JSON lines size blocks to the longest."""
+    from thalweg.sources.files import formats
+
+    long = formats.PARSE_BLOCK * 3
+    p = tmp_path / "a.csv"
+    p.write_text(f'id,v\n0,a\n1,{"x" * long}\n2,b,extra\n3,"{"y" * long}"\n')
+    table, numbers, broken = read_all(p, "csv")
+    assert numbers == [0, 1, 3]
+    assert [len(v) for v in table["v"].to_pylist()] == [1, long, long]
+    assert [(b.row, b.message) for b in broken] == [(2, "expected 2 columns, got 3")]
+    p = tmp_path / "a.jsonl"
+    p.write_text(
+        "\n".join(json.dumps({"id": i, "v": "z" * (long if i == 1 else 1)}) for i in range(3))
+    )
+    table, numbers, broken = read_all(p, "jsonl")
+    assert numbers == [0, 1, 2] and broken == []
+    assert [len(v) for v in table["v"].to_pylist()] == [1, long, 1]
+
+
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_bytes(b'id,v\r\n1,a\r\n2,"b\r\nc",x\r\n\r\n3,"d"\r\n4\r\n')

@@ -622,6 +622,13 @@ def _from_row(chunk: Chunk, start: int) -> Chunk:
     )
 
 
+def _block_size(recs: _Records, lo: int) -> int:
+    """A parser block for the records from ``lo`` on: ``PARSE_BLOCK``, or more when a
+    record is longer (pyarrow refuses a row that straddles two blocks)."""
+    longest = int((recs.ends[lo:] - recs.starts[lo:]).max()) if len(recs.starts) > lo else 0
+    return max(PARSE_BLOCK, longest + 2)
+
+
 def _no_rows(names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
     return pa.table({n: pa.array([], types.get(n, pa.null())) for n in names})
 
@@ -643,10 +650,12 @@ def _parse_csv(
         bad.append(row.text)
         return "skip"
 
+    block = _block_size(recs, lo)
+
     def parse(body: bytes) -> pa.Table:
         return pacsv.read_csv(
             io.BytesIO(body),
-            read_options=pacsv.ReadOptions(column_names=names, block_size=PARSE_BLOCK),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=block),
             parse_options=opts.parse_options(invalid),
             convert_options=opts.convert_options(types),
         )
@@ -726,10 +735,12 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
         if lo < n:
             ordinals = np.arange(row + lo, row + n, dtype=np.int64)
 
-            def parse(body: bytes, schema: pa.Schema | None = schema) -> pa.Table:
+            def parse(
+                body: bytes, schema: pa.Schema | None = schema, block: int = _block_size(recs, lo)
+            ) -> pa.Table:
                 return pajson.read_json(
                     io.BytesIO(body),
-                    read_options=pajson.ReadOptions(block_size=PARSE_BLOCK),
+                    read_options=pajson.ReadOptions(block_size=block),
                     parse_options=pajson.ParseOptions(
                         explicit_schema=schema, unexpected_field_behavior="infer"
                     ),
