@@ -263,6 +263,16 @@ def test_a_row_longer_than_a_parser_block_is_a_row_not_a_dead_letter(tmp_path: P
     assert [len(v) for v in table["v"].to_pylist()] == [1, long, 1]
 
 
+@pytest.mark.parametrize("text", ['[\n  {"id": 1},\n  {"id": 2}\n]\n', '\ufeff [{"id": 1}]'])
+def test_a_json_array_is_refused_as_a_file_not_dead_lettered_line_by_line(
+    tmp_path: Path, text: str
+) -> None:
+    p = tmp_path / "export.json"
+    p.write_text(text)
+    with pytest.raises(FileReadError, match=r"a JSON array, not JSON lines.*jq -c"):
+        read_all(p, "jsonl")
+
+
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_bytes(b'id,v\r\n1,a\r\n2,"b\r\nc",x\r\n\r\n3,"d"\r\n4\r\n')

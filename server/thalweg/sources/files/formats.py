@@ -731,6 +731,11 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
     row = 0
     for recs, nbytes in _json_lines(fs, path):
         n = len(recs.starts)
+        if row == 0 and n and recs.text(0).lstrip(b"\xef\xbb\xbf \t").startswith(b"["):
+            raise FileReadError(
+                f"{path}: a JSON array, not JSON lines (one object per line); convert it, "
+                f"e.g. jq -c '.[]' {path.rsplit('/', 1)[-1]} > rows.jsonl"
+            )
         lo = max(0, start - row)
         if lo < n:
             ordinals = np.arange(row + lo, row + n, dtype=np.int64)
