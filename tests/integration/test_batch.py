@@ -329,6 +329,19 @@ def test_csv_quote_delimiter_and_null_settings_reach_every_reader(tmp_path: Path
     assert dead[f"{P}source_offset"].to_pylist() == [3]
 
 
+def test_a_header_that_repeats_a_name_loses_no_column(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_text("id,name,name,\n1,a,b,c\n2,d,e,f\n")
+    proc = twg_batch(write_config(tmp_path), str(d))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decoded = lane(tmp_path / "data", "decoded", "drops")
+    assert decoded.select(["id", "name", "name_2", "f3"]).to_pylist() == [
+        {"id": 1, "name": "a", "name_2": "b", "f3": "c"},
+        {"id": 2, "name": "d", "name_2": "e", "f3": "f"},
+    ]
+
+
 def contract(tmp_path: Path, topic: str) -> Path:
     path = tmp_path / "contract.yaml"
     doc = {

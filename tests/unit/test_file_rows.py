@@ -273,6 +273,34 @@ def test_a_json_array_is_refused_as_a_file_not_dead_lettered_line_by_line(
         read_all(p, "jsonl")
 
 
+@pytest.mark.parametrize(
+    ("names", "unique"),
+    [
+        (["id", "name", "name", ""], ["id", "name", "name_2", "f3"]),
+        (["a", "a", "a_2"], ["a", "a_3", "a_2"]),
+        (["", "f0"], ["f0_2", "f0"]),
+        (["a", "b"], ["a", "b"]),
+    ],
+)
+def test_every_column_gets_a_name_of_its_own(names: list[str], unique: list[str]) -> None:
+    from thalweg.sources.files.formats import unique_names
+
+    assert unique_names(names) == unique
+
+
+def test_repeated_and_empty_column_names_keep_every_value(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_text("id,name,name,\n1,a,b,c\n")
+    table, _, _ = read_all(p, "csv")
+    assert table.to_pylist() == [{"id": 1, "name": "a", "name_2": "b", "f3": "c"}]
+    p = tmp_path / "a.arrow"
+    t = pa.table([pa.array([1]), pa.array(["x"]), pa.array(["y"])], names=["v", "v", ""])
+    with pa.ipc.new_file(str(p), t.schema) as w:
+        w.write_table(t)
+    table, _, _ = read_all(p, "arrow")
+    assert table.to_pylist() == [{"v": 1, "v_2": "x", "f2": "y"}]
+
+
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_bytes(b'id,v\r\n1,a\r\n2,"b\r\nc",x\r\n\r\n3,"d"\r\n4\r\n')

@@ -159,11 +159,33 @@ def read_chunks(
         "excel": lambda: _excel(fs, path, start),
     }
     try:
-        yield from readers[fmt]()
+        for chunk in readers[fmt]():
+            names = chunk.table.column_names
+            if len(set(names)) < len(names) or not all(names):
+                chunk.table = chunk.table.rename_columns(unique_names(names))
+            yield chunk
     except FileReadError:
         raise
     except Exception as exc:  # whatever a reader library raises on a damaged file
         raise FileReadError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """Column names every row can keep all its values under: an empty name becomes
+    ``f<i>`` (its position, as for a file without a header) and a repeated one
+    ``<name>_2``, ``<name>_3`` … (the first free). A decoded row is a mapping from
+    names, so two columns of one name would keep one value and drop the other."""
+    taken = set(names)
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        base = name or f"f{i}"
+        new, k = base, 2
+        while new in seen or (new != name and new in taken):
+            new, k = f"{base}_{k}", k + 1
+        seen.add(new)
+        out.append(new)
+    return out
 
 
 _CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
@@ -457,7 +479,7 @@ def _csv_header(
     line = body[:end].rstrip(b"\r")
     simple = end > 0 and (not quote or quote not in line) and b"\r" not in line
     if opts.header and simple and line.strip():
-        return opts.fields(line.decode("utf-8-sig", "replace")), body[end + 1 :]
+        return unique_names(opts.fields(line.decode("utf-8-sig", "replace"))), body[end + 1 :]
     # Quoted names (pyarrow's and pandas' writers quote them): the first record ends at
     # the first newline after an even number of quotes. Split only up to it, not the
     # whole piece (8 MiB of a quoted file: 30 ms).
@@ -485,7 +507,7 @@ def _csv_header(
     cells = opts.fields(first)
     if not opts.header:
         return [f"f{i}" for i in range(len(cells))], body
-    return cells, body[first_end:]
+    return unique_names(cells), body[first_end:]
 
 
 def _first_record_end(body: bytes, quote: bytes = b'"') -> int:
