@@ -117,7 +117,8 @@ def test_records_and_the_header_are_those_a_csv_reader_finds(
     if not expected:
         assert names is None
         return
-    assert names == (expected[0] if header else [f"f{i}" for i in range(len(expected[0]))])
+    named = formats.unique_names(expected[0])
+    assert names == (named if header else [f"f{i}" for i in range(len(expected[0]))])
     if header:  # what follows is every later record, in order
         later = split_records(rest, q, True, delim=ord(","))
         assert [later.text(k).decode() for k in range(len(later.starts))] == found[1:]
@@ -299,6 +300,33 @@ def test_repeated_and_empty_column_names_keep_every_value(tmp_path: Path) -> Non
         w.write_table(t)
     table, _, _ = read_all(p, "arrow")
     assert table.to_pylist() == [{"v": 1, "v_2": "x", "f2": "y"}]
+
+
+def test_a_resumed_csv_read_types_its_columns_as_the_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first piece's types hold for the file, also when a resumed read starts
+    pieces later: a column of whole numbers after a first piece with fractions stays
+    double, as in the run that was cut."""
+    from thalweg.sources.files import formats
+
+    monkeypatch.setattr(formats, "CHUNK_BYTES", 256)
+    p = tmp_path / "a.csv"
+    p.write_text(
+        "v\n" + "".join(f"{i}.5\n" for i in range(50)) + "".join(f"{i}\n" for i in range(500))
+    )
+    whole, _, _ = read_all(p, "csv")
+    resumed, numbers, _ = read_all(p, "csv", start=400)
+    assert whole.schema.field("v").type == resumed.schema.field("v").type == pa.float64()
+    assert numbers == list(range(400, 550))
+    assert resumed["v"].to_pylist() == whole["v"].to_pylist()[400:]
+    # JSON lines: fractions in the first chunk's first rows, whole numbers after.
+    p = tmp_path / "a.jsonl"
+    p.write_text("".join(json.dumps({"v": i + (0.5 if i < 3 else 0)}) + "\n" for i in range(550)))
+    for start in (2, 400):
+        resumed, numbers, _ = read_all(p, "jsonl", start=start)
+        assert resumed.schema.field("v").type == pa.float64()
+        assert numbers == list(range(start, 550))
 
 
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:

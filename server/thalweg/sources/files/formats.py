@@ -544,12 +544,12 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
         nonlocal row, held
         assert names is not None
         chunk, n, held = _csv_piece(body, names, types, opts, row, eof)
+        for fld in chunk.table.schema:  # rows skipped on a resumed read type the file too
+            if not pa.types.is_null(fld.type):
+                types.setdefault(fld.name, fld.type)
         if row + n > start:
             chunk = _from_row(chunk, start) if row < start else chunk
             chunk.nbytes = nbytes
-            for fld in chunk.table.schema:
-                if not pa.types.is_null(fld.type):
-                    types.setdefault(fld.name, fld.type)
             yield chunk
         row += n
 
@@ -759,11 +759,16 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
                 f"e.g. jq -c '.[]' {path.rsplit('/', 1)[-1]} > rows.jsonl"
             )
         lo = max(0, start - row)
-        if lo < n:
-            ordinals = np.arange(row + lo, row + n, dtype=np.int64)
+        # The file's types come from its first rows, read here or not (a resumed read
+        # types its columns as the whole read did).
+        first = lo if schema is not None else 0
+        if first < n:
+            ordinals = np.arange(row + first, row + n, dtype=np.int64)
 
             def parse(
-                body: bytes, schema: pa.Schema | None = schema, block: int = _block_size(recs, lo)
+                body: bytes,
+                schema: pa.Schema | None = schema,
+                block: int = _block_size(recs, first),
             ) -> pa.Table:
                 return pajson.read_json(
                     io.BytesIO(body),
@@ -775,16 +780,17 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
 
             # The lines as they lie in the buffer (blank ones between are skipped by
             # the parser; a count that differs sends the chunk line by line).
-            body = recs.buf[recs.starts[lo] : recs.ends[n - 1]]
+            body = recs.buf[recs.starts[first] : recs.ends[n - 1]]
             try:
-                chunk = Chunk(_whole(parse, body, n - lo, schema), ordinals)
+                chunk = Chunk(_whole(parse, body, n - first, schema), ordinals)
             except pa.ArrowInvalid:
-                chunk = _one_by_one(recs, lo, ordinals, parse)
+                chunk = _one_by_one(recs, first, ordinals, parse)
             chunk.nbytes = nbytes
             if schema is None and chunk.table.num_columns:
                 keep = [f for f in chunk.table.schema if not pa.types.is_null(f.type)]
                 schema = pa.schema(keep) if keep else None
-            yield chunk
+            if lo < n:
+                yield _from_row(chunk, start) if first < lo else chunk
         row += n
 
 
