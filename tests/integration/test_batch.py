@@ -342,6 +342,25 @@ def test_a_header_that_repeats_a_name_loses_no_column(tmp_path: Path) -> None:
     ]
 
 
+def test_a_file_of_a_type_parquet_cannot_hold_is_reported_not_retried_forever(
+    tmp_path: Path,
+) -> None:
+    """Before, an interval column made the decoded lane's writer retry for ever."""
+    d = tmp_path / "in"
+    d.mkdir()
+    iv = pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())
+    t = pa.table({"id": [1], "iv": iv})
+    with pa.ipc.new_file(str(d / "a.arrow"), t.schema) as w:
+        w.write_table(t)
+    pq.write_table(rows(10), d / "b.parquet")
+    proc = twg_batch(write_config(tmp_path), str(d), timeout=120)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    s = summary(proc)
+    assert (s["files_done"], s["files_failed"], s["rows"]) == (1, 1, 10)
+    assert "month_day_nano_interval" in s["errors"][0]["error"]
+    assert lane(tmp_path / "data", "decoded", "drops").num_rows == 10
+
+
 def contract(tmp_path: Path, topic: str) -> Path:
     path = tmp_path / "contract.yaml"
     doc = {

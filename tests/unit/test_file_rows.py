@@ -30,6 +30,7 @@ from thalweg.sources.files.formats import (
     read_chunks,
     split_records,
 )
+from thalweg.sources.files.lane_ready import unique_names
 from thalweg.sources.files.source import FileSource
 
 C = MetadataColumns()
@@ -117,7 +118,7 @@ def test_records_and_the_header_are_those_a_csv_reader_finds(
     if not expected:
         assert names is None
         return
-    named = formats.unique_names(expected[0])
+    named = unique_names(expected[0])
     assert names == (named if header else [f"f{i}" for i in range(len(expected[0]))])
     if header:  # what follows is every later record, in order
         later = split_records(rest, q, True, delim=ord(","))
@@ -284,8 +285,6 @@ def test_a_json_array_is_refused_as_a_file_not_dead_lettered_line_by_line(
     ],
 )
 def test_every_column_gets_a_name_of_its_own(names: list[str], unique: list[str]) -> None:
-    from thalweg.sources.files.formats import unique_names
-
     assert unique_names(names) == unique
 
 
@@ -327,6 +326,27 @@ def test_a_resumed_csv_read_types_its_columns_as_the_whole_read(
         resumed, numbers, _ = read_all(p, "jsonl", start=start)
         assert resumed.schema.field("v").type == pa.float64()
         assert numbers == list(range(start, 550))
+
+
+def test_columns_parquet_cannot_hold_are_decoded_or_refused_by_name(tmp_path: Path) -> None:
+    """A run-end encoded column is decoded (the same values); an interval would make the
+    decoded lane's writer fail on every retry, so the file is refused, naming it."""
+    import pyarrow.compute as pc
+
+    p = tmp_path / "ree.arrow"
+    t = pa.table({"id": [1, 2, 3], "s": pc.run_end_encode(pa.array(["x", "x", "y"]))})
+    with pa.ipc.new_file(str(p), t.schema) as w:
+        w.write_table(t)
+    table, _, _ = read_all(p, "arrow")
+    assert table.schema.field("s").type == pa.string()
+    assert table["s"].to_pylist() == ["x", "x", "y"]
+    p = tmp_path / "interval.arrow"
+    iv = pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())
+    t = pa.table({"id": [1], "iv": iv})
+    with pa.ipc.new_file(str(p), t.schema) as w:
+        w.write_table(t)
+    with pytest.raises(FileReadError, match=r"column iv \(month_day_nano_interval\)"):
+        read_all(p, "arrow")
 
 
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:

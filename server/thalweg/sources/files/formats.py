@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from thalweg.errors import ThalwegError
 from thalweg.records.file_rows import BrokenRow
+from thalweg.sources.files.lane_ready import UnstorableColumnsError, lane_ready, unique_names
 from thalweg.sources.files.quotes import count_holds, ends_inside_quotes, newlines_inside
 
 log = logging.getLogger(__name__)
@@ -158,34 +159,17 @@ def read_chunks(
         "avro": lambda: _avro(fs, path, start),
         "excel": lambda: _excel(fs, path, start),
     }
+    checked: set[pa.Schema] = set()
     try:
         for chunk in readers[fmt]():
-            names = chunk.table.column_names
-            if len(set(names)) < len(names) or not all(names):
-                chunk.table = chunk.table.rename_columns(unique_names(names))
+            chunk.table = lane_ready(chunk.table, checked)
             yield chunk
+    except UnstorableColumnsError as exc:
+        raise FileReadError(f"{path}: {exc}") from exc
     except FileReadError:
         raise
     except Exception as exc:  # whatever a reader library raises on a damaged file
         raise FileReadError(f"{path}: {type(exc).__name__}: {exc}") from exc
-
-
-def unique_names(names: list[str]) -> list[str]:
-    """Column names every row can keep all its values under: an empty name becomes
-    ``f<i>`` (its position, as for a file without a header) and a repeated one
-    ``<name>_2``, ``<name>_3`` … (the first free). A decoded row is a mapping from
-    names, so two columns of one name would keep one value and drop the other."""
-    taken = set(names)
-    out: list[str] = []
-    seen: set[str] = set()
-    for i, name in enumerate(names):
-        base = name or f"f{i}"
-        new, k = base, 2
-        while new in seen or (new != name and new in taken):
-            new, k = f"{base}_{k}", k + 1
-        seen.add(new)
-        out.append(new)
-    return out
 
 
 _CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
