@@ -82,6 +82,13 @@ class LaneError(ThalwegError):
     retriable = True
 
 
+class UnwritableSegmentError(LaneError):
+    """A segment whose table Parquet cannot hold (a type it has no mapping for, such as
+    an interval or a union): the same table fails every time, so it is not retried."""
+
+    retriable = False
+
+
 class PrefixMismatchError(LaneError):
     """The lane on disk was written with a different metadata column prefix."""
 

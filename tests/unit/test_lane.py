@@ -257,3 +257,35 @@ def test_repair_removes_interrupted_writes_beside_the_lanes_too(tmp_path: Path) 
     repair(layout, "t", 0)
     assert not any(p.exists() for p in left)
     assert floor.exists() and other.with_name(other.name + ".tmp-9").exists()
+
+
+def test_a_segment_parquet_cannot_hold_is_not_retried(tmp_path: Path) -> None:
+    """Parquet has no mapping for an interval: the same table fails every time, so the
+    error says not to retry (a retriable one held a batch run for ever) and nothing of
+    the segment is left behind."""
+    import numpy as np
+
+    from thalweg.errors import UnwritableSegmentError
+    from thalweg.records.file_rows import file_rows_batch
+
+    _, w = writer(tmp_path)
+    iv = pa.array([pa.MonthDayNano([1, 2, 3])] * 2, pa.month_day_nano_interval())
+    batch = file_rows_batch(
+        table=pa.table({"iv": iv}),
+        rows=np.arange(2, dtype=np.int64),
+        broken=[],
+        topic="t",
+        partition=0,
+        uri="file:///x.arrow",
+        mtime_ms=0,
+        cluster="c",
+        ingest_ts_us=0,
+        columns=COLS,
+    )
+    decoded = pa.table(
+        {"iv": iv, COLS.offset: batch.column(COLS.offset), COLS.decode_error: [None] * 2}
+    )
+    with pytest.raises(UnwritableSegmentError, match="month_day_nano_interval") as info:
+        w.write("t", 0, pa.Table.from_batches([batch]), decoded, 0, 2)
+    assert info.value.retriable is False
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".json"]

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
-from thalweg.errors import LaneError, SegmentConflictError
+from thalweg.errors import LaneError, SegmentConflictError, UnwritableSegmentError
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -191,7 +191,7 @@ class SegmentWriter:
             _discard(encoding)
             if isinstance(exc, (OSError, pa.ArrowException)):
                 self._make_room(exc)
-                raise LaneError(f"raw segment {path} not written: {exc}") from exc
+                raise _not_written("raw", path, exc) from exc
             raise
         if encoding is not None:
             assert decoded is not None
@@ -211,7 +211,7 @@ class SegmentWriter:
             raise
         except (OSError, pa.ArrowException) as exc:
             self._make_room(exc)
-            raise LaneError(f"raw segment {path} not written: {exc}") from exc
+            raise _not_written("raw", path, exc) from exc
         self._keep(path, raw)
         return WrittenSegment(
             Segment(first, last, path),
@@ -331,7 +331,7 @@ class SegmentWriter:
         except (OSError, pa.ArrowException) as exc:
             self._make_room(exc)
             if required:
-                raise LaneError(f"decoded segment {path} not written: {exc}") from exc
+                raise _not_written("decoded", path, exc) from exc
             # The raw lane is primary: a decoded-lane failure never blocks it. The
             # missing decoded segment is rebuilt from raw while the gateway runs
             # (engine/rebuilds.py) and at the next start.
@@ -346,7 +346,7 @@ class SegmentWriter:
         try:
             self._durable(dead, path, {**meta, META_LANE: b"dlq"}, stats=True, fence=fence)
         except (OSError, pa.ArrowException) as exc:
-            raise LaneError(f"dead-letter segment {path} not written: {exc}") from exc
+            raise _not_written("dead-letter", path, exc) from exc
 
     def _encodings(self, table: pa.Table) -> tuple[list[str], dict[str, str]]:
         """Which columns get a dictionary, and the encoding of the sequential ones.
@@ -473,3 +473,12 @@ class SegmentWriter:
         if self._cfg.fsync:
             fsync_dir(path.parent)
         return path.stat().st_size
+
+
+def _not_written(lane: str, path: Path, exc: BaseException) -> LaneError:
+    """The error for a segment not written: retriable (a full disk, a lost mount) unless
+    Parquet has no mapping for a type in it — that table fails every time."""
+    message = f"{lane} segment {path} not written: {exc}"
+    if isinstance(exc, pa.ArrowNotImplementedError):
+        return UnwritableSegmentError(message)
+    return LaneError(message)
