@@ -26,6 +26,8 @@ def config(**source: Any) -> dict[str, Any]:
         ({"kind": "files", "csv_delimiter": "'", "csv_quote": "'"}, "must differ"),
         ({"kind": "files", "csv_quote": "\n"}, "line break"),
         ({"kind": "files", "csv_quote": "ab"}, "at most 1"),
+        ({"kind": "files", "csv_quote": "\t"}, "tab"),
+        ({"kind": "files", "csv_quote": "é"}, "ASCII"),
     ],
 )
 def test_typed_sources_refuse_what_does_not_apply(source: dict[str, Any], message: str) -> None:

@@ -727,6 +727,10 @@ class FilesSourceConfig(TypedSourceConfig):
             raise ValueError("csv_quote and csv_delimiter must differ")
         if {self.csv_quote, self.csv_delimiter} & {"\n", "\r"}:
             raise ValueError("csv_quote and csv_delimiter cannot be a line break")
+        if self.csv_quote == "\t":
+            raise ValueError("csv_quote cannot be a tab (the delimiter of .tsv files)")
+        if not (self.csv_quote + self.csv_delimiter).isascii():
+            raise ValueError("csv_quote and csv_delimiter must be ASCII characters")
         return self
 
 

@@ -51,22 +51,33 @@ def lane_ready(table: pa.Table, checked: set[pa.Schema]) -> pa.Table:
     for i, f in enumerate(table.schema):
         if pa.types.is_run_end_encoded(f.type):
             chunks = [pc.run_end_decode(c) for c in table.column(i).chunks]
-            table = table.set_column(i, f.name, pa.chunked_array(chunks, f.type.value_type))
+            decoded = pa.field(f.name, f.type.value_type, f.nullable, f.metadata)
+            table = table.set_column(i, decoded, pa.chunked_array(chunks, decoded.type))
     if table.schema not in checked:
-        bad = [f"{f.name} ({f.type})" for f in table.schema if not _storable(pa.schema([f]))]
+        sample = table.slice(0, _SAMPLE_ROWS)
+        bad = [
+            f"{f.name} ({f.type})"
+            for i, f in enumerate(table.schema)
+            if not _storable(sample.select([i]))
+        ]
         if bad:
             raise UnstorableColumnsError(
                 f"column {', '.join(bad)}: a type the Parquet lanes cannot hold; "
-                "cast it before loading (an interval to a struct or a string, a union "
-                "to its branches)"
+                "cast it before loading (to a plain, struct or string type)"
             )
         checked.add(table.schema)
     return table
 
 
-def _storable(schema: pa.Schema) -> bool:
+_SAMPLE_ROWS = 16  # some types fail only with values (a dictionary of structs)
+
+
+def _storable(sample: pa.Table) -> bool:
+    """Whether Parquet takes the column, tried with an empty table and a few rows."""
     try:
-        pq.write_table(schema.empty_table(), io.BytesIO())
+        pq.write_table(sample.schema.empty_table(), io.BytesIO())
+        if sample.num_rows:
+            pq.write_table(sample, io.BytesIO())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
         return False
     return True
