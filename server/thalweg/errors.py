@@ -13,6 +13,7 @@ class defined outside this module names its module in parentheses)::
     ├── LaneError
     │   ├── PrefixMismatchError
     │   ├── SegmentConflictError
+    │   ├── UnwritableSegmentError
     │   └── OwnershipLostError
     ├── SourceError
     ├── ProduceError
@@ -38,6 +39,7 @@ class defined outside this module names its module in parentheses)::
     │   │   └── SinkStoppedError (thalweg.sinks.base)
     │   └── SinkBackpressureError (thalweg.sinks.base)
     ├── FollowLagError (thalweg.flight.read.stream)
+    ├── UnstorableColumnsError (thalweg.sources.files.lane_ready)
     └── FileReadError (thalweg.sources.files.formats)
 
 Two families live beside the tree on purpose:

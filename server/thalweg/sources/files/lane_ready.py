@@ -15,9 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from thalweg.errors import ThalwegError
 
-class UnstorableColumnsError(ValueError):
-    """Columns of types the Parquet lanes cannot hold."""
+
+class UnstorableColumnsError(ThalwegError):
+    """Columns of types the Parquet lanes cannot hold (the file is reported unreadable)."""
+
+    retriable = False
 
 
 def unique_names(names: list[str]) -> list[str]:
