@@ -393,6 +393,19 @@ def test_lane_ready_refuses_a_type_that_fails_only_with_values() -> None:
         lane_ready(pa.table({"id": [1, 2, 3], "d": col}), set())
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("\n", []), ("  \n", []), ('{"a":null}\n  ', [{"a": None}]), ("{}\n  ", [{}])],
+)
+def test_json_lines_with_blank_pieces_and_no_fields_yet(
+    tmp_path: Path, text: str, expected: list[dict[str, object]]
+) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_text(text)
+    chunks = list(read_chunks(LOCAL, str(p), "jsonl"))
+    assert [r for c in chunks for r in c.table.to_pylist()] == expected
+
+
 def test_a_broken_csv_row_is_located_and_kept_whole(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_bytes(b'id,v\r\n1,a\r\n2,"b\r\nc",x\r\n\r\n3,"d"\r\n4\r\n')
