@@ -360,14 +360,11 @@ def split_records(
             lone = cr[(follows != 10) & ((cr + 1 < len(arr)) | eof)]
             if len(lone):
                 ends = np.union1d(ends, lone.astype(np.int64))
-    if quote is not None and len(ends):
-        quotes = np.flatnonzero(arr == quote)
-        if not len(quotes):
-            pass
-        elif delim is not None and not count_holds(arr, quotes, delim):
-            ends = ends[~newlines_inside(buf, quotes, ends, delim)]
-        else:  # a newline after an odd number of quotes is inside a value
-            ends = ends[(np.searchsorted(quotes, ends) & 1) == 0]
+    quotes = np.flatnonzero(arr == quote) if quote is not None and len(ends) else ends[:0]
+    if len(quotes) and delim is not None and not count_holds(arr, quotes, delim):
+        ends = ends[~newlines_inside(buf, quotes, ends, delim)]
+    elif len(quotes):  # a newline after an odd number of quotes is inside a value
+        ends = ends[(np.searchsorted(quotes, ends) & 1) == 0]
     consumed = int(ends[-1]) + 1 if len(ends) else 0
     if eof and consumed < len(buf):
         ends = np.append(ends, len(buf))
@@ -809,14 +806,13 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
         # A piece is parsed whole even when a resumed read starts inside it, and the
         # first piece even when it starts later: types come from the same rows as in
         # the whole read (the file's first rows; a piece's own for a widened field).
-        first = 0
         if n and (lo < n or schema is None):
-            ordinals = np.arange(row + first, row + n, dtype=np.int64)
+            ordinals = np.arange(row, row + n, dtype=np.int64)
 
             def parse(
                 body: bytes,
                 schema: pa.Schema | None = schema,
-                block: int = _block_size(recs, first),
+                block: int = _block_size(recs, 0),
             ) -> pa.Table:
                 return pajson.read_json(
                     io.BytesIO(body),
@@ -828,11 +824,11 @@ def _jsonl(fs: pafs.FileSystem, path: str, start: int) -> Iterator[Chunk]:
 
             # The lines as they lie in the buffer (blank ones between are skipped by
             # the parser; a count that differs sends the chunk line by line).
-            body = recs.buf[recs.starts[first] : recs.ends[n - 1]]
+            body = recs.buf[recs.starts[0] : recs.ends[n - 1]]
             try:
-                chunk = Chunk(_whole(parse, body, n - first, schema), ordinals)
+                chunk = Chunk(_whole(parse, body, n, schema), ordinals)
             except pa.ArrowInvalid:
-                chunk = _one_by_one(recs, first, ordinals, parse)
+                chunk = _one_by_one(recs, 0, ordinals, parse)
             if schema is None and chunk.table.num_columns:
                 keep = [f for f in chunk.table.schema if not pa.types.is_null(f.type)]
                 schema = pa.schema(keep) if keep else None
