@@ -35,6 +35,7 @@ from thalweg.kafka.unpack import (
     CorruptRecordError,
     KafkaColumns,
     check_crc,
+    decode_batches,
     decode_records,
     records_section,
 )
@@ -107,8 +108,13 @@ class _ColumnarPartitionRecords(_PartitionRecords):  # type: ignore[misc]
             self._records_iterator = self._unpack_columns(records.raw, value_deserializer)
 
     def _unpack_columns(self, raw: bytes, budget: ColumnarFetch) -> Iterator[KafkaColumns]:
+        """The fetched batches as columns: each run of consecutive record batches is
+        decoded at once (``decode_batches``: the fixed cost of a decode once per run, not
+        once per batch — small batches are common), then handed over in parts of at most
+        the budget."""
         view = memoryview(raw)
         pos, end = 0, len(raw)
+        run: list[tuple[bytes | memoryview, BatchHeader]] = []
         while end - pos >= LOG_OVERHEAD + 5:
             length = int.from_bytes(view[pos + 8 : pos + 12], "big", signed=True)
             stop = pos + LOG_OVERHEAD + length
@@ -118,32 +124,61 @@ class _ColumnarPartitionRecords(_PartitionRecords):  # type: ignore[misc]
             pos = stop
             magic = batch[MAGIC_AT]
             if magic < 2:
+                yield from self._hand_over(run, budget)
+                run = []
                 cols = self._legacy(bytes(batch), magic)
                 next_offset = int(cols.offsets[-1]) + 1 if len(cols) else self.next_fetch_offset
-            else:
-                header = BatchHeader.parse(batch)
-                if self._check_crcs and not check_crc(batch, header):
-                    raise CorruptRecordException(f"Invalid CRC - {self._tp}")
-                if self._skipped(batch, header):
-                    self.next_fetch_offset = header.next_offset
-                    continue
+                yield from self._parts(cols, next_offset, budget)
+                continue
+            header = BatchHeader.parse(batch)
+            if self._check_crcs and not check_crc(batch, header):
+                yield from self._hand_over(run, budget)  # what came before is sound
+                raise CorruptRecordException(f"Invalid CRC - {self._tp}")
+            if self._skipped(batch, header):
+                yield from self._hand_over(run, budget)
+                run = []
+                self.next_fetch_offset = header.next_offset  # as aiokafka's reader
+                continue
+            run.append((batch, header))
+        yield from self._hand_over(run, budget)
+
+    def _hand_over(
+        self, run: list[tuple[bytes | memoryview, BatchHeader]], budget: ColumnarFetch
+    ) -> Iterator[KafkaColumns]:
+        """A run of batches, decoded as one, in parts of at most the budget."""
+        if not run:
+            return
+        try:
+            groups = [(decode_batches(run), run[-1][1])]
+        except CorruptRecordError:
+            # Batch by batch: the sound ones before the corrupt one are handed over, and
+            # the error names the batch, as when every batch was decoded alone.
+            groups = []
+            for batch, header in run:
                 try:
-                    cols = decode_records(records_section(batch, header), header)
+                    groups.append((decode_records(records_section(batch, header), header), header))
                 except CorruptRecordError as exc:  # raised as aiokafka raises a bad CRC
+                    for cols, last in groups:
+                        yield from self._parts(cols, last.next_offset, budget)
                     raise CorruptRecordException(
                         f"{self._tp} at offset {header.base_offset}: {exc}"
                     ) from exc
-                next_offset = header.next_offset
-            cols = cols.since(self.next_fetch_offset)
-            while len(cols):
-                # At least one record, so a fetch always makes progress.
-                take = max(1, min(len(cols), budget.remaining))
-                part, cols = cols.head(take), cols.drop(take)
-                budget.remaining -= take
-                # aiokafka moves the consumer's position to this when it takes the part.
-                self.next_fetch_offset = int(cols.offsets[0]) if len(cols) else next_offset
-                yield part
-            self.next_fetch_offset = max(next_offset, self.next_fetch_offset)
+        for cols, last in groups:
+            yield from self._parts(cols, last.next_offset, budget)
+
+    def _parts(
+        self, cols: KafkaColumns, next_offset: int, budget: ColumnarFetch
+    ) -> Iterator[KafkaColumns]:
+        cols = cols.since(self.next_fetch_offset)
+        while len(cols):
+            # At least one record, so a fetch always makes progress.
+            take = max(1, min(len(cols), budget.remaining))
+            part, cols = cols.head(take), cols.drop(take)
+            budget.remaining -= take
+            # aiokafka moves the consumer's position to this when it takes the part.
+            self.next_fetch_offset = int(cols.offsets[0]) if len(cols) else next_offset
+            yield part
+        self.next_fetch_offset = max(next_offset, self.next_fetch_offset)
 
     def _skipped(self, batch: memoryview, header: BatchHeader) -> bool:
         """A control batch, or a batch of an aborted transaction under read_committed —
