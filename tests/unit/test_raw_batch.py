@@ -126,11 +126,80 @@ def test_arbitrary_records_round_trip_parquet_and_ipc(rows: list[tuple]) -> None
     assert b.column(COLS.value).to_pylist() == [r[1] for r in rows]
 
 
-def test_empty_batch_has_the_schema_and_sinks_ignore_it() -> None:
-    from thalweg.engine.accumulate import RawSink
+def test_empty_batch_has_the_schema_and_accumulators_ignore_it() -> None:
+    from thalweg.engine.accumulate import Accumulator
 
     empty = batch([])
     assert empty.num_rows == 0 and empty.schema == COLS.raw_schema
-    sink = RawSink(COLS, 5)
-    sink.push(empty)
-    assert sink.empty
+    acc = Accumulator(COLS, 5)
+    acc.add(empty)
+    assert acc.empty
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 40),
+            st.lists(
+                st.tuples(
+                    st.one_of(st.none(), st.binary(max_size=8)),
+                    st.one_of(st.none(), st.binary(max_size=20)),
+                    st.lists(
+                        st.tuples(st.text(max_size=3), st.none() | st.binary(max_size=4)),
+                        max_size=2,
+                    ),
+                    st.sampled_from([0, 1]),
+                ),
+                min_size=1,
+                max_size=6,
+            ),
+        ),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda p: (p[0], p[1]),
+    ),
+    st.booleans(),
+)
+def test_a_fetch_s_batches_built_together_equal_each_built_alone(
+    parts: list[
+        tuple[
+            str, int, list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]
+        ]
+    ],
+    big: bool,
+) -> None:
+    """Many small partitions of a fetch share one built batch (sliced); each slice holds
+    exactly what that partition's batch built alone holds."""
+    import numpy as np
+
+    from thalweg.records import raw_batch
+    from thalweg.records.raw_batch import PartitionColumns, build_headers, raw_batch_from_columns
+
+    cols = []
+    for topic, partition, recs in parts:
+        n = len(recs)
+        cols.append(
+            PartitionColumns(
+                topic,
+                partition,
+                np.arange(100, 100 + n, dtype=np.int64),
+                np.arange(n, dtype=np.int64) * 7,
+                np.array([r[3] for r in recs], np.int8),
+                pa.array([r[0] for r in recs], pa.binary()),
+                pa.array([r[1] for r in recs], pa.binary()),
+                build_headers([r[2] for r in recs]),
+            )
+        )
+    joint_rows = raw_batch.JOINT_ROWS
+    try:
+        if big:  # every partition large: each built on its own
+            raw_batch.JOINT_ROWS = 1
+        got = raw_batch.raw_batches_from_columns(cols, cluster="c", ingest_ts_us=9, columns=COLS)
+    finally:
+        raw_batch.JOINT_ROWS = joint_rows
+    for p, b in zip(cols, got, strict=True):
+        alone = raw_batch_from_columns(**p._asdict(), cluster="c", ingest_ts_us=9, columns=COLS)
+        assert b.to_pylist() == alone.to_pylist()
+        assert b.schema == alone.schema

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence, Sized
 from itertools import chain
 from operator import attrgetter
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -167,3 +167,88 @@ def raw_batch_from_columns(
     arrays.append(offsets_arr)  # a Kafka record's position is its offset
     arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
     return pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)
+
+
+class PartitionColumns(NamedTuple):
+    """One partition's fetched records as columns, in offset order."""
+
+    topic: str
+    partition: int
+    offsets: np.ndarray
+    timestamps_ms: np.ndarray
+    timestamp_types: np.ndarray
+    keys: pa.Array
+    values: pa.Array
+    headers: pa.Array
+
+
+def raw_batches_from_columns(
+    parts: Sequence[PartitionColumns],
+    *,
+    cluster: str,
+    ingest_ts_us: int,
+    columns: MetadataColumns,
+) -> list[pa.RecordBatch]:
+    """The raw-lane batch of each partition of one fetch, built as one batch and sliced.
+
+    Building a batch costs some twenty-five array constructions whatever its rows; a
+    fetch over 32 partitions of a few records each spent a third of the event loop
+    building them one by one. Built together, a fetch pays once; each partition's
+    batch is a zero-copy slice of the whole.
+    """
+    small = [i for i, p in enumerate(parts) if len(p.offsets) < JOINT_ROWS]
+    out: list[pa.RecordBatch | None] = [None] * len(parts)
+    if len(small) > 1:
+        joint = _joint([parts[i] for i in small], cluster, ingest_ts_us, columns)
+        for i, batch in zip(small, joint, strict=True):
+            out[i] = batch
+    for i, p in enumerate(parts):
+        if out[i] is None:
+            out[i] = raw_batch_from_columns(
+                **p._asdict(), cluster=cluster, ingest_ts_us=ingest_ts_us, columns=columns
+            )
+    return [b for b in out if b is not None]
+
+
+#: Partitions that brought fewer records than this in a fetch share one built batch;
+#: larger ones get their own (a slice keeps its whole batch alive: a partition's
+#: segments should not pin the others' rows).
+JOINT_ROWS = 4096
+
+
+def _joint(
+    parts: Sequence[PartitionColumns], cluster: str, ingest_ts_us: int, columns: MetadataColumns
+) -> list[pa.RecordBatch]:
+    counts = np.array([len(p.offsets) for p in parts], np.int64)
+    n = int(counts.sum())
+    offsets = np.concatenate([p.offsets for p in parts])
+    topics = sorted({p.topic for p in parts})
+    topic_index = np.repeat(np.array([topics.index(p.topic) for p in parts], np.int32), counts)
+    partitions = np.repeat(np.array([p.partition for p in parts], np.int32), counts)
+    offsets_arr = pa.array(offsets, pa.int64())
+    built: dict[str, pa.Array] = {
+        "cluster": constant(cluster, pa.string(), n),
+        "topic": pa.array(topics, pa.string()).take(pa.array(topic_index)),
+        "partition": pa.array(partitions, pa.int32()),
+        "offset": offsets_arr,
+        "key": pa.concat_arrays([p.keys for p in parts]),
+        "value": pa.concat_arrays([p.values for p in parts]),
+        "headers": pa.concat_arrays([p.headers for p in parts]),
+        "timestamp": pa.array(np.concatenate([p.timestamps_ms for p in parts]), pa.int64()).view(
+            TIMESTAMP_MS
+        ),
+        "timestamp_type": _TS_TYPE_DICT.take(
+            pa.array(np.concatenate([p.timestamp_types for p in parts]), pa.int8())
+        ),
+    }
+    arrays = [
+        built[suffix] if suffix in built else pa.nulls(n, type_) for suffix, type_ in SOURCE_COLUMNS
+    ]
+    arrays.append(
+        pa.concat_arrays([record_ids(cluster, p.topic, p.partition, p.offsets) for p in parts])
+    )
+    arrays.append(offsets_arr)  # a Kafka record's position is its offset
+    arrays.append(constant(ingest_ts_us, TIMESTAMP_US, n))
+    whole = pa.RecordBatch.from_arrays(arrays, schema=columns.raw_schema)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return [whole.slice(int(a), int(c)) for a, c in zip(starts, counts, strict=True)]

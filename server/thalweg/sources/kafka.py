@@ -24,7 +24,7 @@ from thalweg.kafka.columnar_fetch import ColumnarFetch
 from thalweg.kafka.unpack import KafkaColumns
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.raw_batch import raw_batch_from_columns
+from thalweg.records.raw_batch import PartitionColumns, raw_batches_from_columns
 from thalweg.sources.base import PartitionKey, RebalanceCallback
 
 log = logging.getLogger(__name__)
@@ -184,24 +184,30 @@ class KafkaSource:
                 parts.setdefault(tp, []).append(c)
                 remaining -= len(c)
             wait = 0
-        ingest_ts_us = time.time_ns() // 1000
-        out = {}
+        if not parts:
+            return {}
+        columns = []
         for tp, chunks in parts.items():
             cols = KafkaColumns.concat(chunks)
-            out[(tp.topic, tp.partition)] = raw_batch_from_columns(
-                topic=tp.topic,
-                partition=tp.partition,
-                offsets=cols.offsets,
-                timestamps_ms=cols.timestamps,
-                timestamp_types=cols.timestamp_types,
-                keys=cols.keys,
-                values=cols.values,
-                headers=cols.headers,
-                cluster=self.cfg.cluster_name,
-                ingest_ts_us=ingest_ts_us,
-                columns=self._columns,
+            columns.append(
+                PartitionColumns(
+                    tp.topic,
+                    tp.partition,
+                    cols.offsets,
+                    cols.timestamps,
+                    cols.timestamp_types,
+                    cols.keys,
+                    cols.values,
+                    cols.headers,
+                )
             )
-        return out
+        batches = raw_batches_from_columns(
+            columns,
+            cluster=self.cfg.cluster_name,
+            ingest_ts_us=time.time_ns() // 1000,
+            columns=self._columns,
+        )
+        return {(c.topic, c.partition): b for c, b in zip(columns, batches, strict=True)}
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         """Whether a broker answers a metadata request now.
