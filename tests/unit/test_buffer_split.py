@@ -17,6 +17,7 @@ from thalweg.codecs.base import DecodeReason
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer, Pending
+from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 
 COLS = MetadataColumns()
@@ -31,10 +32,18 @@ def _raw(offsets: list[int], bad: frozenset[int] = frozenset()) -> pa.RecordBatc
     return build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)
 
 
+DECODER = JsonArrowDecoder(COLS)
+
+
 def _buffer(durable: int | None) -> PartitionBuffer:
     return PartitionBuffer.create(
-        "t", 0, durable=durable, committed=durable, columns=COLS, decoder=JsonArrowDecoder(COLS)
+        "t", 0, durable=durable, committed=durable, columns=COLS, decoded=True
     )
+
+
+def _push(buf: PartitionBuffer, raw: pa.RecordBatch) -> None:
+    decoded, result = decode_batch(DECODER, raw, COLS)
+    buf.add(raw, decoded, result.failures)
 
 
 def _positions(p: Pending) -> list[int]:
@@ -57,9 +66,9 @@ def test_full_segments_are_written_and_the_rest_starts_the_next() -> None:
     # from 90, and the segments cover 90..end with no hole and no overlap.
     offsets = [o for o in range(100, 260) if o % 3]  # 107 records
     buf = _buffer(durable=90)
-    buf.sink.push(_raw(offsets, bad=frozenset({101, 190})))
+    _push(buf, _raw(offsets, bad=frozenset({101, 190})))
     roll = RawLaneConfig(roll_rows=30)
-    now = buf.sink.opened_at  # due by rows, not by age
+    now = buf.acc.opened_at  # due by rows, not by age
     assert buf.due(now, roll)
     held = buf.held_rows
     pieces = [buf.take(roll, now)]
@@ -70,7 +79,7 @@ def test_full_segments_are_written_and_the_rest_starts_the_next() -> None:
     assert not buf.empty and not buf.due(now, roll)  # 17 rows: not a segment yet
     assert buf.due(now + roll.roll_age_s, roll)  # the carry's age is its oldest record's
     more = [o for o in range(260, 300) if o % 3]  # 27 more: 44 buffered
-    buf.sink.push(_raw(more))
+    _push(buf, _raw(more))
     assert buf.due(now, roll)
     pieces.append(buf.take(roll, now))
     assert pieces[-1].rows == 30 and buf.carry is not None and buf.carry.rows == 14
@@ -89,14 +98,14 @@ def test_full_segments_are_written_and_the_rest_starts_the_next() -> None:
 def test_a_carry_joined_with_newer_records_keeps_their_failures_in_place() -> None:
     buf = _buffer(durable=None)
     fetched = _raw(list(range(25)), bad=frozenset({22}))
-    buf.sink.push(fetched)
+    _push(buf, fetched)
     roll = RawLaneConfig(roll_rows=20)
-    now = buf.sink.opened_at
+    now = buf.acc.opened_at
     assert buf.take(roll, now).rows == 20  # 5 carried, one of them failed
     # A slice keeps its whole fetch alive: the carry is charged for all of it.
     assert buf.carry is not None
     assert buf.buffered_bytes >= fetched.get_total_buffer_size()
-    buf.sink.push(_raw(list(range(25, 45)), bad=frozenset({30})))
+    _push(buf, _raw(list(range(25, 45)), bad=frozenset({30})))
     joined = buf.take(roll, now)
     assert _positions(joined) == list(range(20, 40))
     assert [_positions(joined)[f.row] for f in joined.failures] == [22, 30]
@@ -107,9 +116,9 @@ def test_a_carry_joined_with_newer_records_keeps_their_failures_in_place() -> No
 
 def test_due_by_age_or_everything_writes_the_remainder_too() -> None:
     buf = _buffer(durable=None)
-    buf.sink.push(_raw(list(range(50))))
+    _push(buf, _raw(list(range(50))))
     roll = RawLaneConfig(roll_rows=20, roll_age_s=1)
-    later = buf.sink.opened_at + 1
+    later = buf.acc.opened_at + 1
     pieces = [buf.take(roll, later)]
     while buf.rest:
         pieces.append(buf.take(roll, later))
@@ -120,7 +129,7 @@ def test_due_by_age_or_everything_writes_the_remainder_too() -> None:
 def test_the_byte_limit_cuts_too() -> None:
     buf = _buffer(durable=None)
     batch = _raw(list(range(1000)))
-    buf.sink.push(batch)
+    _push(buf, batch)
     roll = RawLaneConfig(roll_bytes=batch.nbytes // 4 + 1)
     sizes = []
     while not buf.empty:
@@ -130,6 +139,6 @@ def test_the_byte_limit_cuts_too() -> None:
 
 def test_a_take_within_the_limits_is_one_segment() -> None:
     buf = _buffer(durable=None)
-    buf.sink.push(_raw(list(range(10))))
+    _push(buf, _raw(list(range(10))))
     pending = buf.take(RawLaneConfig(roll_rows=10), 0.0)
     assert pending.rows == 10 and buf.empty

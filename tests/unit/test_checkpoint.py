@@ -32,6 +32,7 @@ from thalweg.lane.epochs import Divergence
 from thalweg.lane.live import LiveTail
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
+from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 
 COLS = MetadataColumns()
@@ -72,14 +73,14 @@ def setup(
     cfg = KafkaSourceConfig(name="s", bootstrap_servers="127.0.0.1:1", topics=["t"])
     commits = Commits()
     state = SourceState(cfg, ctx, commits, fence, "source:s")  # type: ignore[arg-type]
-    buf = PartitionBuffer.create("t", 0, durable=None, committed=None, columns=COLS, decoder=None)
+    buf = PartitionBuffer.create("t", 0, durable=None, committed=None, columns=COLS, decoded=False)
     state.parts[KEY] = buf
     return Checkpoint(state, None), state, commits, buf
 
 
 def test_a_flush_makes_a_segment_durable_then_commits_exactly_its_end(tmp_path: Path) -> None:
     cp, state, commits, buf = setup(tmp_path)
-    buf.sink.push(raw([0, 1, 2]))
+    buf.add(raw([0, 1, 2]))
     asyncio.run(cp.flush_now(KEY))
     segs = state.ctx.layout.segments(Lane.RAW, "t", 0)
     assert [(s.first, s.last) for s in segs] == [(0, 2)]
@@ -93,7 +94,7 @@ def test_a_fetch_beyond_the_roll_limits_lands_as_segments_each_committed(
     tmp_path: Path,
 ) -> None:
     cp, state, commits, buf = setup(tmp_path, roll=RawLaneConfig(roll_rows=4))
-    buf.sink.push(raw(list(range(10))))
+    buf.add(raw(list(range(10))))
     asyncio.run(cp.flush_now(KEY))
     segs = state.ctx.layout.segments(Lane.RAW, "t", 0)
     assert [(s.first, s.last) for s in segs] == [(0, 3), (4, 7), (8, 9)]
@@ -106,7 +107,7 @@ def test_nothing_is_committed_until_the_lane_can_be_written(tmp_path: Path) -> N
     blocked = state.ctx.layout.partition_dir(Lane.RAW, "t", 0)
     blocked.parent.mkdir(parents=True)
     blocked.write_bytes(b"a file where the partition directory should be")
-    buf.sink.push(raw([0, 1]))
+    buf.add(raw([0, 1]))
     seen: list[Any] = []
 
     def unblock() -> None:
@@ -149,7 +150,7 @@ def test_a_fenced_write_writes_and_commits_nothing_and_the_source_goes_on(
 ) -> None:
     fence = OwnershipFence(60, lambda: (True, None))
     cp, state, commits, buf = setup(tmp_path, fence)
-    buf.sink.push(raw([0, 1]))
+    buf.add(raw([0, 1]))
     fence.doubt("paused past the session")
     asyncio.run(cp.flush_now(KEY))
     assert state.ctx.layout.segments(Lane.RAW, "t", 0) == []
@@ -170,7 +171,7 @@ def test_a_refused_segment_of_several_goes_back_first_and_none_is_skipped(
     others stay buffered, in order; once the doubt clears they land with no hole."""
     fence = OwnershipFence(60, lambda: (True, None))
     cp, state, commits, buf = setup(tmp_path, fence, roll=RawLaneConfig(roll_rows=4))
-    buf.sink.push(raw(list(range(10))))
+    buf.add(raw(list(range(10))))
     land = cp._land
 
     async def land_then_doubt(*a: Any) -> None:
@@ -193,7 +194,7 @@ def test_a_refused_segment_of_several_goes_back_first_and_none_is_skipped(
 def test_a_conflicting_segment_stops_the_source_loudly(tmp_path: Path) -> None:
     cp, state, commits, buf = setup(tmp_path)
     state.ctx.writer.write("t", 0, pa.Table.from_batches([raw([0, 1, 2])]), None, 0, 3)
-    buf.sink.push(raw([1, 2]))  # offsets another file already holds
+    buf.add(raw([1, 2]))  # offsets another file already holds
     with pytest.raises(SegmentConflictError):
         asyncio.run(cp.flush_now(KEY))
     assert isinstance(state.fatal, SegmentConflictError)
@@ -206,17 +207,20 @@ def test_dead_letters_carry_the_decode_stage_reasons_across_batches(tmp_path: Pa
     """Failures keep their typed reason from the decode stage to the dead-letter lane,
     and their rows stay theirs when a segment holds several fetched batches."""
     cp, state, commits, _ = setup(tmp_path)
-    buf = PartitionBuffer.create(
-        "t", 0, durable=None, committed=None, columns=COLS, decoder=JsonArrowDecoder(COLS)
-    )
+    buf = PartitionBuffer.create("t", 0, durable=None, committed=None, columns=COLS, decoded=True)
+    decoder = JsonArrowDecoder(COLS)
     state.parts[KEY] = buf
 
     def batch(first: int, values: list[bytes]) -> pa.RecordBatch:
         recs = [R("t", 0, first + i, 0, 0, None, v, ()) for i, v in enumerate(values)]
         return build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)
 
-    buf.sink.push(batch(0, [b'{"a": 1}', b'{"a": 2}', b"{broken"]))
-    buf.sink.push(batch(3, [b'{"a": 4}', b"", b'{"a": 6}']))
+    for fetched in (
+        batch(0, [b'{"a": 1}', b'{"a": 2}', b"{broken"]),
+        batch(3, [b'{"a": 4}', b"", b'{"a": 6}']),
+    ):
+        decoded, result = decode_batch(decoder, fetched, COLS)
+        buf.add(fetched, decoded, result.failures)
     asyncio.run(cp.flush_now(KEY))
     dlq = state.ctx.layout.segments(Lane.DLQ, "t", 0)
     assert len(dlq) == 1

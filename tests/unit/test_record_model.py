@@ -1,4 +1,5 @@
-"""The record model and the three representations over one sink abstraction."""
+"""The record model and its three representations (raw, Arrow, Value) over one
+accumulator."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from hypothesis import strategies as st
 
 from tests.corpus.edge_records import EDGES
 from thalweg.codecs import JsonArrowDecoder
-from thalweg.engine.accumulate import ArrowSink, RawSink, TeeSink, ValueSink
+from thalweg.engine.accumulate import Accumulator
+from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
-from thalweg.records.columns import SOURCE_COLUMNS
-from thalweg.records.convert import SOURCE_FIELDS, batch_from_records, records_from_batch
+from thalweg.records.columns import SOURCE_COLUMNS, MetadataPolicy
+from thalweg.records.convert import (
+    SOURCE_FIELDS,
+    batch_from_records,
+    records_from_batch,
+    values_from_tables,
+)
 from thalweg.records.model import RawRecord
 from thalweg.records.record_id import record_ids
 
@@ -113,22 +120,18 @@ def test_arbitrary_records_round_trip(rows: list[tuple]) -> None:  # type: ignor
     assert batch_from_records(records, COLS, record_ids=ids, ingest_ts_us=1).equals(batch)
 
 
-def test_all_sinks_return_the_same_span() -> None:
+def test_one_accumulator_gives_every_representation_and_one_span() -> None:
+    """Raw, decoded and Value rows of the same records, with the span they cover
+    (skipped offsets included) computed once."""
     decoder = JsonArrowDecoder(COLS)
-    sinks = {
-        "raw": RawSink(COLS, 0),
-        "arrow": ArrowSink(COLS, JsonArrowDecoder(COLS), 0),
-        "value": ValueSink(COLS, decoder, position=0),
-        "tee": TeeSink(RawSink(COLS, 0), ArrowSink(COLS, JsonArrowDecoder(COLS), 0), 0),
-    }
-    spans = {}
-    outputs = {}
-    for name, sink in sinks.items():
-        sink.push(kafka_batch(5, 0))
-        sink.push(kafka_batch(3, 7))  # offsets 5-6 skipped (transaction markers)
-        outputs[name], spans[name] = sink.finish()
-    assert len(set(spans.values())) == 1
-    span = spans["raw"]
+    raw_only, both = Accumulator(COLS, 0), Accumulator(COLS, 0, decoded=True)
+    for batch in (kafka_batch(5, 0), kafka_batch(3, 7)):  # offsets 5-6 skipped (markers)
+        raw_only.add(batch)
+        table, result = decode_batch(decoder, batch, COLS)
+        both.add(batch, table, result.failures)
+    a, b = raw_only.finish(), both.finish()
+    assert a.span == b.span
+    span = a.span
     assert (span.first, span.last, span.covers_from, span.covers_to, span.records) == (
         0,
         9,
@@ -136,19 +139,24 @@ def test_all_sinks_return_the_same_span() -> None:
         10,
         8,
     )
-    assert outputs["raw"].num_rows == 8 and outputs["arrow"].num_rows == 8
-    values = outputs["value"]
+    assert a.decoded is None and a.raw.equals(b.raw)
+    assert b.decoded is not None and b.raw.num_rows == b.decoded.num_rows == 8
+    fields = [f.name for f in COLS.metadata_fields(MetadataPolicy.LOCATOR)]
+    values = values_from_tables(b.raw, b.decoded, COLS, fields)
     assert values[0]["i"] == 0 and values[1]["i"] is None
     assert values[0]["_twg_"]["source_offset"] == 0 and values[7]["_twg_"]["source_offset"] == 9
     assert values[1]["_twg_"]["decode_error"] is None  # a tombstone is not an error
-    raw, decoded = outputs["tee"]
-    assert raw.num_rows == decoded.num_rows == 8
     # The next batch continues the span where the last one ended.
-    sinks["raw"].push(kafka_batch(2, 12))
-    _, nxt = sinks["raw"].finish()
+    raw_only.add(kafka_batch(2, 12))
+    nxt = raw_only.finish().span
     assert (nxt.covers_from, nxt.covers_to) == (10, 14)
 
 
-def test_finish_on_empty_sink_is_an_error() -> None:
+def test_a_decoded_accumulator_takes_only_decoded_batches() -> None:
+    with pytest.raises(ValueError, match="decoded rows"):
+        Accumulator(COLS, 0, decoded=True).add(kafka_batch(1, 0))
+
+
+def test_finish_on_an_empty_accumulator_is_an_error() -> None:
     with pytest.raises(ValueError, match="empty"):
-        RawSink(COLS).finish()
+        Accumulator(COLS).finish()

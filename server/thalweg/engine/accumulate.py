@@ -1,28 +1,25 @@
-"""Accumulators: collect raw-lane batches of one partition, emit one representation
-(raw, decoded Arrow, Python values, or a tee of two) with the span it covers.
+"""What one partition fetched since its last segment: raw batches, their decoded rows
+and decode failures, and the span of positions they cover.
 
-A template method: :class:`BatchSink` tracks the span (first/last offset, the positions
-covered including skipped offsets, rows, bytes, age) once; subclasses only say how a
-batch is kept and emitted. ``finish()`` returns ``(output, span)`` and starts over.
+Accumulating is all this does. Decoding is a stage of its own that the runner calls on
+a worker thread for a whole fetch at once (``pipeline.decode.decode_batches``: one
+decoder call for every partition of a topic, not one each); each partition's share
+arrives here already decoded. The span — first and last position, where the covered
+range starts (the resume position, so skipped offsets before the first record are
+covered too), rows, bytes, age — is tracked once for both lanes.
 """
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
-from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeResult
-from thalweg.pipeline.decode import decode_batch
-from thalweg.records.columns import MetadataColumns, MetadataPolicy
-from thalweg.records.convert import values_from_tables
-
-T = TypeVar("T")
-A = TypeVar("A")
-B = TypeVar("B")
+from thalweg.codecs.base import DecodeFailure
+from thalweg.lane.shape import concat_decoded
+from thalweg.records.columns import MetadataColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,34 +35,68 @@ class OffsetSpan:
     records: int
 
 
-class BatchSink(ABC, Generic[T]):
-    """Accumulates raw-lane batches of one partition; emits ``T`` with its span.
+@dataclass(frozen=True, slots=True)
+class Accumulated:
+    """Everything added since the last finish, as tables, with its span."""
+
+    raw: pa.Table
+    decoded: pa.Table | None
+    failures: tuple[DecodeFailure, ...]  # rows of ``decoded`` that did not decode
+    span: OffsetSpan
+
+
+class Accumulator:
+    """Raw-lane batches of one partition (and, for a decoded topic, their decoded rows).
 
     Args:
         columns: metadata column names.
         position: the next position expected (the resume position), so a first batch
             that starts later (skipped offsets) still covers from here.
+        decoded: whether every batch comes with its decoded rows.
     """
 
-    def __init__(self, columns: MetadataColumns, position: int | None = None) -> None:
+    def __init__(
+        self, columns: MetadataColumns, position: int | None = None, *, decoded: bool = False
+    ) -> None:
         self.columns = columns
+        self.decodes = decoded
         self._next = position
-        self._reset_span()
+        self._start()
 
-    def _reset_span(self) -> None:
+    def _start(self) -> None:
         self._topic: str | None = None
         self._partition = -1
         self._first: int | None = None
         self._last = -1
         self._from: int | None = None
+        self._raw: list[pa.RecordBatch] = []
+        self._decoded: list[pa.Table] = []
+        self._failures: list[DecodeFailure] = []
         self.rows = 0
-        self.nbytes = 0
+        self.nbytes = 0  # raw-lane bytes added
+        self.decoded_bytes = 0  # what the decoded tables hold
         self.opened_at = 0.0
 
-    def push(self, raw: pa.RecordBatch) -> None:
-        """Add one raw-lane batch (offsets ascending, after everything pushed so far)."""
+    @property
+    def empty(self) -> bool:
+        return self._first is None
+
+    def add(
+        self,
+        raw: pa.RecordBatch,
+        decoded: pa.Table | None = None,
+        failures: Sequence[DecodeFailure] = (),
+        decoded_bytes: int | None = None,
+        raw_bytes: int | None = None,
+    ) -> None:
+        """Add one raw-lane batch (positions ascending, after everything added so far)
+        and, for a decoded topic, its decoded rows (one per raw row) and failures (rows
+        indexed within this batch). The bytes each holds are measured here unless given
+        (the decode stage measures them off the event loop)."""
         if raw.num_rows == 0:
             return
+        if self.decodes != (decoded is not None):
+            raise ValueError("a decoded topic's batches come with their decoded rows")
         offsets = raw.column(self.columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
         if self._first is None:
@@ -76,18 +107,19 @@ class BatchSink(ABC, Generic[T]):
             self.opened_at = time.monotonic()
         self._last = last
         self._next = last + 1
+        self._raw.append(raw)
+        if decoded is not None:
+            base = self.rows
+            self._failures.extend(replace(f, row=f.row + base) for f in failures)
+            self._decoded.append(decoded)
+            self.decoded_bytes += decoded.nbytes if decoded_bytes is None else decoded_bytes
         self.rows += raw.num_rows
-        self.nbytes += raw.nbytes
-        self._add(raw)
+        self.nbytes += raw.nbytes if raw_bytes is None else raw_bytes
 
-    @property
-    def empty(self) -> bool:
-        return self._first is None
-
-    def finish(self) -> tuple[T, OffsetSpan]:
-        """Emit what was pushed and its span, then start a new batch."""
+    def finish(self) -> Accumulated:
+        """What was added, as tables with its span; then start over."""
         if self._first is None or self._topic is None or self._from is None:
-            raise ValueError("finish() on an empty sink")
+            raise ValueError("finish() on an empty accumulator")
         span = OffsetSpan(
             self._topic,
             self._partition,
@@ -97,136 +129,15 @@ class BatchSink(ABC, Generic[T]):
             self._last + 1,
             self.rows,
         )
-        out = self._emit()
-        self._reset_span()
-        self._clear()
-        return out, span
+        decoded = concat_decoded(self._decoded) if self.decodes else None
+        out = Accumulated(self._raw_table(), decoded, tuple(self._failures), span)
+        self._start()
+        return out
 
-    @abstractmethod
-    def _add(self, raw: pa.RecordBatch) -> None: ...
-
-    @abstractmethod
-    def _emit(self) -> T: ...
-
-    @abstractmethod
-    def _clear(self) -> None: ...
-
-
-class RawSink(BatchSink[pa.Table]):
-    """Payload bytes plus every metadata column: the raw lane."""
-
-    def __init__(self, columns: MetadataColumns, position: int | None = None) -> None:
-        self._batches: list[pa.RecordBatch] = []
-        super().__init__(columns, position)
-
-    def _add(self, raw: pa.RecordBatch) -> None:
-        self._batches.append(raw)
-
-    def _emit(self) -> pa.Table:
-        if self._batches[0].num_columns == len(self.columns.raw_schema):
-            return pa.Table.from_batches(self._batches, schema=self.columns.raw_schema)
+    def _raw_table(self) -> pa.Table:
+        if self._raw[0].num_columns == len(self.columns.raw_schema):
+            return pa.Table.from_batches(self._raw, schema=self.columns.raw_schema)
         # File rows: the payload column rides along to the writer, which takes the
         # dead letters' bytes from it (lane.writer); its type may widen batch to batch.
-        tables = [pa.Table.from_batches([b]) for b in self._batches]
+        tables = [pa.Table.from_batches([b]) for b in self._raw]
         return pa.concat_tables(tables, promote_options="permissive")
-
-    def _clear(self) -> None:
-        self._batches = []
-
-
-class ArrowSink(BatchSink[pa.Table]):
-    """Decoded payload columns + locator + decode error, one row per raw row.
-
-    Decodes on ``push`` so a caller (the live tail) can use each batch's decoded rows at
-    once: :attr:`last` and :attr:`last_result`.
-    """
-
-    def __init__(
-        self, columns: MetadataColumns, decoder: ArrowDecoder, position: int | None = None
-    ) -> None:
-        self._decoder = decoder
-        self._tables: list[pa.Table] = []
-        self._failures: list[DecodeFailure] = []
-        self._decoded_rows = 0
-        self.last: pa.Table | None = None
-        self.last_result: DecodeResult | None = None
-        self.decoded_bytes = 0  # what the decoded tables hold (nbytes counts the raw input)
-        # The failed rows of the last emitted table (row = its index there), reasons typed:
-        # the dead-letter lane is written from these, not from the error column's text.
-        self.emitted_failures: tuple[DecodeFailure, ...] = ()
-        super().__init__(columns, position)
-
-    def _add(self, raw: pa.RecordBatch) -> None:
-        self.last, self.last_result = decode_batch(self._decoder, raw, self.columns)
-        self._tables.append(self.last)
-        self.decoded_bytes += self.last.nbytes
-        base = self._decoded_rows
-        self._failures.extend(replace(f, row=f.row + base) for f in self.last_result.failures)
-        self._decoded_rows += raw.num_rows
-
-    def _emit(self) -> pa.Table:
-        self.emitted_failures = tuple(self._failures)
-        # Later batches may know more fields (the schema only grows): unify by name.
-        return pa.concat_tables(self._tables, promote_options="permissive")
-
-    def _clear(self) -> None:
-        self._tables = []
-        self._failures = []
-        self._decoded_rows = 0
-        self.decoded_bytes = 0
-
-
-class ValueSink(BatchSink[list[dict[str, Any]]]):
-    """Record-at-a-time dicts: payload fields, metadata under ``row[prefix]``."""
-
-    def __init__(
-        self,
-        columns: MetadataColumns,
-        decoder: ArrowDecoder | None = None,
-        policy: MetadataPolicy = MetadataPolicy.LOCATOR,
-        position: int | None = None,
-    ) -> None:
-        self._arrow = ArrowSink(columns, decoder, position) if decoder is not None else None
-        self._raw = RawSink(columns, position)
-        self._fields = [f.name for f in columns.metadata_fields(policy)]
-        super().__init__(columns, position)
-
-    def _add(self, raw: pa.RecordBatch) -> None:
-        self._raw.push(raw)
-        if self._arrow is not None:
-            self._arrow.push(raw)
-
-    def _emit(self) -> list[dict[str, Any]]:
-        raw, _ = self._raw.finish()
-        decoded = self._arrow.finish()[0] if self._arrow is not None else None
-        return values_from_tables(raw, decoded, self.columns, self._fields)
-
-    def _clear(self) -> None:
-        pass  # the inner sinks reset in finish()
-
-
-class TeeSink(BatchSink[tuple[A, B]]):
-    """Two representations of the same records, e.g. raw bytes for replay + Arrow."""
-
-    def __init__(self, a: BatchSink[A], b: BatchSink[B], position: int | None = None) -> None:
-        if not (a.empty and b.empty):
-            raise ValueError("tee sinks must start empty")
-        self.a, self.b = a, b
-        super().__init__(a.columns, position)
-
-    def _add(self, raw: pa.RecordBatch) -> None:
-        self.a.push(raw)
-        self.b.push(raw)
-
-    def _emit(self) -> tuple[A, B]:
-        (out_a, span_a), (out_b, span_b) = self.a.finish(), self.b.finish()
-        if (span_a.first, span_a.last, span_a.records) != (
-            span_b.first,
-            span_b.last,
-            span_b.records,
-        ):
-            raise AssertionError(f"tee spans differ: {span_a} != {span_b}")
-        return out_a, out_b
-
-    def _clear(self) -> None:
-        pass  # the inner sinks reset in finish()

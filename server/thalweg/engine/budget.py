@@ -2,9 +2,10 @@
 
 The byte budget is what ``raw_lane.max_buffered_bytes`` still allows; it becomes a
 record count through an estimate of the p95 record size, seeded by the source's
-``record_size_est_bytes`` and then learnt from every fetched batch (a moving average of
-each batch's p95, so one odd batch does not swing it). Sizing by the p95 rather than the
-mean keeps a fetch of mostly-large records from overshooting the bound.
+``record_size_est_bytes`` and then learnt from every fetch (a moving average of each
+fetch's p95 over all its partitions, so one odd fetch does not swing it). Sizing by the
+p95 rather than the mean keeps a fetch of mostly-large records from overshooting the
+bound.
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import pyarrow as pa
 
-from thalweg.codecs.base import ArrowDecoder, DecodeFailure
+from thalweg.codecs.base import DecodeFailure
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.accumulate import ArrowSink, BatchSink, OffsetSpan, RawSink, TeeSink
+from thalweg.engine.accumulate import Accumulator, OffsetSpan
+from thalweg.lane.shape import concat_decoded
 from thalweg.records.columns import MetadataColumns
 
 
@@ -22,7 +22,8 @@ class Pending:
     raw: pa.Table
     decoded: pa.Table | None
     span: OffsetSpan
-    nbytes: int
+    nbytes: int  # what the records hold in memory: raw and decoded
+    raw_bytes: int  # the raw rows' share of it (what ``roll_bytes`` bounds)
     failures: tuple[DecodeFailure, ...] = ()  # rows of ``decoded`` that did not decode
 
     @property
@@ -40,6 +41,7 @@ class Pending:
             self.span, first=tail_first, covers_from=head_last + 1, records=rows - n
         )
         head_bytes = self.nbytes * n // rows
+        head_raw = self.raw_bytes * n // rows
         decoded = self.decoded
         return (
             Pending(
@@ -47,6 +49,7 @@ class Pending:
                 decoded.slice(0, n) if decoded is not None else None,
                 head_span,
                 head_bytes,
+                head_raw,
                 tuple(f for f in self.failures if f.row < n),
             ),
             Pending(
@@ -54,6 +57,7 @@ class Pending:
                 decoded.slice(n) if decoded is not None else None,
                 tail_span,
                 self.nbytes - head_bytes,
+                self.raw_bytes - head_raw,
                 tuple(replace(f, row=f.row - n) for f in self.failures if f.row >= n),
             ),
         )
@@ -72,8 +76,7 @@ class Pending:
         """This and the records right after it, as one."""
         decoded = None
         if self.decoded is not None and later.decoded is not None:
-            # Later batches may know more fields (the schema only grows): unify by name.
-            decoded = pa.concat_tables([self.decoded, later.decoded], promote_options="permissive")
+            decoded = concat_decoded([self.decoded, later.decoded])
         span = replace(
             self.span,
             last=later.span.last,
@@ -86,28 +89,27 @@ class Pending:
             decoded,
             span,
             self.nbytes + later.nbytes,
+            self.raw_bytes + later.raw_bytes,
             self.failures + shifted,
         )
 
 
 @dataclass(slots=True)
 class PartitionBuffer:
-    """The batch sink of one partition plus its positions.
+    """What one partition fetched and has not yet made durable, plus its positions.
 
     Positions are "next offset" values: ``durable`` is the exclusive end of the durable
     lane, ``committed`` what the group has committed. Invariant: committed <= durable.
-    ``lock`` serialises a push (which decodes on a worker thread) with taking a segment.
+    Used from the event loop only (adding and taking never interleave).
     """
 
     topic: str
     partition: int
     durable: int | None
     committed: int | None
-    sink: BatchSink[Any]
-    arrow: ArrowSink | None
+    acc: Accumulator
     in_flight_bytes: int = 0
     in_flight_rows: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False  # the source returned the partition's last record
     # A take is at most a segment's worth (the roll limits). One fetch may bring more
     # (a backlog, an upstream serving whole segments, a partition whose writes waited on
@@ -129,19 +131,34 @@ class PartitionBuffer:
         durable: int | None,
         committed: int | None,
         columns: MetadataColumns,
-        decoder: ArrowDecoder | None,
+        decoded: bool,
     ) -> PartitionBuffer:
-        if decoder is None:
-            return cls(topic, partition, durable, committed, RawSink(columns, durable), None)
-        arrow = ArrowSink(columns, decoder, durable)
-        sink = TeeSink(RawSink(columns, durable), arrow, durable)
-        return cls(topic, partition, durable, committed, sink, arrow)
+        """An empty buffer; ``decoded``: the topic has a decoded lane, so every batch
+        added comes with its decoded rows."""
+        acc = Accumulator(columns, durable, decoded=decoded)
+        return cls(topic, partition, durable, committed, acc)
+
+    @property
+    def decodes(self) -> bool:
+        return self.acc.decodes
+
+    def add(
+        self,
+        raw: pa.RecordBatch,
+        decoded: pa.Table | None = None,
+        failures: Sequence[DecodeFailure] = (),
+        decoded_bytes: int | None = None,
+        raw_bytes: int | None = None,
+    ) -> None:
+        """One fetched batch (and, for a decoded topic, its decoded rows and failures);
+        the bytes each holds when the decode stage measured them."""
+        self.acc.add(raw, decoded, failures, decoded_bytes, raw_bytes)
 
     def due(self, now: float, cfg: RawLaneConfig) -> bool:
         """True when the buffer should become a segment."""
         if self.rest:
             return True
-        if self.sink.empty and self.carry is None:
+        if self.acc.empty and self.carry is None:
             return False
         return (
             self.ended
@@ -153,7 +170,7 @@ class PartitionBuffer:
     @property
     def empty(self) -> bool:
         """Nothing buffered (what is being written aside)."""
-        return self.sink.empty and self.carry is None and not self.rest
+        return self.acc.empty and self.carry is None and not self.rest
 
     def take(self, roll: RawLaneConfig, now: float) -> Pending:
         """The next segment to write, oldest records first: at most the roll limits.
@@ -167,7 +184,7 @@ class PartitionBuffer:
             opened_at = self._opened_at
             whole = self._whole()
             size = self._segment_rows(whole, roll)
-            position = self.sink.columns.position
+            position = self.acc.columns.position
             while whole.rows > size:
                 head, whole = whole.cut(size, position)
                 self.rest.append(head)
@@ -181,23 +198,23 @@ class PartitionBuffer:
         return pending
 
     def _whole(self) -> Pending:
-        """The carry and everything the sink holds, as one."""
+        """The carry and everything accumulated since, as one."""
         carry, self.carry = self.carry, None
-        if self.sink.empty:
-            assert carry is not None
+        if self.acc.empty:
+            if carry is None:
+                raise ValueError("take() on an empty buffer")
             return carry
-        nbytes = self.sink.nbytes + (self.arrow.decoded_bytes if self.arrow else 0)
-        out, span = self.sink.finish()
-        raw, decoded = out if self.arrow is not None else (out, None)
-        failures = self.arrow.emitted_failures if self.arrow is not None else ()
-        fresh = Pending(raw, decoded, span, nbytes, failures)
+        raw_bytes = self.acc.nbytes
+        nbytes = raw_bytes + self.acc.decoded_bytes
+        got = self.acc.finish()
+        fresh = Pending(got.raw, got.decoded, got.span, nbytes, raw_bytes, got.failures)
         return carry.join(fresh) if carry is not None else fresh
 
     @staticmethod
     def _segment_rows(whole: Pending, roll: RawLaneConfig) -> int:
         """Rows in a full segment: ``roll_rows``, fewer where ``roll_bytes`` comes first
         (at the take's mean raw row size)."""
-        raw_bytes = int(whole.raw.nbytes)
+        raw_bytes = whole.raw_bytes  # counted as batches came: measuring costs milliseconds
         if raw_bytes <= roll.roll_bytes:
             return roll.roll_rows
         by_bytes = max(1, whole.rows * roll.roll_bytes // raw_bytes)
@@ -205,26 +222,25 @@ class PartitionBuffer:
 
     @property
     def _rows(self) -> int:
-        return self.sink.rows + (self.carry.rows if self.carry is not None else 0)
+        return self.acc.rows + (self.carry.rows if self.carry is not None else 0)
 
     @property
     def _raw_bytes(self) -> int:
         carried = int(self.carry.raw.nbytes) if self.carry is not None else 0
-        return self.sink.nbytes + carried
+        return self.acc.nbytes + carried
 
     @property
     def _opened_at(self) -> float:
-        return self.carry_opened_at if self.carry is not None else self.sink.opened_at
+        return self.carry_opened_at if self.carry is not None else self.acc.opened_at
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes of the records not yet taken: the raw batches and, with a decoded lane,
         their decoded copies (as large as the raw ones, or larger: both are held until
         the segment is written, and ``max_buffered_bytes`` bounds them together)."""
-        decoded = self.arrow.decoded_bytes if self.arrow is not None else 0
         waiting = sum(p.nbytes for p in self.rest)
         carried = self.carry.nbytes if self.carry is not None else 0
-        return self.sink.nbytes + decoded + waiting + carried
+        return self.acc.nbytes + self.acc.decoded_bytes + waiting + carried
 
     @property
     def held_bytes(self) -> int:
@@ -237,3 +253,4 @@ class PartitionBuffer:
         positions look like)."""
         waiting = sum(p.rows for p in self.rest)
         return self._rows + waiting + self.in_flight_rows
+

@@ -237,7 +237,7 @@ class Partitions:
             durable=durable,
             committed=committed,
             columns=self.s.ctx.columns,
-            decoder=self._decoders.for_topic(key[0]),
+            decoded=self._decoders.for_topic(key[0]) is not None,
         )
 
     def forget(self, key: PartitionKey) -> None:

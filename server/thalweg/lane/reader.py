@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.lane.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
 
 BATCH_ROWS = 64 * 1024  # Flight is fastest at about 64k-row batches (PERFORMANCE-NOTES)
@@ -194,7 +195,4 @@ def rebatch(table: pa.Table) -> Iterator[pa.RecordBatch]:
     size, and copying them together would cost as much as a fifth of the read; only
     tables of many small chunks (the live tail's fetched batches) are combined first.
     """
-    chunks = table.column(0).num_chunks if table.num_columns else 0
-    if chunks > 1 and table.num_rows / chunks < BATCH_ROWS / 4:
-        table = table.combine_chunks()
-    yield from table.to_batches(max_chunksize=BATCH_ROWS)
+    yield from few_chunks(table).to_batches(max_chunksize=BATCH_ROWS)

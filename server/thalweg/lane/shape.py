@@ -16,6 +16,31 @@ def decoded_schema(
     return pa.schema([*payload, *columns.metadata_fields(policy)])
 
 
+#: A table whose chunks average fewer rows than this is combined before it is written or
+#: sent: every chunk costs a Parquet page set, an IPC message or a Flight batch of its
+#: own. A segment of a hundred fetched batches wrote in half the CPU combined first.
+SMALL_CHUNK_ROWS = 16 * 1024
+
+
+def few_chunks(table: pa.Table) -> pa.Table:
+    """``table``, its chunks combined when there are many small ones (the live tail's
+    fetched batches); row-group-sized chunks are kept (copying them costs more)."""
+    chunks = table.column(0).num_chunks if table.num_columns else 0
+    if chunks > 1 and table.num_rows / chunks < SMALL_CHUNK_ROWS:
+        return table.combine_chunks()
+    return table
+
+
+def concat_decoded(tables: list[pa.Table]) -> pa.Table:
+    """Decoded tables of one lane as one. Later batches may know more fields (the schema
+    only grows): then unified by name — only then, as unifying a hundred small tables'
+    schemas costs milliseconds, on the event loop or a stream's thread."""
+    first = tables[0].schema
+    if all(t.schema.equals(first) for t in tables[1:]):
+        return pa.concat_tables(tables)
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
 def fit_stream_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give ``table`` exactly ``schema``: drop extra columns, add missing ones as nulls.
 
