@@ -111,7 +111,15 @@ class LiveTail:
             part = self._parts.get((topic, partition))
             if part is None:
                 return []
-            return [e for e in part.entries if e.last >= position]
+            # From the newest back: a follow reader is near the end of the tail, and the
+            # tail holds a segment's worth of fetches (hundreds with a long roll age).
+            found = []
+            for entry in reversed(part.entries):
+                if entry.last < position:
+                    break
+                found.append(entry)
+            found.reverse()
+            return found
 
     def nbytes(self) -> int:
         """Arrow bytes held by all live entries (what the tail costs in memory)."""

@@ -22,7 +22,7 @@ from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
 from thalweg.lane.live import LiveEntry
 from thalweg.lane.reader import offset_slice, rebatch
-from thalweg.lane.shape import fit_stream_schema, shape_decoded
+from thalweg.lane.shape import concat_decoded, fit_stream_schema, shape_decoded
 from thalweg.records.columns import MetadataPolicy
 
 _WAIT_S = 0.2
@@ -66,10 +66,8 @@ def read_stream(
         return
     cursors = {r.partition: r.start for r in plan.ranges}
     ends = {r.partition: r.end for r in plan.ranges}
-    decoded = plan.ticket.lane is Lane.DECODED
-    with_raw = not decoded or plan.ticket.metadata is MetadataPolicy.ALL
     off = catalog.columns.position
-    wanted, pushed = _pushdown(catalog, plan)
+    pushdown = _pushdown(catalog, plan)
     active = sorted(cursors)
     caught_up: set[int] = set()
     discover = plan.ticket.end == "follow" and plan.ticket.partitions is None
@@ -83,6 +81,11 @@ def read_stream(
                     cursors[p], ends[p] = start_of_new_partition(catalog, plan.ticket, p), None
                     active.append(p)
         progressed = False
+        # One pass takes the live rows of every partition that has some and sends them
+        # as one batch: shaped and sent entry by entry, a fetch's small batches over many
+        # partitions cost a shaping and a Flight message each, and the stream fell
+        # behind the tail. A partition's cursor moves when its rows are sent.
+        taken = _LiveRows()
         for p in list(active):
             pos, end = cursors[p], ends[p]
             if end is not None and pos >= end:
@@ -93,20 +96,7 @@ def read_stream(
             durable = catalog.durable_end(topic, p)
             if pos < durable:
                 upto = durable if end is None else min(durable, end)
-                pairs = catalog.reader.read_pairs(
-                    topic,
-                    p,
-                    pos,
-                    upto,
-                    decoded=decoded,
-                    with_raw=with_raw,
-                    wanted=wanted,
-                    predicate=pushed,
-                )
-                shaped = (
-                    (_shape(catalog, plan, raw, dec), _end_of(raw, dec, off)) for raw, dec in pairs
-                )
-                for table, done in prefetched(shaped, cancelled):
+                for table, done in _history(catalog, plan, p, pos, upto, pushdown, cancelled):
                     yield from rebatch(table)
                     if end is None and max_lag is not None and done is not None:
                         _check_lag(catalog, topic, p, done, max_lag, caught_up, cursors)
@@ -116,30 +106,86 @@ def read_stream(
             live = catalog.live.entries_from(topic, p, pos)
             for entry in live:
                 lo, hi = offset_slice(entry.raw, off, pos, end)
-                if hi > lo:
-                    yield from rebatch(shape_live(catalog, plan, entry, lo, hi))
-                cursors[p] = entry.last + 1 if end is None else min(entry.last + 1, end)
+                taken.add(
+                    p, entry, lo, hi, entry.last + 1 if end is None else min(entry.last + 1, end)
+                )
                 progressed = True
-            if not live and end is None and moved is not None:
-                _relocate_if_moved(topic, p, moved, cursors)
+            owner = moved(p) if not live and end is None and moved is not None else None
+            if owner is not None:
+                yield from taken.send(catalog, plan, cursors)
+                _relocate(topic, p, owner, cursors)
+        yield from taken.send(catalog, plan, cursors)
         if not progressed and (active or discover):
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
 
 
-def _relocate_if_moved(
-    topic: str, p: int, moved: Callable[[int], str | None], cursors: dict[int, int]
-) -> None:
-    owner = moved(p)
-    if owner is not None:
-        raise PartitionElsewhereError(
-            f"{topic}[{p}] moved to {owner} (a group rebalance); this stream sent "
-            f"everything this gateway holds: resume at offset {cursors[p]} there",
-            topic=topic,
-            owner=owner,
-            positions=dict(cursors),
-        )
+class _LiveRows:
+    """Live rows taken from several partitions in one pass, sent as one shaped batch."""
+
+    def __init__(self) -> None:
+        self._raw: list[pa.RecordBatch] = []
+        self._decoded: list[pa.Table] = []
+        self._next: dict[int, int] = {}
+
+    def add(self, p: int, entry: LiveEntry, lo: int, hi: int, after: int) -> None:
+        """Rows ``[lo, hi)`` of ``entry``; partition ``p`` continues at ``after``."""
+        if hi > lo:
+            self._raw.append(entry.raw.slice(lo, hi - lo))
+            if entry.decoded is not None:
+                self._decoded.append(entry.decoded.slice(lo, hi - lo))
+        self._next[p] = after
+
+    def send(
+        self, catalog: LaneCatalog, plan: ReadPlan, cursors: dict[int, int]
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows taken, shaped once; then the cursors of their partitions move."""
+        if self._raw:
+            raw = pa.Table.from_batches(self._raw)
+            dec = concat_decoded(self._decoded) if self._decoded else None
+            self._raw, self._decoded = [], []
+            yield from rebatch(_shape(catalog, plan, raw, dec))
+        cursors.update(self._next)
+        self._next = {}
+
+
+def _relocate(topic: str, p: int, owner: str, cursors: dict[int, int]) -> None:
+    raise PartitionElsewhereError(
+        f"{topic}[{p}] moved to {owner} (a group rebalance); this stream sent "
+        f"everything this gateway holds: resume at offset {cursors[p]} there",
+        topic=topic,
+        owner=owner,
+        positions=dict(cursors),
+    )
+
+
+def _history(
+    catalog: LaneCatalog,
+    plan: ReadPlan,
+    p: int,
+    pos: int,
+    upto: int,
+    pushdown: tuple[set[str] | None, pc.Expression | None],
+    cancelled: Callable[[], bool],
+) -> Iterator[tuple[pa.Table, int | None]]:
+    """Partition ``p``'s durable rows ``[pos, upto)`` in the plan's shape, segment by
+    segment, read ahead (``prefetch``); with each, the position after its last row."""
+    decoded = plan.ticket.lane is Lane.DECODED
+    wanted, pushed = pushdown
+    pairs = catalog.reader.read_pairs(
+        plan.ticket.topic,
+        p,
+        pos,
+        upto,
+        decoded=decoded,
+        with_raw=not decoded or plan.ticket.metadata is MetadataPolicy.ALL,
+        wanted=wanted,
+        predicate=pushed,
+    )
+    off = catalog.columns.position
+    shaped = ((_shape(catalog, plan, raw, dec), _end_of(raw, dec, off)) for raw, dec in pairs)
+    yield from prefetched(shaped, cancelled)
 
 
 def _end_of(raw: pa.Table | None, dec: pa.Table | None, off: str) -> int | None:
