@@ -121,6 +121,11 @@ class PartitionBuffer:
     rest: deque[Pending] = field(default_factory=deque)
     carry: Pending | None = None
     carry_opened_at: float = 0.0  # when the carry's oldest record arrived
+    # The first segment is due by age this much early. Partitions assigned together
+    # would otherwise roll together, every ``roll_age_s``: 32 segments written in one
+    # burst stalled the fetch loop and the follow streams for up to two seconds. Spread
+    # once, they stay spread (each next segment opens at the first fetch after a take).
+    head_start: float = 0.0
 
     @classmethod
     def create(
@@ -132,11 +137,13 @@ class PartitionBuffer:
         committed: int | None,
         columns: MetadataColumns,
         decoded: bool,
+        head_start: float = 0.0,
     ) -> PartitionBuffer:
         """An empty buffer; ``decoded``: the topic has a decoded lane, so every batch
-        added comes with its decoded rows."""
+        added comes with its decoded rows; ``head_start``: its first segment is due by
+        age that much early."""
         acc = Accumulator(columns, durable, decoded=decoded)
-        return cls(topic, partition, durable, committed, acc)
+        return cls(topic, partition, durable, committed, acc, head_start=head_start)
 
     @property
     def decodes(self) -> bool:
@@ -182,6 +189,7 @@ class PartitionBuffer:
         if not self.rest:
             everything = self.ended or now - self._opened_at >= roll.roll_age_s
             opened_at = self._opened_at
+            self.head_start = 0.0
             whole = self._whole()
             size = self._segment_rows(whole, roll)
             position = self.acc.columns.position
@@ -231,7 +239,8 @@ class PartitionBuffer:
 
     @property
     def _opened_at(self) -> float:
-        return self.carry_opened_at if self.carry is not None else self.acc.opened_at
+        opened = self.carry_opened_at if self.carry is not None else self.acc.opened_at
+        return opened - self.head_start
 
     @property
     def buffered_bytes(self) -> int:
@@ -254,3 +263,9 @@ class PartitionBuffer:
         waiting = sum(p.rows for p in self.rest)
         return self._rows + waiting + self.in_flight_rows
 
+
+def roll_phase(partition: int) -> float:
+    """Where in ``[0, 1)`` of the roll age a partition's segments fall due: evenly
+    spread for any number of partitions (the golden-ratio sequence), the same for a
+    partition every time."""
+    return (partition * 0.6180339887498949) % 1.0

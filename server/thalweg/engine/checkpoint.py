@@ -33,6 +33,9 @@ from thalweg.sources.base import PartitionKey
 log = logging.getLogger(__name__)
 
 
+WRITES_IN_FLIGHT = 2
+
+
 def _unfenced() -> None:
     """No ownership to lose (a source without group sessions)."""
 
@@ -44,6 +47,11 @@ class Checkpoint:
         self.s = state
         self._dlq_topic = dlq_topic
         self.flushes: dict[PartitionKey, asyncio.Task[None]] = {}
+        # Segment writes in flight at once. When every partition rolls together (32
+        # segments), unbounded writes filled the thread pool and each held the GIL in
+        # turn: the fetch loop and the follow streams waited seconds. Two keep both
+        # cores writing (Parquet encodes without the GIL) and the loop responsive.
+        self._writing = asyncio.Semaphore(WRITES_IN_FLIGHT)
         # Called with a segment made durable without its decoded twin (a failed write of
         # it): the runner rebuilds the twin while it runs (engine/rebuilds.py).
         self.on_decoded_missing: Callable[[PartitionKey, Segment], None] | None = None
@@ -68,8 +76,7 @@ class Checkpoint:
         pending: Pending | None = None
         try:
             while True:
-                async with buf.lock:
-                    pending = buf.take(ctx.raw_cfg, now)
+                pending = buf.take(ctx.raw_cfg, now)
                 await self._land(key, buf, pending)
                 pending = None
                 if s.fatal is not None or s.in_doubt or s.parts.get(key) is not buf:
@@ -134,17 +141,18 @@ class Checkpoint:
                     "twg.write",
                     {"topic": key[0], "partition": key[1], "rows": pending.raw.num_rows},
                 ):
-                    written = await asyncio.to_thread(
-                        ctx.writer.write,
-                        key[0],
-                        key[1],
-                        pending.raw,
-                        pending.decoded,
-                        span.covers_from,
-                        span.covers_to,
-                        fence,
-                        pending.failures if pending.decoded is not None else None,
-                    )
+                    async with self._writing:
+                        written = await asyncio.to_thread(
+                            ctx.writer.write,
+                            key[0],
+                            key[1],
+                            pending.raw,
+                            pending.decoded,
+                            span.covers_from,
+                            span.covers_to,
+                            fence,
+                            pending.failures if pending.decoded is not None else None,
+                        )
                 ctx.health.set(RAW_LANE, State.UP, "writing")
                 return written, started
             except LaneError as exc:

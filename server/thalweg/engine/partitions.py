@@ -19,7 +19,7 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.buffer import PartitionBuffer, roll_phase
 from thalweg.engine.checkpoint import Checkpoint
 from thalweg.engine.context import SourceState, new_backoff
 from thalweg.engine.continuity import (
@@ -238,6 +238,7 @@ class Partitions:
             committed=committed,
             columns=self.s.ctx.columns,
             decoded=self._decoders.for_topic(key[0]) is not None,
+            head_start=self.s.ctx.raw_cfg.roll_age_s * roll_phase(key[1]),
         )
 
     def forget(self, key: PartitionKey) -> None:

@@ -47,6 +47,7 @@ from thalweg.lane.layout import (
     fsync_dir,
     segment_name,
 )
+from thalweg.lane.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import row_bytes
 
@@ -148,6 +149,10 @@ class SegmentWriter:
             SegmentConflictError: another file of the lane holds these offsets.
             OwnershipLostError: (from ``fence``) nothing more may be written.
         """
+        # A segment of the live tail is a hundred small fetched batches: combined, it is
+        # written, copied and cached in half the CPU (and read back as whole columns).
+        raw = few_chunks(raw)
+        decoded = few_chunks(decoded) if decoded is not None else None
         offsets = raw.column(self._columns.position)
         first, last = int(offsets[0].as_py()), int(offsets[-1].as_py())
         name = segment_name(first, last)
