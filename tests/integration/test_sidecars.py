@@ -125,6 +125,34 @@ def test_a_wrong_token_or_a_dead_sidecar_is_unavailable_and_opens_the_circuit(
     assert time.monotonic() - started < 0.5  # failed at once, no connection tried
 
 
+def test_a_sidecar_back_from_an_outage_is_probed_half_open_and_called_again() -> None:
+    """While the circuit is open one call in a probe interval goes through (half-open);
+    the first that reaches the sidecar closes it. The wait between probes doubles up to
+    ``breaker_open_s`` and every refusal says when the next probe is due."""
+    port = free_port()
+    gone = client(port, "append", retries=0, breaker_failures=2, probe_s=0.2, breaker_open_s=1)
+    for _ in range(2):  # two failed calls open the circuit
+        with pytest.raises(SidecarUnavailableError):
+            gone(records(3))
+    with pytest.raises(SidecarUnavailableError, match="circuit open") as refused:
+        gone(records(3))
+    assert 0 < refused.value.retry_after_s <= 0.2
+    time.sleep(refused.value.retry_after_s)
+    with pytest.raises(SidecarUnavailableError) as probed:  # the probe: still down
+        gone(records(3))
+    assert 0.2 < probed.value.retry_after_s <= 0.4  # the next probe waits twice as long
+    server = Shapes(f"grpc://127.0.0.1:{port}", token="s3cret")  # back on its port
+    try:
+        with pytest.raises(SidecarUnavailableError, match="circuit open") as waiting:
+            gone(records(3))
+        time.sleep(waiting.value.retry_after_s)
+        out = gone(records(3))  # the probe reaches it: closed again
+        assert out.column("double").to_pylist() == [0, 20, 40]
+        assert gone(records(2)).num_rows == 2
+    finally:
+        server.shutdown()
+
+
 def test_rows_the_sidecar_refuses_are_retried_then_isolated_and_named(shapes: Shapes) -> None:
     picky = client(shapes.port, "picky", retries=2)
     started = shapes.asked

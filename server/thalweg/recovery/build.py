@@ -196,7 +196,7 @@ def chain_transform(
         except ContractStopError as exc:  # a strict quality node: stop, nothing skipped
             raise SinkStoppedError(str(exc)) from exc
         except SidecarUnavailableError as exc:  # the sink is down while its sidecar is
-            raise SinkUnavailableError(str(exc)) from exc
+            raise SinkUnavailableError(str(exc), retry_after_s=exc.retry_after_s) from exc
         except ConfigError as exc:
             raise SinkSchemaError(str(exc)) from exc
         except Exception as exc:  # DataFusion's errors on rows

@@ -42,6 +42,7 @@ from thalweg.sinks.base import (
     SinkError,
     SinkSchemaError,
     SinkState,
+    SinkUnavailableError,
 )
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,13 @@ class SinkFeeder:
                 except SinkSchemaError as exc:
                     self._failed(exc)
                     await _sleep(stop, _DEGRADED_RETRY_S)
+                    continue
+                except SinkUnavailableError as exc:
+                    self._failed(exc)
+                    if exc.retry_after_s is None:
+                        await backoff.wait(stop)
+                    else:  # the destination said when (a sidecar's breaker probes)
+                        await _sleep(stop, min(exc.retry_after_s, self.cfg.retry_max_s))
                     continue
                 except Exception as exc:  # any backend failure: the sink is down, not us
                     self._failed(exc)

@@ -11,8 +11,12 @@ Failures come in three kinds, told apart by the gRPC status:
 * The sidecar cannot be reached or does not answer in time (UNAVAILABLE, DEADLINE_EXCEEDED,
   a refused token; ``timeout_s`` per batch): retried with backoff; after ``retries`` it
   raises :class:`SidecarUnavailableError` — the node waits, its coverage does not move.
-  After ``breaker_failures`` such calls in a row the circuit opens for
-  ``breaker_open_s`` (calls fail at once instead of waiting on a dead peer).
+  After ``breaker_failures`` such calls in a row the circuit opens: calls fail at once
+  instead of waiting on a dead peer, except one probe call (half-open) after
+  ``probe_s``, doubling after each failed probe up to ``breaker_open_s``. A probe that
+  gets through closes the circuit, so a sidecar back from an outage is called again
+  within a probe interval, not after a fixed wait (30 s before). The error says when
+  the next probe is due (``retry_after_s``): the node's feeder retries then.
 * The sidecar answered the call with an error (its transform raised: INVALID_ARGUMENT,
   INTERNAL, UNKNOWN): retried with backoff too, then raised as
   :class:`SidecarRefusedError` — the chain finds the records it refuses and dead-letters
@@ -43,9 +47,14 @@ ROW_INDEX = "_twg_row"
 
 
 class SidecarUnavailableError(ThalwegError):
-    """The sidecar could not be called (down, timed out, circuit open); retriable."""
+    """The sidecar could not be called (down, timed out, circuit open); retriable
+    after ``retry_after_s``."""
 
     retriable = True
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SidecarRefusedError(RowsRefusedError):
@@ -80,7 +89,8 @@ class SidecarClient:
         in_flight: int = 4,
         retries: int = 3,
         breaker_failures: int = 5,
-        breaker_open_s: float = 30.0,
+        breaker_open_s: float = 2.0,
+        probe_s: float = 0.25,
     ) -> None:
         assert node.sidecar is not None
         assert node.command is not None
@@ -100,8 +110,10 @@ class SidecarClient:
         self._retries = retries
         self._breaker_failures = breaker_failures
         self._breaker_open_s = breaker_open_s
+        self._probe_s = probe_s
+        self._probe_wait = probe_s
         self._failures = 0
-        self._open_until = 0.0
+        self._open_until = 0.0  # the circuit is open until then: the next probe's time
         self._client: flight.FlightClient | None = None
         self._lock = threading.Lock()
 
@@ -119,22 +131,28 @@ class SidecarClient:
             now = time.monotonic()
             if now < self._open_until:
                 raise SidecarUnavailableError(
-                    f"pipeline.nodes.{self.node}: sidecar {self.location} circuit open for "
-                    f"{self._open_until - now:.0f}s more after {self._failures} failed calls"
+                    f"pipeline.nodes.{self.node}: sidecar {self.location} circuit open "
+                    f"after {self._failures} failed calls; next try in "
+                    f"{self._open_until - now:.1f}s",
+                    retry_after_s=self._open_until - now,
                 )
-            for attempt in range(self._retries + 1):
+            probing = self._failures >= self._breaker_failures  # half-open: one try
+            for attempt in range(1 if probing else self._retries + 1):
                 try:
                     out = self._exchange(table)
                 except SidecarContractError:
                     raise
                 except _UNREACHED as exc:
                     self._failed()
-                    if attempt == self._retries or time.monotonic() < self._open_until:
+                    now = time.monotonic()
+                    if probing or attempt == self._retries or now < self._open_until:
+                        why = _one_line(exc)
                         raise SidecarUnavailableError(
-                            f"pipeline.nodes.{self.node}: sidecar {self.location}: {_one_line(exc)}"
+                            f"pipeline.nodes.{self.node}: sidecar {self.location}: {why}",
+                            retry_after_s=max(self._open_until - now, self._probe_s),
                         ) from exc
                 except (flight.FlightError, pa.ArrowException) as exc:  # it answered: no
-                    self._failures = 0
+                    self._closed()
                     self._drop_connection()
                     if attempt == self._retries or not retry_refused:
                         raise SidecarRefusedError(
@@ -142,7 +160,7 @@ class SidecarClient:
                             f"{table.num_rows} rows {attempt + 1} times: {_one_line(exc)}"
                         ) from exc
                 else:
-                    self._failures = 0
+                    self._closed()
                     return out
                 time.sleep(random.uniform(0.05, 0.2) * 2**attempt)
         raise AssertionError("unreachable")
@@ -152,18 +170,30 @@ class SidecarClient:
         if client is not None:
             client.close()
 
+    def _closed(self) -> None:
+        """The sidecar answered: the circuit closes, probes start short again."""
+        if self._failures >= self._breaker_failures:
+            log.info("sidecar of node %s at %s answers again", self.node, self.location)
+        self._failures = 0
+        self._probe_wait = self._probe_s
+
     def _failed(self) -> None:
         self._failures += 1
         self._drop_connection()
         if self._failures >= self._breaker_failures:
-            self._open_until = time.monotonic() + self._breaker_open_s
-            log.warning(
-                "sidecar of node %s at %s: circuit open for %gs after %d failed calls",
-                self.node,
-                self.location,
-                self._breaker_open_s,
-                self._failures,
-            )
+            wait = self._probe_wait
+            self._probe_wait = min(self._breaker_open_s, wait * 2)
+            self._open_until = time.monotonic() + wait
+            if self._failures == self._breaker_failures:
+                log.warning(
+                    "sidecar of node %s at %s: circuit open after %d failed calls; probing "
+                    "every %g-%gs",
+                    self.node,
+                    self.location,
+                    self._failures,
+                    self._probe_s,
+                    self._breaker_open_s,
+                )
 
     def _connect(self) -> flight.FlightClient:
         if self._client is None:

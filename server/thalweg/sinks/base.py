@@ -52,10 +52,16 @@ class SinkError(ThalwegError):
 
 class SinkUnavailableError(SinkError):
     """The destination cannot be reached or failed mid-commit; nothing since the last
-    flush landed. Retried with backoff; the gap is replayed from the raw lane."""
+    flush landed. Retried with backoff — or after ``retry_after_s`` when the destination
+    said when to try again (a sidecar's circuit breaker) — and the gap is replayed from
+    the raw lane."""
 
     retriable = True
     reason = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SinkSchemaError(SinkError):
