@@ -7,6 +7,7 @@ deleting the parts, not quarantining them."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 from pathlib import Path
 
@@ -108,6 +109,29 @@ def test_runs_respect_age_size_adjacency_and_length(tmp_path: Path) -> None:
     (layout.partition_dir(Lane.DECODED, T, 0) / segment_name(200, 249)).unlink()
     runs = plan_runs(layout, T, 0, CFG, NOW)
     assert [[s.first for s in r] for r in runs] == [[0, 50, 100, 150], [250, 300, 350, 400]]
+
+
+def test_segments_that_overlap_are_never_merged_into_one_file(tmp_path: Path) -> None:
+    """Merged, a partial overlap would hold rows twice inside one file, where start-up's
+    overlap check no longer sees it: a run never spans one, and merge refuses one."""
+    layout = lane(tmp_path, n=6)  # 0-49 ... 250-299
+    for first in (275, 325, 375, 425):  # 275-324 overlaps 250-299
+        last = first + 49
+        pos = pa.array(range(first, last + 1), pa.int64())
+        meta = {META_COVERS_FROM: str(first).encode(), META_COVERS_TO: str(last + 1).encode()}
+        for ln in (Lane.RAW, Lane.DECODED):
+            d = layout.partition_dir(ln, T, 0)
+            pq.write_table(
+                pa.table({"_twg_position": pos}).replace_schema_metadata(meta),
+                d / segment_name(first, last),
+            )
+            os.utime(d / segment_name(first, last), (NOW - 3600,) * 2)
+    for run in plan_runs(layout, T, 0, CFG, NOW):
+        assert all(b.first > a.last for a, b in itertools.pairwise(run)), run
+    segments = {s.first: s for s in layout.segments(Lane.RAW, T, 0)}
+    overlapping = [segments[200], segments[250], segments[275], segments[325]]
+    assert merge(layout, T, 0, overlapping, RawLaneConfig()) is None
+    assert not (layout.partition_dir(Lane.RAW, T, 0) / segment_name(200, 374)).exists()
 
 
 def test_a_crash_after_the_merge_is_repaired_by_deleting_the_parts(tmp_path: Path) -> None:

@@ -55,6 +55,10 @@ class CompactionJob:
         for topic, p in sorted(set(self.owned())):
             waiting = 0  # segments of runs left for a later pass (a twin being rebuilt)
             for run in plan_runs(self.layout, topic, p, self.cfg, now):
+                if (topic, p) not in set(self.owned()):
+                    # Revoked (and perhaps assigned again: start-up repair may be running
+                    # on it) since the pass began: the next pass decides.
+                    break
                 started = time.monotonic()
                 done = merge(self.layout, topic, p, run, self.raw_cfg)
                 if done is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -82,7 +83,13 @@ def plan_runs(
         if nbytes >= cfg.target_bytes:
             close()
             continue
-        adjacent = not run or seg.first == run[-1].last + 1 or _covers_from(seg) <= run[-1].last + 1
+        # Adjacent: right after the run's end, or covering the gap after it (skipped
+        # offsets) — never overlapping it: merged, an overlap would hold rows twice in
+        # one file, where start-up's overlap check no longer sees it.
+        after = seg.first > run[-1].last if run else True
+        adjacent = not run or (
+            after and (seg.first == run[-1].last + 1 or _covers_from(seg) <= run[-1].last + 1)
+        )
         if not adjacent or size + nbytes > cfg.target_bytes:
             close()
         run.append(seg)
@@ -95,7 +102,19 @@ def merge(
     layout: LaneLayout, topic: str, partition: int, run: list[Segment], raw_cfg: RawLaneConfig
 ) -> Merged | None:
     """Write ``run`` as one file in every lane; None when a part's decoded twin is
-    missing (it is being decoded again: the run waits)."""
+    missing (it is being decoded again: the run waits), or when two parts overlap (an
+    anomaly start-up repair resolves: merged, it would hide rows held twice)."""
+    overlapping = [(a, b) for a, b in pairwise(run) if b.first <= a.last]
+    if overlapping:
+        a, b = overlapping[0]
+        log.error(
+            "%s[%d]: not merging %s with %s: they overlap (start-up repair resolves it)",
+            topic,
+            partition,
+            a.path.name,
+            b.path.name,
+        )
+        return None
     name = segment_name(run[0].first, run[-1].last)
     decoded_dir = layout.partition_dir(Lane.DECODED, topic, partition)
     has_decoded = [(decoded_dir / s.path.name).exists() for s in run]
