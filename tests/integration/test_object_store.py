@@ -175,6 +175,59 @@ def test_two_gateways_one_bucket(
     assert json.loads(json.dumps(a.gateway.owners.snapshot()))["shared_lane"] is True
 
 
+def test_a_replica_that_never_read_a_topic_answers_its_first_read_whole(
+    moto: MotoServer,
+    broker: Any,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    """Read-through: the first read of a topic on a replica fetches the topic from the
+    bucket before it is planned — whole at once, not empty (or partial) until a
+    background sync pass came round (which here would be an hour away)."""
+    topic = topic_factory(PARTITIONS, prefix="s3cold")
+    url = f"s3://{bucket(moto)}/lanes"
+    group = f"s3cold-{uuid.uuid4().hex[:8]}"
+    owner_cache = tmp_path / "cache-owner"
+    gateway_factory(
+        [topic],
+        data_dir=owner_cache,
+        gateway={"data_dir": url, "object_store": store_cfg(moto, url, owner_cache)},
+        group_id=group,
+    )
+    n = produce_json(
+        broker.bootstrap, topic, ({"n": i} for i in range(2000)), partition=lambda i: i % PARTITIONS
+    )
+    per = dict.fromkeys(range(PARTITIONS), n // PARTITIONS)
+    wait_until(
+        lambda: committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == per,
+        60,
+        "every record committed",
+    )
+    cache = tmp_path / "cache-replica"
+    replica = gateway_factory(
+        [topic],
+        data_dir=cache,
+        gateway={
+            "data_dir": url,
+            "role": "recovery",
+            "object_store": {**store_cfg(moto, url, cache), "sync_interval_s": 3600},
+        },
+        group_id=f"reader-{group}",
+    )
+    with thalweg_client.connect(replica.gateway.flight_url) as client:
+        first = client.read(topic)
+    assert first.num_rows == n
+    got = {
+        (p, o)
+        for p, o in zip(
+            *(first.column(c).to_pylist() for c in ("_twg_source_partition", "_twg_source_offset")),
+            strict=True,
+        )
+    }
+    assert got == {(p, o) for p in range(PARTITIONS) for o in range(per[p])}
+
+
 def test_a_publish_the_fence_stopped_leaves_nothing_behind(
     moto: MotoServer, tmp_path: Path
 ) -> None:

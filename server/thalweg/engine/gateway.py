@@ -211,6 +211,19 @@ class Gateway:
         )
         if self.gate is not None:
             self.gate.feeders = self.feeders
+        # Lanes in an object store: every replica's copy of what other members wrote
+        # (engine/lane_sync.py), also asked for a topic a read finds cold.
+        self.sync = (
+            LaneSync(
+                self.mirror,
+                self._configured_topics,
+                self._owned,
+                self.owners,
+                g.object_store.sync_interval_s,
+            )
+            if self.mirror is not None
+            else None
+        )
         self.catalog = LaneCatalog(
             self.layout,
             self.columns,
@@ -220,7 +233,10 @@ class Gateway:
             decoded_topics=self._decoded_topics,
             configured_topics=self._configured_topics,
             group_partitions=self.owners.partitions,
+            read_through=self.sync.warm if self.sync is not None else None,
         )
+        if self.sync is not None:
+            self.sync.synced = self.catalog.refresh
         self._probe_lane()
         self.flight = self._start_flight(cfg)
         self.owners.location = self.flight.url  # what this member announces to the group
@@ -369,15 +385,8 @@ class Gateway:
                 self.cfg, self.layout, self.metrics, mirror=self.mirror, owned=self._owned
             )
             tasks.append(asyncio.create_task(job.run(stop)))
-        if self.mirror is not None:
-            sync = LaneSync(
-                self.mirror,
-                self._configured_topics,
-                self._owned,
-                self.owners,
-                self.cfg.gateway.object_store.sync_interval_s,
-            )
-            tasks.append(asyncio.create_task(sync.run(stop)))
+        if self.sync is not None:
+            tasks.append(asyncio.create_task(self.sync.run(stop)))
         tasks.append(asyncio.create_task(beat()))
         stopped = asyncio.create_task(stop.wait())
         failure: BaseException | None = None

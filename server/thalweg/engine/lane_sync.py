@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from thalweg.lane.mirror import LaneMirror
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.sources.base import PartitionKey
 
 log = logging.getLogger(__name__)
+
+PARTITIONS_AT_ONCE = 4  # each with lane/mirror.py's own fetchers: within ObjectStore.POOL
 
 
 class LaneSync:
@@ -30,8 +33,11 @@ class LaneSync:
         owned: Callable[[], list[PartitionKey]],
         owners: OwnerDirectory,
         interval_s: float,
+        synced: Callable[[str, int], None] = lambda _topic, _partition: None,
     ) -> None:
         self._mirror = mirror
+        self.synced = synced  # told of each partition whose files a sync changed
+        self._warm: set[str] = set()  # topics synced whole at least once
         self._topics = topics
         self._owned = owned
         self._owners = owners
@@ -47,12 +53,40 @@ class LaneSync:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_s)
 
-    def once(self, owned: set[PartitionKey]) -> int:
-        """One pass; returns how many segments were fetched."""
+    def once(self, owned: set[PartitionKey], topics: list[str] | None = None) -> int:
+        """One pass over ``topics`` (the configured ones); returns how many segments
+        were fetched. Partitions are synced side by side: a store's latency, not its
+        bandwidth, is the cost, and a replica that never read a topic waited for every
+        partition in turn before serving it."""
         stored = self._mirror.partitions()
+        todo = [
+            (topic, p)
+            for topic in (self._topics() if topics is None else topics)
+            for p in sorted(stored.get(topic, set()) | set(self._owners.partitions(topic)))
+            if (topic, p) not in owned
+        ]
         fetched = 0
-        for topic in self._topics():
-            for p in sorted(stored.get(topic, set()) | set(self._owners.partitions(topic))):
-                if (topic, p) not in owned:
-                    fetched += self._mirror.sync(topic, p).fetched
+        if todo:
+            with ThreadPoolExecutor(min(PARTITIONS_AT_ONCE, len(todo))) as pool:
+                fetched = sum(pool.map(self._sync_one, todo))
+        self._warm.update(topic for topic, _ in todo)
         return fetched
+
+    def _sync_one(self, key: PartitionKey) -> int:
+        report = self._mirror.sync(*key)
+        if report.fetched or report.removed:
+            self.synced(*key)  # readers see the new segments now, not a cache TTL later
+        return report.fetched
+
+    def warm(self, topic: str) -> None:
+        """Read-through for a topic a read finds cold — not yet synced whole since this
+        replica started: synced now, on the reader's thread (waiting on a background
+        pass's partitions where one is under way), so the first read is answered whole
+        instead of in part or empty until that pass ends. Warm topics are left to the
+        background passes: a read costs no request."""
+        if topic in self._warm:
+            return
+        try:
+            self.once(set(self._owned()), [topic])
+        except Exception:  # the background pass retries; the read answers what is here
+            log.warning("read-through sync of %s failed", topic, exc_info=True)

@@ -41,6 +41,7 @@ class LaneCatalog:
         configured_topics: Callable[[], list[str]] | None = None,
         group_partitions: Callable[[str], list[int]] | None = None,
         cache: SegmentCache | None = None,
+        read_through: Callable[[str], None] | None = None,
     ) -> None:
         self.layout = layout
         self.columns = columns
@@ -57,6 +58,9 @@ class LaneCatalog:
         self._lock = threading.Lock()
         self._epochs: dict[int, LaneCatalog] = {}
         self._cache = cache
+        # Lanes in an object store: fetch a topic this replica has nothing of yet before
+        # planning a read of it (engine/lane_sync.py, LaneSync.warm).
+        self._read_through = read_through or (lambda _topic: None)
 
     def for_epoch(self, epoch: int) -> LaneCatalog:
         """A read-only view of closed epoch ``epoch`` (docs/lanes.md): its own lane root,
@@ -98,6 +102,18 @@ class LaneCatalog:
         with self._lock:
             self._disk_cache[key] = (now, end)
         return end
+
+    def prepare(self, topic: str) -> None:
+        """Before a read of ``topic`` is planned: with lanes in an object store, a topic
+        this replica has nothing of yet is fetched first (read-through)."""
+        self._read_through(topic)
+
+    def refresh(self, topic: str, partition: int) -> None:
+        """The partition's files changed behind this gateway's back (a replica's sync
+        fetched segments): forget what was read of them (the durable end), so the next
+        read sees them at once."""
+        with self._lock:
+            self._disk_cache.pop((topic, partition), None)
 
     def high_water(self, topic: str, partition: int) -> int:
         """The next position the gateway will ingest (the durable end when not ingesting)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,10 @@ from thalweg.lane.layout import write_file_durably
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+POOL = 32  # connections: the partitions of a sync fetch side by side (lane/mirror.py)
+_CHUNK = 1 << 20
 
 
 class ObjectStore:
@@ -55,6 +60,7 @@ class ObjectStore:
                 retries={"max_attempts": 3, "mode": "standard"},
                 connect_timeout=5,
                 read_timeout=60,
+                max_pool_connections=POOL,
             ),
         )
 
@@ -131,7 +137,12 @@ class ObjectStore:
         """
 
         def write(tmp: Path) -> None:
-            self._s3.download_file(self.bucket, self.key(rel), str(tmp))
+            # One GET streamed to the file: boto3's download_file adds a HEAD and a
+            # transfer manager with threads of its own to every object (a replica's cold
+            # sync of small segments spent most of its time there).
+            body = self._s3.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+            with open(tmp, "wb") as f:
+                shutil.copyfileobj(body, f, _CHUNK)
 
         try:
             with self._asking(f"{rel}: GET"):

@@ -116,6 +116,7 @@ def plan_read(
     ``elsewhere`` says another gateway serves are planned but not checked against this
     lane (their owner resolves the ticket again).
     """
+    catalog.prepare(ticket.topic)
     if ticket.topic not in catalog.topics():
         raise TicketError(f"unknown topic {ticket.topic!r}")
     known = catalog.partitions(ticket.topic)
