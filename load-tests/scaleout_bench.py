@@ -336,6 +336,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rebalances", type=int, default=2)
+    parser.add_argument(
+        "--only", choices=["a", "b", "c"], help="run one part: (a) cold reads, (b), (c)"
+    )
     args = parser.parse_args()
     n = args.records
     moto = Moto()
@@ -348,10 +351,12 @@ def main() -> None:
             print(f"{n} records, {nbytes / 1e6:.0f} MB of JSON values, {PARTITIONS} partitions")
             local, bucket = d / "local", moto.bucket()
             ingest(d, "local", lane_lines(moto, str(local), d / "x"), topic, bootstrap, n)
-            ingest(d, "s3", lane_lines(moto, bucket, d / "cache-ingest"), topic, bootstrap, n)
+            if args.only in (None, "a"):
+                ingest(d, "s3", lane_lines(moto, bucket, d / "cache-ingest"), topic, bootstrap, n)
             files = sum(len(LaneLayout(local).segments(Lane.RAW, topic, p)) for p in range(4))
-            print(f"(a) cold do_get of the whole topic ({files} raw segments per lane)")
-            for attempt in range(2):
+            if args.only in (None, "a"):
+                print(f"(a) cold do_get of the whole topic ({files} raw segments per lane)")
+            for attempt in range(2 if args.only in (None, "a") else 0):
                 t_local = cold_read(
                     d, f"cold-local-{attempt}", lane_lines(moto, str(local), d / "x"),
                     topic, bootstrap, n,
@@ -364,14 +369,17 @@ def main() -> None:
                     f"    local disk {t_local:6.2f} s ({n / t_local:9,.0f} rows/s)   object store "
                     f"{t_s3:6.2f} s ({n / t_s3:9,.0f} rows/s)   ratio {t_local / t_s3:.2f}x"
                 )
-            print("(b) rebalance: SIGKILL of one of two members -> the survivor committing")
-            for attempt in range(args.rebalances):
+            if args.only in (None, "b"):
+                print("(b) rebalance: SIGKILL of one of two members -> the survivor committing")
+            for attempt in range(args.rebalances if args.only in (None, "b") else 0):
                 for kind, lane in (
                     ("local", str(d / f"rb-local-{attempt}")),
                     ("s3", moto.bucket()),
                 ):
                     took = rebalance(d, lane, d / f"rb-cache-{attempt}-{kind}", moto, bootstrap)
                     print(f"    {kind:5s} {took:5.2f} s (session timeout 3 s)")
+            if args.only not in (None, "c"):
+                return
             ours, bare, runs, merged = compaction(local, topic)
             print(
                 f"(c) compaction of {runs} segments of 1000 records "

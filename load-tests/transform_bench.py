@@ -8,8 +8,11 @@ in one run:
   (b) a sidecar echo node (``SidecarClient``: 10k-row batches, 4 in flight, locators
       checked) against a bare ``pyarrow.flight`` ``do_exchange`` echo client writing the
       same batches with the same in-flight window, both to the same echo sidecar;
-  (c) a WebAssembly function (``double``, tests/data/udfs/math.wat) against
-      ``pyarrow.compute.multiply`` in the same query (reported, no target).
+  (c) a WebAssembly function (``double``, tests/data/udfs/math.wat, called a column at
+      a time) against ``pyarrow.compute.multiply`` in the same query;
+  (d) a sidecar back from a 6 s outage: the seconds from its restart to the first batch
+      the node's client gets through, calling as the node's feeder does (again after the
+      error's ``retry_after_s``: the breaker's half-open probe).
 
     python load-tests/transform_bench.py --records 1000000
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,10 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig, UdfConfig  # noqa: E402
+from thalweg.embedded import free_port  # noqa: E402
 from thalweg.pipeline.dag import Chain, Dag, expand_prefix_glob  # noqa: E402
 from thalweg.pipeline.udf import WasmUdf  # noqa: E402
 from thalweg.records.columns import MetadataColumns  # noqa: E402
-from thalweg.sidecars import SidecarClient  # noqa: E402
+from thalweg.sidecars import SidecarClient, SidecarUnavailableError  # noqa: E402
 from thalweg_client.sidecar import Sidecar  # noqa: E402
 
 COLS = MetadataColumns("_twg_")
@@ -171,6 +176,8 @@ def main() -> None:
     )
     results["(c) WASM double vs compute"] = (a, b)
 
+    recovered = outage_recovery(tables[0].slice(0, 1000), outage_s=6.0)
+
     n = args.records
     print(f"records={n:,} segments of {SEGMENT:,}")
     for name, (a, b) in results.items():
@@ -178,6 +185,42 @@ def main() -> None:
             f"{name:28s} bare {n / a:>12,.0f} rec/s   thalweg {n / b:>12,.0f} rec/s   "
             f"ratio {a / b:.3f}x"
         )
+    print(f"(d) sidecar back after a 6 s outage: rows flow {recovered:.2f} s after its restart")
+
+
+def outage_recovery(table: pa.Table, outage_s: float) -> float:
+    """Seconds from an echo sidecar's restart (after ``outage_s`` down, on a timer of its
+    own) to the first call the node's client gets through, called as the feeder calls
+    a down sink (again after the error's ``retry_after_s``)."""
+    port = free_port()
+    location = f"grpc://127.0.0.1:{port}"
+    side = NodeConfig.model_validate(
+        {"name": "s", "from": "t", "sidecar": location, "command": "echo"}
+    )
+    client = SidecarClient(side, COLS)
+    servers = [Echo(location)]
+    client(table)
+    servers[0].shutdown()
+    restarted: list[float] = []
+
+    def back() -> None:
+        servers.append(Echo(location))
+        restarted.append(time.monotonic())
+
+    timer = threading.Timer(outage_s, back)
+    timer.start()
+    try:
+        while True:
+            try:
+                client(table)
+            except SidecarUnavailableError as exc:
+                time.sleep(min(exc.retry_after_s, 30.0))  # as recovery.feeder waits
+                continue
+            if restarted:
+                return time.monotonic() - restarted[0]
+    finally:
+        timer.join()
+        servers[-1].shutdown()
 
 
 if __name__ == "__main__":
