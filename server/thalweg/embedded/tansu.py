@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,9 +15,29 @@ from thalweg.errors import ThalwegError
 HOST = "127.0.0.1"
 
 
+#: Ports handed out from below Linux's ephemeral range (32768-60999 by default): a port
+#: the kernel picks for ``bind(0)`` is one it also gives to outgoing connections, and one
+#: taken so between this check and the server's bind failed a CI run ("Address already
+#: in use" for a gateway's admin port).
+_PORTS = (20_000, 32_767)
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that was free a moment ago, not given out before by this
+    process, outside the range outgoing connections draw from."""
+    for _ in range(200):
+        port = random.randint(*_PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    with socket.socket() as s:  # the range is crowded: any free port
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
