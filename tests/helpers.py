@@ -438,3 +438,14 @@ class SmallDisk:
 
     def close(self) -> None:
         subprocess.run(["umount", "-l", str(self.path)], check=False, timeout=30)
+
+
+def assert_verified(config: Any, *, broker: bool = True, sink: str | None = None) -> None:
+    """``twg verify`` on what a fault test left (a config file or a loaded
+    configuration): no finding of level error (the report is the failure message)."""
+    from thalweg.config import load_config
+    from thalweg.verify import verify
+
+    cfg = load_config(config) if isinstance(config, Path) else config
+    report = verify(cfg, broker=broker, sink=sink)
+    assert report.ok, report.as_text()

@@ -30,7 +30,7 @@ from tests.e2e.upkeep import (
     run_until_settled,
     temp_files,
 )
-from tests.helpers import committed_offsets, seeded_rng
+from tests.helpers import assert_verified, committed_offsets, seeded_rng
 from thalweg.config.retention import CompactionConfig
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
@@ -105,3 +105,4 @@ def test_compaction_killed_mid_merge_loses_and_repeats_nothing(
     merged = [s for q in range(PARTITIONS) for s in ranges(raw_dir(q)) if s[1] - s[0] >= 100]
     assert merged, "nothing was merged"
     assert committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == expected
+    assert_verified(config)

@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.helpers import committed_offsets, seeded_rng, wait_until
+from tests.helpers import assert_verified, committed_offsets, seeded_rng, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.lane import Lane, LaneLayout, scan_coverage
 
@@ -216,3 +216,4 @@ def test_sigkill_loses_and_duplicates_nothing(
     assert max(sizes) == ROLL_ROWS, "no segment closed by rows, or one over the limit"
     # The final committed offsets equal the lane's end (graceful stop commits all).
     assert committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == expected
+    assert_verified(config)

@@ -33,6 +33,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.helpers import (
+    assert_verified,
     bucket_offsets,
     committed_offsets,
     partition_offsets,
@@ -284,3 +285,4 @@ def test_three_replicas_one_killed_one_paused(
     dupes = {k: n for k, n in seen.items() if n > 1}
     assert not dupes, f"{len(dupes)} offsets in the lane twice, e.g. {list(dupes)[:5]}"
     assert set(seen) == want, f"missing {len(want - set(seen))}"
+    assert_verified(tmp_path / "c.toml")  # the shared lane (or the bucket) as a whole

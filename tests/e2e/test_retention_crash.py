@@ -30,7 +30,7 @@ from tests.e2e.upkeep import (
     run_until_settled,
     temp_files,
 )
-from tests.helpers import committed_offsets, seeded_rng
+from tests.helpers import assert_verified, committed_offsets, seeded_rng
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
 
@@ -99,3 +99,4 @@ def test_retention_killed_mid_sweep_keeps_exactly_the_floor_to_the_end(
     kept = [n for n in range(TOTAL) if n // PARTITIONS >= floors[n % PARTITIONS]]
     assert sorted(decoded["n"].to_pylist()) == kept  # the same rows, once: no lone twin
     assert committed_offsets(broker.bootstrap, group, topic, range(PARTITIONS)) == expected
+    assert_verified(config)

@@ -33,7 +33,7 @@ from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway, source_cfg
 from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
-from tests.helpers import safe_count, seeded_rng, wait_until
+from tests.helpers import assert_verified, safe_count, seeded_rng, wait_until
 from tests.postgres_server import PostgresServer
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
@@ -218,6 +218,7 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
         assert rg.gateway.health.state("sink:db").value == "up"
         rg.stop()
         assert_exactly_once(data, topic, pg, n)
+        assert_verified(rg.gateway.cfg, broker=False)  # the broker is stopped
     finally:
         broker.stop()
         pg.stop()
@@ -285,6 +286,7 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert_exactly_once(data, topic, pg, total)
+        assert_verified(config)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -28,7 +28,7 @@ import pytest
 from confluent_kafka import Producer
 
 import thalweg_client
-from tests.helpers import committed_offsets, seeded_rng, start_stream, wait_until
+from tests.helpers import assert_verified, committed_offsets, seeded_rng, start_stream, wait_until
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
 
@@ -195,3 +195,5 @@ def test_a_paused_member_writes_nothing_for_partitions_it_lost(
     assert not dupes, f"{len(dupes)} offsets in the lanes more than once, e.g. {list(dupes)[:5]}"
     assert set(seen) == want, f"missing {len(want - set(seen))}, extra {len(set(seen) - want)}"
     assert b"ownership" in (tmp_path / "a.log").read_bytes(), "the fence never doubted"
+    if shared:  # a lane of its own per replica is verified at each partition's owner
+        assert_verified(tmp_path / "a.toml")

@@ -297,10 +297,12 @@ _QUICKSTART_OPTIONS = {
 
 from thalweg.cli.batch import batch  # noqa: E402  (a command of its own module)
 from thalweg.cli.lane import lane  # noqa: E402  (a command group of its own module)
+from thalweg.cli.verify import verify  # noqa: E402  (a command of its own module)
 
 cli.add_command(batch)
 cli.add_command(lane)
 cli.add_command(recover)
+cli.add_command(verify)
 
 
 def main() -> None:

@@ -98,6 +98,8 @@ class PostgresSink(BufferedSink):
                     parameters=(self.name,),
                 )
                 found = cur.fetchall()
+                lost = self._lost_tables(cur, {str(row[0]) for row in found})
+                found = [row for row in found if row[0] not in lost]
             conn.commit()
         except pg.Error as exc:
             self._drop()
@@ -109,6 +111,32 @@ class PostgresSink(BufferedSink):
                     (int(a), int(b)) for a, b in json.loads(text)
                 ]
         return Landed(ranges)
+
+    def _exists(self, cur: Any, table: str) -> bool:
+        cur.execute("SELECT to_regclass($1) IS NOT NULL", parameters=(self._qualified(table),))
+        row = cur.fetchone()
+        return bool(row and row[0])
+
+    def _lost_tables(self, cur: Any, topics: set[str]) -> set[str]:
+        """Topics whose coverage rows claim positions while their table is gone (dropped,
+        restored from an older backup): the claims go, in the transaction of the open,
+        so the feeder replays those positions from the lane and rebuilds the table —
+        never a recovery reporting success over a table that is not there."""
+        lost = {
+            t for t in topics if t in self.cfg.topics and not self._exists(cur, self.table_name(t))
+        }
+        for topic in sorted(lost):
+            log.warning(
+                "postgres sink %s: table %s is missing while its coverage claims positions; "
+                "the claims are dropped and the table rebuilt from the lane",
+                self.name,
+                self._qualified(self.table_name(topic)),
+            )
+            cur.execute(
+                f"DELETE FROM {self._qualified(COVERAGE_TABLE)} WHERE sink = $1 AND topic = $2",
+                parameters=(self.name, topic),
+            )
+        return lost
 
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         tables = {
@@ -175,6 +203,13 @@ class PostgresSink(BufferedSink):
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
         target = self._qualified(self.table_name(topic))
+        if not self._exists(cur, self.table_name(topic)) and self._claims(cur, topic):
+            # Dropped under a running feeder: the rows its coverage claims are gone, and
+            # writing on would hide that. Reopening drops the claims and replays them.
+            raise SinkUnavailableError(
+                f"postgres sink {self.name!r}: table {target} is missing while its coverage "
+                "claims positions; reopening to rebuild it from the lane"
+            )
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
         key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
         self._ensure_key(cur, target, key)
@@ -187,6 +222,15 @@ class PostgresSink(BufferedSink):
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
         if exact:
             self._staged[self.table_name(topic)] = data.schema
+
+    def _claims(self, cur: Any, topic: str) -> bool:
+        cur.execute(
+            f"SELECT count(*) FROM {self._qualified(COVERAGE_TABLE)} "
+            "WHERE sink = $1 AND topic = $2",
+            parameters=(self.name, topic),
+        )
+        row = cur.fetchone()
+        return bool(row and row[0])
 
     def _ensure_key(self, cur: Any, target: str, want: list[str]) -> None:
         """``want`` is the table's primary key (made so on a new table): the record id,

@@ -1,0 +1,322 @@
+"""One sink checked against the lane and against its destination, read-only.
+
+Three records of what a sink holds must agree: its coverage store beside the lane
+(``data_dir/coverage/<sink>.json``), the destination's own record (the Iceberg snapshot
+summary, the Postgres coverage table, the Arrow IPC file names), and the rows
+themselves. Per partition of its topics, in the current epoch:
+
+* the coverage never runs ahead of the lane (above the floor: retention removes lane
+  data a sink keeps) and the store never claims what the destination does not;
+* inside the coverage, above the floor, the destination holds each position the lane
+  says it should exactly once — a decoded sink the rows that decoded, a raw sink every
+  row — and nothing else (a dropped table shows as every position missing).
+
+Nothing here writes: no table or namespace is created, no temp file removed (a feeder
+may be running), the feeder lock is not taken. Sinks fed through a pipeline node hold
+derived rows (any number per record): only their coverage is checked. The Flight sink's
+destination keeps no record: its store alone is checked against the lane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from thalweg.config.models import ThalwegConfig
+from thalweg.lane.coverage import merge_ranges, subtract_ranges
+from thalweg.records.columns import MetadataColumns
+from thalweg.recovery.coverage import CoverageStore
+from thalweg.sinks.base import Ranges
+from thalweg.verify.lanes import LaneAudit
+from thalweg.verify.report import Report
+
+_IPC_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
+
+
+class Destination:
+    """What the destination itself holds: its coverage record and, per topic, the
+    rows' (partition, position, record id) — None where it keeps no record."""
+
+    def __init__(self, coverage: Ranges | None, rows: dict[str, pa.Table | None]) -> None:
+        self.coverage = coverage
+        self.rows = rows
+
+
+def audit_sink(
+    cfg: ThalwegConfig,
+    name: str,
+    columns: MetadataColumns,
+    lanes: dict[tuple[str, int], LaneAudit],
+    report: Report,
+) -> None:
+    """Check sink ``name`` (findings and a summary go to ``report``)."""
+    sink_cfg = next(s for s in cfg.sinks if s.name == name)
+    derived = any(n.sink == name for n in cfg.pipeline.nodes)
+    try:
+        store = CoverageStore(cfg.gateway.data_dir, name).snapshot()
+    except Exception as exc:  # an unreadable store is a finding, not a crash
+        report.add("error", "store_unreadable", f"sink {name}", str(exc))
+        store = {}
+    try:
+        dest = _destination(cfg, sink_cfg, columns)
+    except Exception as exc:  # the destination did not answer: say so, check the rest
+        report.add("error", "destination_unreadable", f"sink {name}", _one_line(exc))
+        dest = Destination(None, {})
+    checked = missing = extra = twice = 0
+    for (topic, p), lane in sorted(lanes.items()):
+        if topic not in sink_cfg.topics:
+            continue
+        where = f"sink {name}: {topic}[{p}]"
+        key = (topic, p, lane.epoch)
+        held = merge_ranges(store.get(key, []))
+        claimed = merge_ranges(dest.coverage.get(key, [])) if dest.coverage is not None else held
+        if dest.coverage is not None and subtract_ranges(held, claimed):
+            report.add(
+                "error",
+                "store_ahead",
+                where,
+                f"the coverage store claims {_show(subtract_ranges(held, claimed))}, the "
+                "destination's own record does not",
+            )
+        ahead = subtract_ranges(subtract_ranges(claimed, lane.coverage), [(0, lane.floor)])
+        if ahead:
+            report.add(
+                "error",
+                "sink_ahead",
+                where,
+                f"covers {_show(ahead)}, beyond what the lane holds",
+            )
+        table = dest.rows.get(topic)
+        if derived or topic not in dest.rows:
+            continue  # derived rows, or a destination without rows to read (flight)
+        if lane.epoch:
+            report.add(
+                "warning",
+                "epoch_rows",
+                where,
+                "rows of closed epochs share positions: checked by coverage only",
+            )
+            continue
+        window = subtract_ranges(merge_ranges(claimed), [(0, lane.floor)])
+        if not sink_cfg.raw:
+            window = subtract_ranges(window, lane.undecided)
+        want = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
+        counts = _check_rows(table, want, window, columns, p, where, report)
+        checked, missing, twice, extra = (
+            x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
+        )
+    report.sinks[name] = {
+        "kind": sink_cfg.kind,
+        "derived": derived,
+        "records_checked": checked,
+        "missing": missing,
+        "duplicates": twice,
+        "extra": extra,
+        "summary": (
+            f"{sink_cfg.kind}, coverage only (derived rows)"
+            if derived
+            else f"{sink_cfg.kind}, {checked} records checked: {missing} missing, "
+            f"{twice} twice, {extra} extra"
+        ),
+    }
+
+
+def _check_rows(
+    table: pa.Table | None,
+    want: np.ndarray,
+    window: list[tuple[int, int]],
+    columns: MetadataColumns,
+    partition: int,
+    where: str,
+    report: Report,
+) -> tuple[int, int, int, int]:
+    """The destination's rows of one partition inside ``window`` against the positions
+    the lane says it should hold; (checked, missing, twice, extra)."""
+    got = np.zeros(0, np.int64) if table is None else _positions(table, columns, partition, window)
+    unique, counts = np.unique(got, return_counts=True)
+    lost = np.setdiff1d(want, unique, assume_unique=True)
+    more = np.setdiff1d(unique, want, assume_unique=True)
+    dup = unique[counts > 1]
+    if table is None and len(want):
+        report.add(
+            "error",
+            "table_missing",
+            where,
+            f"the destination has no table, its coverage claims {_show(window)}",
+        )
+    elif len(lost):
+        report.add(
+            "error",
+            "sink_missing",
+            where,
+            f"{len(lost)} covered records are not in the destination (e.g. positions "
+            f"{', '.join(map(str, lost[:5]))})",
+        )
+    if len(dup):
+        report.add(
+            "error",
+            "sink_duplicate",
+            where,
+            f"{len(dup)} records are in the destination more than once (e.g. positions "
+            f"{', '.join(map(str, dup[:5]))})",
+        )
+    if len(more):
+        report.add(
+            "error",
+            "sink_extra",
+            where,
+            f"{len(more)} rows at positions the lane gives no row for (e.g. "
+            f"{', '.join(map(str, more[:5]))})",
+        )
+    return len(want), len(lost), len(dup), len(more)
+
+
+def _inside(positions: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
+    keep = np.zeros(len(positions), dtype=bool)
+    for a, b in ranges:
+        keep |= (positions >= a) & (positions < b)
+    return positions[keep]
+
+
+def _positions(
+    table: pa.Table, columns: MetadataColumns, partition: int, window: list[tuple[int, int]]
+) -> np.ndarray:
+    rows = table.filter(pc.equal(table.column(columns.partition), partition))
+    pos = rows.column(columns.position).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _inside(pos, window)
+
+
+def _show(ranges: list[tuple[int, int]]) -> str:
+    shown = ", ".join(f"{a}-{b - 1}" for a, b in ranges[:4])
+    return shown + (f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# -- destinations ------------------------------------------------------------------------
+
+
+def _destination(cfg: ThalwegConfig, sink_cfg: Any, columns: MetadataColumns) -> Destination:
+    wanted = [columns.partition, columns.position, columns.record_id]
+    if sink_cfg.kind == "postgres":
+        return _postgres(cfg, sink_cfg, wanted)
+    if sink_cfg.kind == "iceberg":
+        return _iceberg(cfg, sink_cfg, wanted)
+    if sink_cfg.kind == "arrow_ipc":
+        return _arrow_ipc(cfg, sink_cfg, wanted)
+    return Destination(None, {})  # flight: the receiver keeps no record of its own
+
+
+def _postgres(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
+    import adbc_driver_postgresql.dbapi as pg
+
+    from thalweg.sinks.postgres import COVERAGE_TABLE, PostgresSink, quote_ident
+
+    sink = PostgresSink(sink_cfg, cfg.gateway.data_dir)
+    schema = sink_cfg.schema_name
+    with pg.connect(sink_cfg.dsn.get_secret_value()) as conn, conn.cursor() as cur:
+
+        def exists(table: str) -> bool:
+            cur.execute(
+                "SELECT count(*) FROM information_schema.tables "
+                "WHERE table_schema = $1 AND table_name = $2",
+                parameters=(schema, table),
+            )
+            row = cur.fetchone()
+            return bool(row and row[0])
+
+        coverage: Ranges = {}
+        if exists(COVERAGE_TABLE):
+            cur.execute(
+                f"SELECT topic, partition, epoch, ranges::text FROM "
+                f"{quote_ident(schema)}.{quote_ident(COVERAGE_TABLE)} WHERE sink = $1",
+                parameters=(sink_cfg.name,),
+            )
+            for topic, partition, epoch, text in cur.fetchall():
+                coverage[(topic, int(partition), int(epoch))] = [
+                    (int(a), int(b)) for a, b in json.loads(text)
+                ]
+        rows: dict[str, pa.Table | None] = {}
+        for topic in sink_cfg.topics:
+            table = sink.table_name(topic)
+            if not exists(table):
+                rows[topic] = None
+                continue
+            cols = ", ".join(quote_ident(c) for c in wanted)
+            cur.execute(f"SELECT {cols} FROM {quote_ident(schema)}.{quote_ident(table)}")
+            rows[topic] = cur.fetch_arrow_table()
+    return Destination(coverage, rows)
+
+
+def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from thalweg.sinks.iceberg import IcebergSink, table_coverage
+
+    sink = IcebergSink(sink_cfg, cfg.gateway.data_dir)
+    props = sink.catalog_properties()
+    uri = str(props.get("uri", ""))
+    if uri.startswith("sqlite:///") and not os.path.exists(uri.removeprefix("sqlite:///")):
+        # The embedded catalog was never created: opening it would create it.
+        return Destination({}, dict.fromkeys(sink_cfg.topics))
+    catalog = load_catalog(sink_cfg.name, **props)
+    coverage: Ranges = {}
+    rows: dict[str, pa.Table | None] = {}
+    for topic in sink_cfg.topics:
+        try:
+            table = catalog.load_table(sink.identifier(topic))
+        except NoSuchTableError:
+            rows[topic] = None
+            continue
+        coverage.update(
+            {k: v for k, v in table_coverage(table, sink_cfg.name).items() if k[0] == topic}
+        )
+        names = {f.name for f in table.schema().fields}
+        rows[topic] = table.scan(selected_fields=tuple(c for c in wanted if c in names)).to_arrow()
+    return Destination(coverage, rows)
+
+
+def _arrow_ipc(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
+    root = (
+        Path(sink_cfg.path)
+        if sink_cfg.path is not None
+        else Path(cfg.gateway.data_dir) / "sinks" / sink_cfg.name
+    )
+    coverage: Ranges = {}
+    tables: dict[str, list[pa.Table]] = {t: [] for t in sink_cfg.topics}
+    for tdir in sorted(root.glob("topic=*")):
+        topic = unquote(tdir.name[6:])
+        for pdir in sorted(tdir.glob("partition=*")):
+            partition = int(pdir.name[10:])
+            for name in sorted(os.listdir(pdir)):
+                m = _IPC_FILE.match(name)
+                if not m or not name.endswith(".arrow"):
+                    continue
+                coverage.setdefault((topic, partition, int(m[1])), []).append(
+                    (int(m[2]), int(m[3]))
+                )
+                with pa.memory_map(str(pdir / name)) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                if table.num_columns and topic in tables:
+                    tables[topic].append(
+                        table.select([c for c in wanted if c in table.column_names])
+                    )
+    rows: dict[str, pa.Table | None] = {
+        t: pa.concat_tables(parts, promote_options="permissive") if parts else None
+        for t, parts in tables.items()
+    }
+    for t, table in rows.items():
+        if table is None and any(k[0] == t for k in coverage):
+            rows[t] = pa.table({c: pa.array([], pa.int64()) for c in wanted[:2]})
+    return Destination({k: merge_ranges(v) for k, v in coverage.items()}, rows)

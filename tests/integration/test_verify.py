@@ -1,0 +1,189 @@
+"""``twg verify`` against a real lane and real sinks (PostgreSQL, Iceberg on its SQL
+catalog, Arrow IPC files): clean after a run, then each planted fault named — a raw
+segment missing (a gap), a segment written twice (an overlap), a decoded twin missing,
+an orphan decoded file, a sink row deleted, a sink file lost from under its coverage
+store, a sink's table dropped, the lane's newest segment lost under the group's commit
+(a commit ahead of the lane) — with exit code 1 and the
+JSON report naming each, per partition."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Producer
+
+from tests.conftest import RunningGateway
+from tests.helpers import safe_count, wait_until
+from tests.postgres_server import PostgresServer
+from thalweg.cli.main import cli
+from thalweg.config.models import ThalwegConfig
+from thalweg.embedded import TansuBroker
+from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.recovery.coverage import CoverageStore
+from thalweg.verify import Report, verify
+
+pytestmark = pytest.mark.integration
+
+N = 1200
+
+
+def _codes(report: Report) -> set[tuple[str, str]]:
+    return {(f.code, f.where) for f in report.findings}
+
+
+@pytest.fixture
+def landed(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    postgres: PostgresServer,
+    tmp_path: Path,
+) -> tuple[ThalwegConfig, str, Path, str]:
+    """A topic of two partitions ingested in segments of 100 records — every 50th
+    record does not decode — and fed to three sinks; the gateway stopped."""
+    topic = topic_factory(partitions=2, prefix="verify")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log_level": 2})
+    for i in range(N):
+        value = b"{broken" if i % 50 == 7 else json.dumps({"n": i}).encode()
+        p.produce(topic, value, partition=i % 2)
+    assert p.flush(30) == 0
+    data = tmp_path / "lane"
+    schema = f"s_{topic.replace('-', '_')}"
+    sinks: list[dict[str, Any]] = [
+        {"name": "lake", "kind": "iceberg", "topics": [topic], "commit_interval_s": 0.3},
+        {
+            "name": "db",
+            "kind": "postgres",
+            "topics": [topic],
+            "dsn": postgres.dsn,
+            "schema_name": schema,
+            "commit_interval_s": 0.3,
+        },
+        {"name": "files", "kind": "arrow_ipc", "topics": [topic], "commit_interval_s": 0.3},
+    ]
+    rg = gateway_factory([topic], data_dir=data, sinks=sinks, raw_lane={"roll_rows": 100})
+    rg.wait_durable(topic, {0: N // 2, 1: N // 2})
+    whole = {(topic, p, 0): [(0, N // 2)] for p in (0, 1)}
+    for sink in ("lake", "db", "files"):
+        wait_until(
+            lambda s=sink: safe_count(lambda: int(CoverageStore(data, s).snapshot() == whole)) == 1,
+            60,
+            f"sink {sink} holding every record",
+        )
+    rg.stop()
+    return rg.gateway.cfg, topic, data, schema
+
+
+def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
+    landed: tuple[ThalwegConfig, str, Path, str],
+    postgres: PostgresServer,
+    broker: TansuBroker,
+    tmp_path: Path,
+) -> None:
+    cfg, topic, data, schema = landed
+    clean = verify(cfg)
+    assert clean.ok, clean.as_text()
+    assert not clean.findings, clean.as_text()
+    assert {p.partition: p.rows for p in clean.partitions} == {0: N // 2, 1: N // 2}
+    assert {p.partition: p.committed for p in clean.partitions} == {0: N // 2, 1: N // 2}
+    good = N - len([i for i in range(N) if i % 50 == 7])
+    for name in ("lake", "db", "files"):
+        s = clean.sinks[name]
+        assert (s["records_checked"], s["missing"], s["duplicates"]) == (good, 0, 0), s
+
+    layout = LaneLayout(data)
+    p0 = layout.segments(Lane.RAW, topic, 0)
+    p1 = layout.segments(Lane.RAW, topic, 1)
+    # A raw segment lost (and its twins): a gap, and every sink covering it is ahead.
+    for lane in (Lane.RAW, Lane.DECODED, Lane.DLQ):
+        (layout.partition_dir(lane, topic, 0) / p0[2].path.name).unlink(missing_ok=True)
+    # A raw segment written twice under an overlapping name.
+    twin = p1[1]
+    shutil.copy(
+        twin.path, twin.path.with_name(f"{twin.first + 1:020d}-{twin.last + 1:020d}.parquet")
+    )
+    # A decoded twin lost; a decoded file whose raw file never landed.
+    (layout.partition_dir(Lane.DECODED, topic, 1) / p1[3].path.name).unlink()
+    dec = layout.partition_dir(Lane.DECODED, topic, 1)
+    shutil.copy(dec / p1[4].path.name, dec / f"{10**9:020d}-{10**9 + 1:020d}.parquet")
+    # A row of partition 1 deleted from Postgres.
+    table = topic.replace("-", "_")
+    postgres.query(
+        f'DELETE FROM "{schema}"."{table}" WHERE "_twg_source_partition" = 1 '
+        f'AND "_twg_position" = 4 RETURNING 1'
+    )
+    # An Arrow IPC file of partition 1 lost from under the sink's coverage store.
+    files = sorted((data / "sinks" / "files" / f"topic={topic}" / "partition=1").glob("*.arrow"))
+    files[0].unlink()
+    # Partition 1's newest segment lost: the group's commit is now ahead of the lane.
+    for lane in (Lane.RAW, Lane.DECODED, Lane.DLQ):
+        (layout.partition_dir(lane, topic, 1) / p1[-1].path.name).unlink(missing_ok=True)
+
+    report = verify(cfg)
+    assert not report.ok
+    codes = _codes(report)
+    for code, where in [
+        ("gap", f"{topic}[0]"),
+        ("sink_ahead", f"sink db: {topic}[0]"),
+        ("sink_ahead", f"sink lake: {topic}[0]"),
+        ("overlap", f"{topic}[1]"),
+        ("twin_missing", f"{topic}[1]"),
+        ("orphan", f"{topic}[1]"),
+        ("sink_missing", f"sink db: {topic}[1]"),
+        ("store_ahead", f"sink files: {topic}[1]"),
+        ("commit_ahead", f"{topic}[1]"),
+    ]:
+        assert (code, where) in codes, f"{code} at {where} not named:\n{report.as_text()}"
+
+    # The sink's table dropped: every covered record missing, named as such.
+    postgres.query(f'DROP TABLE "{schema}"."{table}"')
+    dropped = verify(cfg, sink="db")
+    assert ("table_missing", f"sink db: {topic}[1]") in _codes(dropped), dropped.as_text()
+
+    # The command: exit 1, the JSON report names every finding per partition.
+    config = tmp_path / "verify.toml"
+    config.write_text(_toml(cfg, topic, postgres, schema))
+    result = CliRunner().invoke(cli, ["--output", "json", "verify", "--config", str(config)])
+    assert result.exit_code == 1, result.output
+    body = json.loads(result.output)
+    assert body["ok"] is False and body["errors"] >= 9
+    assert {"gap", "overlap", "orphan", "commit_ahead"} <= {f["code"] for f in body["findings"]}
+    result = CliRunner().invoke(cli, ["verify", "--config", str(config), "--sink", "nope"])
+    assert result.exit_code == 2 and "no [[sinks]] named 'nope'" in result.output
+
+
+def _toml(cfg: ThalwegConfig, topic: str, pg: PostgresServer, schema: str) -> str:
+    src = cfg.sources[0]
+    bootstrap, group = getattr(src, "bootstrap_servers"), getattr(src, "group_id")  # noqa: B009
+    return f"""
+[gateway]
+data_dir = "{cfg.gateway.data_dir}"
+
+[[sources]]
+name = "test"
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+group_id = "{group}"
+
+[[sinks]]
+name = "db"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{pg.dsn}"
+schema_name = "{schema}"
+
+[[sinks]]
+name = "files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+
+[recovery]
+poll_interval_s = 0.2
+"""
