@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from thalweg.config.models import RawLaneConfig
-from thalweg.config.retention import CompactionConfig
+from thalweg.config.retention import CompactionConfig, RetentionConfig
 from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.coverage import is_compacted, repair, scan_coverage
 from thalweg.lane.layout import (
@@ -27,6 +28,7 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
+from thalweg.lane.retention import decide, newest_at, raise_floor
 
 T = "orders"
 NOW = 1_000_000.0
@@ -253,3 +255,43 @@ def test_a_sweep_killed_after_any_deletion_leaves_every_row_once_after_start_up(
 def run_of(layout: LaneLayout) -> list[Segment]:
     (run,) = plan_runs(layout, T, 0, CFG, NOW)
     return run
+
+
+def test_a_floor_that_rose_after_the_run_was_planned_keeps_the_merge_off(tmp_path: Path) -> None:
+    """Retention raising the floor inside a run between planning and merging: merged,
+    the records below the floor would come back (``earliest`` down, removed records
+    served). The merge is skipped; the next pass merges what is above the floor."""
+    layout = lane(tmp_path)
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    raise_floor(layout, T, 0, 150, NOW)  # inside the run: 0-449
+    assert merge(layout, T, 0, run, RawLaneConfig()) is None
+    raw = layout.segments(Lane.RAW, T, 0, retained=False, contained=True)
+    assert not [s for s in raw if s.first < 150 <= s.last], "a file across the floor"
+    (again,) = plan_runs(layout, T, 0, CFG, NOW)
+    assert again[0].first == 150
+    done = merge(layout, T, 0, again, RawLaneConfig())
+    assert done is not None and done.path.name == segment_name(150, 449)
+    assert scan_coverage(layout, T, 0).ranges[0][0] == 150
+
+
+def test_a_merged_file_is_as_old_as_its_newest_record_for_retention(tmp_path: Path) -> None:
+    """A merged file is written now, but its records are as old as its parts: retention
+    by age removes it once its newest record is old enough (with its file time it never
+    did, and a merge absorbing new segments kept the floor down for ever)."""
+    layout = lane(tmp_path)  # parts written an hour ago
+    (run,) = plan_runs(layout, T, 0, CFG, NOW)
+    done = merge(layout, T, 0, run, RawLaneConfig())
+    assert done is not None
+    assert time.time() - done.path.stat().st_mtime < 60  # the file itself is new
+    merged = next(s for s in layout.segments(Lane.RAW, T, 0) if s.first == 0)
+    assert newest_at(merged) == max(NOW - 3600 + i for i in range(9))
+    age = RetentionConfig(max_age_s=1800, grace_s=0)
+    assert decide(layout, T, 0, age, now=NOW).floor == 450  # the merge goes, not the newest
+
+
+def test_under_retention_by_age_a_run_spans_at_most_the_given_time(tmp_path: Path) -> None:
+    layout = lane(tmp_path, n=10)  # parts' times a second apart
+    runs = plan_runs(layout, T, 0, CFG, NOW, span_s=3.5)
+    assert [[s.first for s in r] for r in runs] == [[0, 50, 100, 150], [200, 250, 300, 350]]
+    for run in runs:
+        assert newest_at(run[-1]) - newest_at(run[0]) <= 3.5

@@ -47,6 +47,11 @@ class CompactionJob:
         self.layout = layout
         self.metrics = metrics
         self.owned = owned
+        # With retention by age, a merged file spans at most a quarter of the bound: it
+        # goes at most that late, and one absorbing every new segment cannot keep the
+        # floor down for ever (lane/compaction.py, plan_runs).
+        age = cfg.retention.max_age_s if cfg.retention.enabled else None
+        self.span_s = age / 4 if age is not None else None
 
     def run_once(self, now: float | None = None) -> int:
         """Merge what is due; the runs merged."""
@@ -54,7 +59,7 @@ class CompactionJob:
         merged = 0
         for topic, p in sorted(set(self.owned())):
             waiting = 0  # segments of runs left for a later pass (a twin being rebuilt)
-            for run in plan_runs(self.layout, topic, p, self.cfg, now):
+            for run in plan_runs(self.layout, topic, p, self.cfg, now, span_s=self.span_s):
                 if (topic, p) not in set(self.owned()):
                     # Revoked (and perhaps assigned again: start-up repair may be running
                     # on it) since the pass began: the next pass decides.

@@ -16,7 +16,7 @@ from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.retention import decide, raise_floor, sweep
+from thalweg.lane.retention import decide, raise_floor, sweep, upkeep_lock
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.periodic import run_every
 from thalweg.pipeline.dag import Dag
@@ -81,34 +81,39 @@ class RetentionJob:
             for p in self.layout.partitions(topic):
                 if self.mirror is not None and (owned is None or (topic, p) not in owned):
                     continue
-                keep, who = (None, "")
-                if self.retention.wait_for_sinks:
-                    keep, who = self.keep_from(topic, p, stores)
-                decision = decide(
-                    self.layout, topic, p, self.retention, now=now, keep_from=keep, held_by=who
-                )
-                if decision.floor is not None:
-                    floor = decision.floor
-                    self.ballast.with_room(
-                        f"raise the floor of {topic}[{p}]",
-                        partial(raise_floor, self.layout, topic, p, floor, now),
-                    )
-                    if self.mirror is not None:
-                        self.mirror.publish_floor(topic, p)
-                self.metrics.retention_held.labels(topic, str(p)).set(1 if decision.held_by else 0)
-                if decision.held_by:
-                    log.info("retention held back: %s", decision.held_by)
-                self.metrics.lane_floor.labels(topic, str(p)).set(self.layout.floor(topic, p))
-                files, nbytes = self.ballast.with_room(
-                    f"sweep {topic}[{p}]",
-                    partial(sweep, self.layout, topic, p, self.retention.grace_s, now),
-                )
-                if files:
-                    self.ballast.lay()  # at once: the waiting writes will want the room
-                if self.mirror is not None and files:
-                    self.mirror.delete_below(topic, p, self.layout.floor(topic, p))
-                self.metrics.retention_removed_files.labels(topic).inc(files)
-                self.metrics.retention_removed_bytes.labels(topic).inc(nbytes)
+                with upkeep_lock(self.layout, topic, p):  # never while a merge is written
+                    self._keep(topic, p, stores, now)
+
+    def _keep(self, topic: str, p: int, stores: dict[str, CoverageStore], now: float) -> None:
+        """One partition held to its bounds: the floor raised, what lies below it swept."""
+        keep, who = (None, "")
+        if self.retention.wait_for_sinks:
+            keep, who = self.keep_from(topic, p, stores)
+        decision = decide(
+            self.layout, topic, p, self.retention, now=now, keep_from=keep, held_by=who
+        )
+        if decision.floor is not None:
+            floor = decision.floor
+            self.ballast.with_room(
+                f"raise the floor of {topic}[{p}]",
+                partial(raise_floor, self.layout, topic, p, floor, now),
+            )
+            if self.mirror is not None:
+                self.mirror.publish_floor(topic, p)
+        self.metrics.retention_held.labels(topic, str(p)).set(1 if decision.held_by else 0)
+        if decision.held_by:
+            log.info("retention held back: %s", decision.held_by)
+        self.metrics.lane_floor.labels(topic, str(p)).set(self.layout.floor(topic, p))
+        files, nbytes = self.ballast.with_room(
+            f"sweep {topic}[{p}]",
+            partial(sweep, self.layout, topic, p, self.retention.grace_s, now),
+        )
+        if files:
+            self.ballast.lay()  # at once: the waiting writes will want the room
+        if self.mirror is not None and files:
+            self.mirror.delete_below(topic, p, self.layout.floor(topic, p))
+        self.metrics.retention_removed_files.labels(topic).inc(files)
+        self.metrics.retention_removed_bytes.labels(topic).inc(nbytes)
 
     async def run(self, stop: asyncio.Event) -> None:
         await run_every(stop, self.retention.interval_s, self.run_once, "retention run")

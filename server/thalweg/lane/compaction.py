@@ -48,7 +48,14 @@ from thalweg.lane.layout import (
     segment_name,
     write_file_durably,
 )
-from thalweg.lane.retention import lane_bytes
+from thalweg.lane.retention import (
+    META_NEWEST_AT,
+    META_OLDEST_AT,
+    lane_bytes,
+    newest_at,
+    oldest_at,
+    upkeep_lock,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +69,27 @@ class Merged:
 
 
 def plan_runs(
-    layout: LaneLayout, topic: str, partition: int, cfg: CompactionConfig, now: float
+    layout: LaneLayout,
+    topic: str,
+    partition: int,
+    cfg: CompactionConfig,
+    now: float,
+    *,
+    span_s: float | None = None,
 ) -> list[list[Segment]]:
-    """Runs of adjacent small segments to merge, oldest first."""
+    """Runs of adjacent small segments to merge, oldest first.
+
+    ``span_s``: the longest a run may span in time, from its first segment's oldest
+    part to its last segment's newest (the times each was made durable). With retention
+    by age a file goes only once its newest record is old enough: a merge spanning more
+    would keep its oldest records past the bound, and a merged file that absorbed each
+    new segment would never go at all.
+    """
     segments = layout.segments(Lane.RAW, topic, partition)[:-1]  # never the newest
     runs: list[list[Segment]] = []
     run: list[Segment] = []
     size = 0
+    began = 0.0  # when the oldest part of the run's first segment was made durable
 
     def close() -> None:
         nonlocal run, size
@@ -90,8 +111,17 @@ def plan_runs(
         adjacent = not run or (
             after and (seg.first == run[-1].last + 1 or _covers_from(seg) <= run[-1].last + 1)
         )
-        if not adjacent or size + nbytes > cfg.target_bytes:
+        at = newest_at(seg) if span_s is not None else 0.0
+        if (
+            not adjacent
+            or size + nbytes > cfg.target_bytes
+            or (span_s is not None and run and at - began > span_s)
+        ):
             close()
+        if not run:
+            began = oldest_at(seg) if span_s is not None else 0.0
+            if span_s is not None and at - began > span_s:
+                continue  # already as wide as a run may be
         run.append(seg)
         size += nbytes
     close()
@@ -104,6 +134,26 @@ def merge(
     """Write ``run`` as one file in every lane; None when a part's decoded twin is
     missing (it is being decoded again: the run waits), or when two parts overlap (an
     anomaly start-up repair resolves: merged, it would hide rows held twice)."""
+    with upkeep_lock(layout, topic, partition):
+        return _merge(layout, topic, partition, run, raw_cfg)
+
+
+def _merge(
+    layout: LaneLayout, topic: str, partition: int, run: list[Segment], raw_cfg: RawLaneConfig
+) -> Merged | None:
+    floor = layout.floor(topic, partition)
+    if run[0].first < floor:
+        # The floor rose since the run was planned: its first parts are retention's now.
+        # Merged, they would come back across the floor; the rest is merged next pass.
+        log.info(
+            "%s[%d]: merge of %s-%s skipped: the retention floor rose to %d",
+            topic,
+            partition,
+            run[0].first,
+            run[-1].last,
+            floor,
+        )
+        return None
     overlapping = [(a, b) for a, b in pairwise(run) if b.first <= a.last]
     if overlapping:
         a, b = overlapping[0]
@@ -125,6 +175,10 @@ def merge(
         META_COVERS_FROM: str(_covers_from(run[0])).encode(),
         META_COVERS_TO: last_meta.get(META_COVERS_TO, str(run[-1].last + 1).encode()),
         META_COMPACTED: b"1",
+        # Its age is its newest record's, its span from its oldest, for retention (the
+        # file itself is written now).
+        META_NEWEST_AT: repr(max(newest_at(s) for s in run)).encode(),
+        META_OLDEST_AT: repr(min(oldest_at(s) for s in run)).encode(),
     }
     twins: list[Path] = []  # written before the raw file: removed if it is not
     try:

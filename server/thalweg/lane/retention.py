@@ -25,10 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from thalweg.config.retention import RetentionConfig
 from thalweg.lane.ipc_copies import remove_copy
@@ -43,6 +47,46 @@ from thalweg.lane.layout import (
 )
 
 log = logging.getLogger(__name__)
+
+
+#: A merged file's footer: when its newest and its oldest part were made durable, for
+#: its age and its span — the file's own time is when the merge wrote it.
+META_NEWEST_AT = b"thalweg.newest_at"
+META_OLDEST_AT = b"thalweg.oldest_at"
+
+_locks: dict[tuple[str, str, int], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def upkeep_lock(layout: LaneLayout, topic: str, partition: int) -> threading.Lock:
+    """One upkeep step of a partition at a time in this process (only its owner keeps
+    it): a floor never rises while a merge of the partition is written. A merge planned
+    before a floor rose would otherwise publish, across the floor, records retention
+    removed (an outside check found ``36120-37319`` written after "removed 38 files
+    below 36720": ``earliest`` went back, and removed records were served again)."""
+    key = (str(layout.root), topic, partition)
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+def newest_at(segment: Segment) -> float:
+    """When a segment's newest record was made durable: a merged file's footer says
+    (the newest of its parts'); any other segment's file time is when it was written."""
+    return _durable_at(segment, META_NEWEST_AT)
+
+
+def oldest_at(segment: Segment) -> float:
+    """When a segment's oldest part was made durable (a plain segment: when it was)."""
+    return _durable_at(segment, META_OLDEST_AT)
+
+
+def _durable_at(segment: Segment, key: bytes) -> float:
+    try:
+        meta = pq.read_schema(segment.path).metadata or {}
+    except (OSError, pa.ArrowException):
+        meta = {}
+    found = meta.get(key)
+    return float(found) if found is not None else segment.path.stat().st_mtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +128,10 @@ def decide(
     total = sum(sizes)
     floor: int | None = None
     for seg, size in zip(segments[:-1], sizes[:-1], strict=True):
-        too_old = cfg.max_age_s is not None and now - seg.path.stat().st_mtime > cfg.max_age_s
+        # The age of its newest record, not of the file: a merged file is written long
+        # after its records arrived (with the file's time, compaction kept every floor
+        # down: a merge absorbing new segments was always young).
+        too_old = cfg.max_age_s is not None and now - newest_at(seg) > cfg.max_age_s
         too_big = cfg.max_bytes is not None and total > cfg.max_bytes
         if not (too_old or too_big):
             break
