@@ -36,6 +36,7 @@ class defined outside this module names its module in parentheses)::
     ├── SinkError (thalweg.sinks.base)
     │   ├── SinkUnavailableError (thalweg.sinks.base)
     │   ├── SinkSchemaError (thalweg.sinks.base)
+    │   │   ├── SinkRefusedError (thalweg.sinks.base)
     │   │   └── SinkStoppedError (thalweg.sinks.base)
     │   └── SinkBackpressureError (thalweg.sinks.base)
     ├── FollowLagError (thalweg.flight.read.stream)

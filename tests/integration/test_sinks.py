@@ -392,3 +392,94 @@ def test_an_iceberg_sink_on_an_s3_warehouse(
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]  # type: ignore[attr-defined]
     assert any(k.endswith(".parquet") for k in keys) and any("metadata" in k for k in keys)
     assert not (data / "sinks" / "s3lake" / "warehouse").exists()  # nothing on local disk
+
+
+def test_a_value_the_destination_refuses_is_set_aside_for_that_sink_alone(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    postgres: PostgresServer,
+    tmp_path: Path,
+) -> None:
+    """Three records carry a NUL, which a Postgres ``text`` never holds. The default
+    sink lands every other record, sets those three aside in its dead-letter lane (served
+    over Flight, counted, accounted for by ``twg verify``) and goes on; a sink with
+    ``on_refused = "stop"`` parks degraded at them; another kind of sink is untouched."""
+    import pyarrow.flight as fl
+
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    bad = {137, 600, 601}
+    values = [{"n": i, "s": "x\u0000y" if i in bad else f"ok{i}"} for i in range(1000)]
+    n = produce_json(broker.bootstrap, topic, iter(values))
+    tables = sink_tables(data, postgres, topic)
+    db = next(t for t in tables if t["name"] == "db")
+    stuck = {**db, "name": "stuck", "schema_name": f"t_{topic.replace('-', '_')}"}
+    stuck["on_refused"] = "stop"
+    files = next(t for t in tables if t["name"] == "files")
+    rg = gateway_factory([topic], data_dir=data, sinks=[db, stuck, files])
+    rg.wait_durable(topic, {0: n})
+    want = n - len(bad)
+    wait_until(lambda: safe_count(lambda: len(postgres_rows(postgres, topic))) == want, 60, "db")
+    wait_until(lambda: safe_count(lambda: ipc_rows(data).num_rows) == n, 60, "arrow ipc")
+    wait_until(lambda: lag(rg, "db") == 0, 30, "db's lag at 0: the refused records covered")
+    health = rg.gateway.health
+    wait_until(
+        lambda: getattr(health.state("sink:stuck"), "value", "") == "degraded", 30, "stuck parked"
+    )
+    assert lag(rg, "stuck") > 0
+    assert health.state("sink:db").value == "up"
+    metrics = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
+    assert 'twg_sink_dead_letters_total{sink="db"} 3.0' in metrics, metrics
+
+    client = fl.connect(rg.flight_url)
+    ticket = {"topic": topic, "lane": "dlq", "sink": "db", "end": "now"}
+    refused = client.do_get(fl.Ticket(json.dumps(ticket).encode())).read_all()
+    assert refused.column("_twg_source_offset").to_pylist() == sorted(bad)
+    assert set(refused.column("_twg_dlq_reason").to_pylist()) == {"sink_refused"}
+    assert set(refused.column("_twg_dlq_stage").to_pylist()) == {"sink:db"}
+    assert all("0x00" in e for e in refused.column("_twg_dlq_error").to_pylist()), refused
+    assert [json.loads(v) for v in refused.column("_twg_source_value").to_pylist()] == [
+        values[i] for i in sorted(bad)
+    ]
+    # The topic's own dead letters (decode failures) are another lane: none here.
+    plain = {"topic": topic, "lane": "dlq", "end": "now"}
+    assert client.do_get(fl.Ticket(json.dumps(plain).encode())).read_all().num_rows == 0
+    rg.stop()
+
+    got = sorted(int(r[1]) for r in postgres_rows(postgres, topic))
+    assert got == [i for i in range(n) if i not in bad]
+    cfg = rg.gateway.cfg
+    report = verify(cfg, sink="db")
+    assert report.ok, report.as_text()
+    assert report.sinks["db"]["refused"] == len(bad)
+    # A replay over the same positions (a recovery pass after the coverage was lost)
+    # finds the same refusals and adds nothing to the dead-letter lane.
+    (data / "coverage" / "db.json").unlink()
+    postgres.query(f'DELETE FROM "{db["schema_name"]}"._thalweg_coverage')
+    config = tmp_path / "twg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap}"
+topics = ["{topic}"]
+
+[[sinks]]
+name = "db"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{postgres.dsn}"
+schema_name = "{db["schema_name"]}"
+"""
+    )
+    done = twg_recover(config, "db")
+    assert done.returncode == 0, done.stderr
+    again = verify(cfg, sink="db")
+    assert again.ok, again.as_text()
+    assert again.sinks["db"]["refused"] == len(bad)
+    assert sorted(int(r[1]) for r in postgres_rows(postgres, topic)) == got

@@ -27,6 +27,7 @@ DEFAULTS = {
     "columns": None,
     "filter": None,
     "epoch": None,
+    "sink": None,  # JSON tickets only (a sink's dead letters): no binary field
 }
 
 

@@ -61,3 +61,10 @@ def test_a_closed_epoch_is_read_to_its_end_never_followed() -> None:
     assert parse_ticket(b'{"topic": "o"}').epoch is None
     with pytest.raises(TicketError, match="closed epoch does not grow"):
         parse_ticket(b'{"topic": "o", "epoch": 0, "end": "follow"}')
+
+
+def test_a_sinks_dead_letters_are_read_from_the_dlq_lane() -> None:
+    ticket = parse_ticket(b'{"topic": "orders", "lane": "dlq", "sink": "db"}')
+    assert ticket.sink == "db"
+    with pytest.raises(TicketError, match="'sink' names a sink's dead letters: it needs lane"):
+        parse_ticket(b'{"topic": "orders", "sink": "db"}')

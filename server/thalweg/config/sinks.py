@@ -41,6 +41,13 @@ class _SinkBase(_Model):
         description="Raw-lane metadata columns (without the prefix) added to decoded rows, "
         "which carry only the locator columns themselves.",
     )
+    on_refused: Literal["dead_letter", "stop"] = Field(
+        "dead_letter",
+        description="A record whose values the destination refuses for good (a NUL in a "
+        "Postgres text, a uint64 past 2**63-1): 'dead_letter' sets it aside in the sink's "
+        "dead-letter lane (data_dir/refused/<sink>/, reason sink_refused) and the sink moves "
+        "on; 'stop' leaves the sink degraded at it until a person looks. Outages always wait.",
+    )
 
     @field_validator("metadata")
     @classmethod

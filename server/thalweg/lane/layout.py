@@ -51,6 +51,7 @@ def segment_name(first: int, last: int) -> str:
 RETENTION_DIR = "retention"
 SQL_SNAPSHOTS_DIR = "sql-snapshots"  # files Flight SQL queries read (flight/sql/tables.py)
 NODES_DIR = "nodes"  # the pipeline's node lanes and node dead letters (docs/pipeline.md)
+REFUSED_DIR = "refused"  # records a sink's destination refused (docs/sinks.md)
 _NODE_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.parquet$")
 
 
@@ -152,6 +153,21 @@ class LaneLayout:
     def node_dead_letter_dir(self, node: str, topic: str, partition: int) -> Path:
         """Where a node's refused records of one partition go, one file per segment."""
         return LaneLayout(self.root / NODES_DIR / node).partition_dir(Lane.DLQ, topic, partition)
+
+    def refused(self, sink: str) -> LaneLayout:
+        """The dead-letter lane of a sink (``recovery.refused``): its ``Lane.DLQ``."""
+        return LaneLayout(self.root / REFUSED_DIR / sink)
+
+    def refused_dir(self, sink: str, topic: str, partition: int) -> Path:
+        """Where the records a sink's destination refused go, one partition."""
+        return self.refused(sink).partition_dir(Lane.DLQ, topic, partition)
+
+    def refusing_sinks(self) -> list[str]:
+        """The sinks with a dead-letter lane on disk."""
+        try:
+            return sorted(os.listdir(self.root / REFUSED_DIR))
+        except FileNotFoundError:
+            return []
 
     def topics(self) -> list[str]:
         base = self.root / Lane.RAW.value

@@ -188,6 +188,12 @@ def sweep(
             m = _SEGMENT_RE.match(name)
             if m and int(m[2]) < below:
                 files, nbytes = _unlink(dead / name, files, nbytes)
+    for sink in layout.refusing_sinks():  # what sinks' destinations refused goes too
+        dead = layout.refused_dir(sink, topic, partition)
+        for name in _names(dead):
+            m = _SEGMENT_RE.match(name)
+            if m and int(m[2]) < below:
+                files, nbytes = _unlink(dead / name, files, nbytes)
     left = [[f, at] for f, at in steps if f > below]
     write_json_durably(path, {"floor": body["floor"], "steps": left})
     if files:

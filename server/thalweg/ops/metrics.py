@@ -228,6 +228,13 @@ class Metrics:
             "twg_node_rows", "Rows a pipeline node returned (derived rows).", ["node"], registry=r
         )
         self._lane_upkeep(r)
+        self.sink_dead_letters = Counter(
+            "twg_sink_dead_letters",
+            "Records a sink's destination refused for good, set aside in the sink's "
+            "dead-letter lane (on_refused = dead_letter).",
+            ["sink"],
+            registry=r,
+        )
         self.node_dead_letters = Counter(
             "twg_node_dead_letters",
             "Records a pipeline node refused, written to its dead-letter lane, by reason "

@@ -64,22 +64,13 @@ class NodeDeadLetters:
                     fsync_dir(path.parent)
                 continue
             wanted = np.concatenate([r.positions for r in refused])
-            raw = self._raw(topic, partition, int(wanted.min()), int(wanted.max()))
+            raw = raw_rows(
+                self.layout, self.columns, topic, partition, int(wanted.min()), int(wanted.max())
+            )
             self._write(path, self._rows(raw, node, refused))
             if self.metrics is not None:
                 for r in refused:
                     self.metrics.node_dead_letters.labels(node, r.reason).inc(len(r.positions))
-
-    def _raw(self, topic: str, partition: int, low: int, high: int) -> pa.Table:
-        """The raw lane's rows of the segments holding positions ``low..high``."""
-        parts = [
-            pq.read_table(s.path).replace_schema_metadata(None)
-            for s in self.layout.segments(Lane.RAW, topic, partition)
-            if s.last >= low and s.first <= high
-        ]
-        if not parts:
-            return self.columns.raw_schema.empty_table()
-        return pa.concat_tables(parts, promote_options="permissive")
 
     def _rows(self, raw: pa.Table, node: str, refused: list[Rejected]) -> pa.Table:
         """The refused records' raw rows, in position order, with why."""
@@ -100,18 +91,9 @@ class NodeDeadLetters:
         order = np.argsort(at[found], kind="stable")
         take = at[found][order]
         rows = raw.take(pa.array(take))
-        n = rows.num_rows
-        stamp = datetime.now(UTC)
-        c = self.columns
-        why = {
-            "dlq_reason": pa.array(reasons[found][order], pa.string()),
-            "dlq_error": pa.array(errors[found][order], pa.string()),
-            "dlq_stage": pa.array([f"node:{node}"] * n, pa.string()),
-            "dlq_ts": pa.array([stamp] * n, TIMESTAMP_US),
-        }
-        for name, array in why.items():
-            rows = rows.append_column(c.stamped(name), array)
-        return rows
+        return with_why(
+            rows, self.columns, reasons[found][order], errors[found][order], f"node:{node}"
+        )
 
     @staticmethod
     def _write(path: Path, table: pa.Table) -> None:
@@ -119,3 +101,33 @@ class NodeDeadLetters:
         write_file_durably(
             path, lambda tmp: pq.write_table(table, tmp, compression="zstd", compression_level=1)
         )
+
+
+def raw_rows(
+    layout: LaneLayout, columns: MetadataColumns, topic: str, partition: int, low: int, high: int
+) -> pa.Table:
+    """The raw lane's rows of the segments holding positions ``low..high``."""
+    parts = [
+        pq.read_table(s.path).replace_schema_metadata(None)
+        for s in layout.segments(Lane.RAW, topic, partition)
+        if s.last >= low and s.first <= high
+    ]
+    if not parts:
+        return columns.raw_schema.empty_table()
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def with_why(
+    rows: pa.Table, columns: MetadataColumns, reasons: object, errors: object, stage: str
+) -> pa.Table:
+    """Raw rows in the dead-letter lane's schema: why each was set aside, by whom, when."""
+    n = rows.num_rows
+    why = {
+        "dlq_reason": pa.array(reasons, pa.string()),
+        "dlq_error": pa.array(errors, pa.string()),
+        "dlq_stage": pa.array([stage] * n, pa.string()),
+        "dlq_ts": pa.array([datetime.now(UTC)] * n, TIMESTAMP_US),
+    }
+    for name, array in why.items():
+        rows = rows.append_column(columns.stamped(name), array)
+    return rows

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
+
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
 from thalweg.lane.coverage import Coverage, subtract_ranges
@@ -34,12 +36,17 @@ from thalweg.ops.metrics import Metrics
 from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
+from thalweg.recovery.isolate import Item, by_partition, isolate
 from thalweg.recovery.reading import SpanReader, Transform
+from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks.base import (
+    BufferedSink,
     CoverageKey,
+    Landed,
     Sink,
     SinkBackpressureError,
     SinkError,
+    SinkRefusedError,
     SinkSchemaError,
     SinkState,
     SinkUnavailableError,
@@ -114,6 +121,9 @@ class SinkFeeder:
             node=node,
         )
         self._pending: dict[CoverageKey, Coverage] = {}
+        self._written: list[Item] = []  # what the next flush lands, kept to isolate refusals
+        self.refused = SinkDeadLetters(layout, sink.name, columns, metrics)
+        self.refused_records = 0  # set aside since start (for /health)
         self._buffered = 0
         self._last_flush = time.monotonic()
         self._opened = False
@@ -223,6 +233,7 @@ class SinkFeeder:
                     )
                     for rows, span in items:
                         await self.sink.write(rows, span)
+                        self._written.append((rows, span))
                         self._pending.setdefault(key, Coverage()).add(span.start, span.end)
                         self._buffered += rows.num_rows
                         summary.rows += rows.num_rows
@@ -338,9 +349,15 @@ class SinkFeeder:
         stay gaps and are read again."""
         started = time.monotonic()
         rows, self._buffered = self._buffered, 0
+        items, self._written = self._written, []
         self._pending = {}
         self._last_flush = time.monotonic()
-        landed = await self.sink.flush()
+        try:
+            landed = await self.sink.flush()
+        except SinkRefusedError as exc:
+            if self.sink.cfg.on_refused != "dead_letter" or not isinstance(self.sink, BufferedSink):
+                raise
+            landed = await self._set_aside(self.sink, items, exc)
         for key, ranges in landed.ranges.items():
             for a, b in ranges:
                 self.store.add(key, a, b)
@@ -351,11 +368,42 @@ class SinkFeeder:
                 time.monotonic() - started
             )
 
+    async def _set_aside(
+        self, sink: BufferedSink, items: list[Item], exc: SinkRefusedError
+    ) -> Landed:
+        """Land what the destination takes of a refused flush, write the records it
+        refuses to the sink's dead-letter lane, then cover their positions too — in
+        that order, so a refused record is durably somewhere before it counts as done."""
+        found = await isolate(sink, items, exc, self.columns.position)
+        if found.refused:
+            written = 0
+            for (topic, partition), (positions, errors) in by_partition(
+                found.refused, self.columns.position
+            ).items():
+                written += await asyncio.to_thread(
+                    self.refused.record, topic, partition, positions, errors
+                )
+            spans = [(pa.table({}), span) for piece, _ in found.refused for _, span in piece]
+            found.add(await sink.land(spans))
+            self.refused_records += written
+            if self.health is not None:
+                self.health.annotate(self.component, refused_records=self.refused_records)
+            log.warning(
+                "sink %s: the destination refused %d records for good; set aside in its "
+                "dead-letter lane (%s), the sink goes on. First: %s",
+                self.sink.name,
+                written,
+                self.layout.refused_dir(self.sink.name, "…", 0).parents[1],
+                found.refused[0][1],
+            )
+        return found.landed
+
     def _failed(self, exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, SinkError) else "error"
         state = SinkState.DEGRADED if isinstance(exc, SinkSchemaError) else SinkState.DOWN
         log.warning("sink %s %s: %s", self.sink.name, state.value, exc)
         self._pending.clear()
+        self._written = []
         self._buffered = 0
         self._opened = False  # re-open: the destination's own record is trusted again
         if self.metrics is not None:

@@ -80,6 +80,15 @@ class ArrowIpcSink(BufferedSink):
     def _take(self) -> None:
         self._committing, self._spans_rows = self._spans_rows, []
 
+    def _commit_alone(
+        self,
+        items: list[tuple[pa.Table, Span]],
+        rows: Mapping[str, list[pa.Table]],
+        covered: Ranges,
+    ) -> None:
+        self._committing = list(items)
+        self._commit(rows, covered)
+
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         items, self._committing = self._committing, []
         by_key: dict[CoverageKey, list[tuple[pa.Table, Span]]] = {}

@@ -72,6 +72,15 @@ class SinkSchemaError(SinkError):
     reason = "schema"
 
 
+class SinkRefusedError(SinkSchemaError):
+    """The destination refuses values of the rows for good (a NUL in a Postgres
+    ``text``, a ``uint64`` past 2**63-1): retrying the same rows cannot help. With
+    ``on_refused = "dead_letter"`` the feeder finds the records by halving and sets them
+    aside in the sink's dead-letter lane; with ``"stop"`` the sink is ``degraded``."""
+
+    reason = "refused"
+
+
 class SinkStoppedError(SinkSchemaError):
     """A strict data-quality node above the sink stopped at a broken rule: the sink is
     ``degraded`` and nothing moves until the contract or the data is fixed."""
@@ -229,12 +238,40 @@ class BufferedSink(Sink):
         self._take()
         landed = Landed.of(spans)
         started = time.monotonic()
+        await self._committed(self._commit, rows, landed.ranges)
+        self._health = SinkHealth(SinkState.UP, f"last flush {time.monotonic() - started:.2f}s")
+        return landed
+
+    async def land(self, items: list[tuple[pa.Table, Span]]) -> Landed:
+        """Commit ``items`` alone, now, beside whatever is buffered (which stays for
+        the next flush): how the feeder lands a part of a flush the destination refused
+        while it looks for the records it refuses.
+
+        Raises:
+            SinkRefusedError: the destination refuses values of these rows.
+            SinkError: as ``flush``.
+        """
+        rows: dict[str, list[pa.Table]] = {}
+        for table, span in items:
+            if table.num_rows:
+                rows.setdefault(span.topic, []).append(table)
+        landed = Landed.of([span for _, span in items])
+        started = time.monotonic()
+        await self._committed(self._commit_alone, items, rows, landed.ranges)
+        self._health = SinkHealth(SinkState.UP, f"last commit {time.monotonic() - started:.2f}s")
+        return landed
+
+    async def _committed(self, commit: Any, *args: Any) -> None:
+        """Run a commit on a worker thread; map what it raises, keep the health."""
         try:
             try:
-                await asyncio.to_thread(self._commit, rows, landed.ranges)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                # Values the destination's types cannot hold (a uint64 past 2**63-1, a
-                # type with no mapping): retrying will not help; a person must look.
+                await asyncio.to_thread(commit, *args)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                # Values the destination's types cannot hold (a uint64 past 2**63-1):
+                # retrying will not help; the records that carry them are refused.
+                raise SinkRefusedError(f"sink {self.name!r}: rows do not convert: {exc}") from exc
+            except pa.ArrowNotImplementedError as exc:
+                # A type with no mapping: every row has it; a person must look.
                 raise SinkSchemaError(f"sink {self.name!r}: rows do not convert: {exc}") from exc
         except SinkSchemaError as exc:
             self._health = SinkHealth(SinkState.DEGRADED, str(exc))
@@ -242,8 +279,6 @@ class BufferedSink(Sink):
         except SinkError as exc:
             self._health = SinkHealth(SinkState.DOWN, str(exc))
             raise
-        self._health = SinkHealth(SinkState.UP, f"last flush {time.monotonic() - started:.2f}s")
-        return landed
 
     async def close(self) -> None:
         self._rows, self._spans, self.buffered_rows = {}, [], 0
@@ -261,6 +296,16 @@ class BufferedSink(Sink):
             SinkUnavailableError: the destination failed; nothing landed.
             SinkSchemaError: the rows cannot go into the destination as they are.
         """
+
+    def _commit_alone(
+        self,
+        items: list[tuple[pa.Table, Span]],
+        rows: Mapping[str, list[pa.Table]],
+        covered: Ranges,
+    ) -> None:
+        """``_commit`` of ``items`` only (a subclass that buffers ``items`` itself
+        commits them from there)."""
+        self._commit(rows, covered)
 
     def _take(self) -> None:
         """Move what a subclass buffers itself into its commit's hands (on the event

@@ -33,6 +33,7 @@ from thalweg.sinks.base import (
     Landed,
     Ranges,
     SinkError,
+    SinkRefusedError,
     SinkSchemaError,
     SinkUnavailableError,
 )
@@ -160,7 +161,7 @@ class PostgresSink(BufferedSink):
             # A value the table cannot hold (a NUL in text, out of range): retrying
             # cannot help; the sink is degraded and the records stay in the raw lane.
             self._rollback()
-            raise SinkSchemaError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
+            raise SinkRefusedError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
         except pg.Error as exc:
             self._rollback()
             self._drop()

@@ -32,8 +32,10 @@ import pyarrow.compute as pc
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane.coverage import merge_ranges, subtract_ranges
+from thalweg.lane.layout import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.coverage import CoverageStore
+from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks.base import Ranges
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
@@ -70,7 +72,7 @@ def audit_sink(
     except Exception as exc:  # the destination did not answer: say so, check the rest
         report.add("error", "destination_unreadable", f"sink {name}", _one_line(exc))
         dest = Destination(None, {})
-    checked = missing = extra = twice = 0
+    checked = missing = extra = twice = refused = 0
     for (topic, p), lane in sorted(lanes.items()):
         if topic not in sink_cfg.topics:
             continue
@@ -109,6 +111,8 @@ def audit_sink(
         if not sink_cfg.raw:
             window = subtract_ranges(window, lane.undecided)
         want = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
+        want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
+        refused += set_aside
         counts = _check_rows(table, want, window, columns, p, where, report)
         checked, missing, twice, extra = (
             x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
@@ -120,13 +124,43 @@ def audit_sink(
         "missing": missing,
         "duplicates": twice,
         "extra": extra,
+        "refused": refused,
         "summary": (
             f"{sink_cfg.kind}, coverage only (derived rows)"
             if derived
             else f"{sink_cfg.kind}, {checked} records checked: {missing} missing, "
-            f"{twice} twice, {extra} extra"
+            f"{twice} twice, {extra} extra, {refused} refused and set aside"
         ),
     }
+
+
+def _without_refused(
+    cfg: ThalwegConfig,
+    sink: str,
+    columns: MetadataColumns,
+    topic: str,
+    partition: int,
+    want: np.ndarray,
+    where: str,
+    report: Report,
+) -> tuple[np.ndarray, int]:
+    """The positions the destination should hold less those its dead-letter lane holds
+    (records it refused: ``recovery.refused``); a position set aside twice is a finding."""
+    layout = LaneLayout(Path(cfg.gateway.data_dir))
+    held = SinkDeadLetters(layout, sink, columns).held(topic, partition)
+    if not len(held):
+        return want, 0
+    unique, counts = np.unique(held, return_counts=True)
+    if (counts > 1).any():
+        twice = unique[counts > 1]
+        report.add(
+            "error",
+            "refused_twice",
+            where,
+            f"{len(twice)} records are in the sink's dead-letter lane more than once (e.g. "
+            f"positions {', '.join(map(str, twice[:5]))})",
+        )
+    return np.setdiff1d(want, unique, assume_unique=True), len(unique)
 
 
 def _check_rows(

@@ -228,11 +228,16 @@ def _check_lag(
 def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBatch]:
     """Dead-letter segments overlapping each partition's range (durable history only)."""
     off = catalog.columns.position
+    sink = plan.ticket.sink
     for r in plan.ranges:
         end = r.end if r.end is not None else catalog.durable_end(plan.ticket.topic, r.partition)
-        for seg in catalog.layout.segments(
-            Lane.DLQ, plan.ticket.topic, r.partition, retained=False
-        ):
+        if sink is None:
+            segs = catalog.layout.segments(Lane.DLQ, plan.ticket.topic, r.partition, retained=False)
+        else:  # a sink's own dead letters (recovery.refused), named by what they hold
+            segs = catalog.layout.refused(sink).segments(
+                Lane.DLQ, plan.ticket.topic, r.partition, retained=False, contained=True
+            )
+        for seg in segs:
             if seg.last < r.start or seg.first >= end:
                 continue
             table = pq.read_table(seg.path).replace_schema_metadata(None)

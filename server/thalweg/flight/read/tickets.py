@@ -95,9 +95,17 @@ class ReadTicket(_Model):
         ge=0,
         description="A closed epoch of the lane (docs/lanes.md); the current one: omit.",
     )
+    sink: str | None = Field(
+        None,
+        min_length=1,
+        description="With lane 'dlq': the records this sink's destination refused "
+        "(docs/sinks.md); the topic's decode failures: omit.",
+    )
 
     @model_validator(mode="after")
     def _start_not_after_end(self) -> ReadTicket:
+        if self.sink is not None and self.lane is not Lane.DLQ:
+            raise ValueError("'sink' names a sink's dead letters: it needs lane 'dlq'")
         if self.epoch is not None and self.end == "follow":
             raise ValueError("a closed epoch does not grow: end 'follow' cannot read one")
         s, e = self.start, self.end
