@@ -334,3 +334,41 @@ def test_retention_and_compaction_of_a_bucket_lane(
         pytest.raises(pa.ArrowInvalid, match=f"earliest available is {floor}"),
     ):
         client.read(topic, start={"offset": 0})
+
+
+def test_orphaned_twin_objects_are_swept_once_seen_long_enough(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """Twins PUT before a raw PUT that never came (a crash between them) are nobody's:
+    the owner's sweep removes them once seen orphaned for ``age_s``; a twin whose raw
+    object lands meanwhile, and every twin of a landed segment, stays."""
+    store = open_store(moto, f"s3://{bucket(moto)}/lane")
+    layout = LaneLayout(tmp_path / "cache")
+    mirror = LaneMirror(layout, store)
+    landed, lost, late = (f"{a:020d}-{b:020d}.parquet" for a, b in ((0, 9), (10, 19), (20, 29)))
+    twin = tmp_path / "twin.parquet"
+    pq.write_table(pa.table({"x": [1]}), twin)
+    for lane in (Lane.RAW, Lane.DECODED):
+        layout.partition_dir(lane, "t", 0).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"x": [1]}), layout.partition_dir(lane, "t", 0) / landed)
+    mirror.publish("t", 0, landed, 1, lambda: None)
+    for lane in ("decoded", "dlq"):
+        store.put_new(f"{lane}/topic=t/partition=0/{object_name(lost, 1)}", twin)
+    store.put_new(f"decoded/topic=t/partition=0/{object_name(late, 1)}", twin)
+
+    assert mirror.delete_orphans("t", 0, age_s=3600) == 0  # first seen: not yet
+    store.put_new(f"raw/topic=t/partition=0/{object_name(late, 1)}", twin)  # its raw lands
+    assert mirror.delete_orphans("t", 0, age_s=0) == 2  # the lost segment's two twins
+    left = sorted(store.listing(""))
+    assert left == sorted(
+        [
+            f"{lane}/topic=t/partition=0/{object_name(name, 1)}"
+            for lane, name in (
+                ("raw", landed),
+                ("decoded", landed),
+                ("raw", late),
+                ("decoded", late),
+            )
+        ]
+    )
+    assert mirror._orphans == {}

@@ -1,4 +1,5 @@
-"""Every replica's copy of the partitions it does not own, from the object store.
+"""Every replica's copy of the partitions it does not own, from the object store —
+and, for the partitions it owns, the sweep of orphaned twin objects.
 
 With lanes in an object store (lane/mirror.py), the partition's owner writes and PUTs
 its segments; every other replica fetches them into its cache here, every
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,12 +44,15 @@ class LaneSync:
         self._owned = owned
         self._owners = owners
         self._interval_s = interval_s
+        self._swept_at = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             owned = set(self._owned())  # read on the loop: the runners change it there
             try:
                 await asyncio.to_thread(self.once, owned)
+                if time.monotonic() - self._swept_at >= self._mirror.orphan_age_s / 2:
+                    await asyncio.to_thread(self.sweep, owned)
             except Exception:
                 log.warning("object-store sync failed; the next run decides", exc_info=True)
             with contextlib.suppress(TimeoutError):
@@ -71,6 +76,18 @@ class LaneSync:
                 fetched = sum(pool.map(self._sync_one, todo))
         self._warm.update(topic for topic, _ in todo)
         return fetched
+
+    def sweep(self, owned: set[PartitionKey]) -> int:
+        """Remove the orphaned twin objects of the partitions this replica owns
+        (``LaneMirror.delete_orphans``: each seen orphaned for ``orphan_age_s`` first,
+        so a sweep runs twice as often); the objects removed."""
+        self._swept_at = time.monotonic()
+        topics = set(self._topics())
+        return sum(
+            self._mirror.delete_orphans(topic, p, self._mirror.orphan_age_s)
+            for topic, p in sorted(owned)
+            if topic in topics
+        )
 
     def _sync_one(self, key: PartitionKey) -> int:
         report = self._mirror.sync(*key)

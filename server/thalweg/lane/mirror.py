@@ -99,6 +99,7 @@ class LaneMirror:
         self.orphan_age_s = orphan_age_s
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._leaving: dict[str, float] = {}  # local file → when it was first out of the lane
+        self._orphans: dict[str, float] = {}  # twin object → when first seen without raw
         self._guard = threading.Lock()
 
     # -- names -----------------------------------------------------------------------
@@ -222,6 +223,35 @@ class LaneMirror:
             doomed = [o.rel for o in raw if (o.name, o.generation) in gone]
             self.store.delete(doomed)
             return len(twins) + len(doomed)
+
+    def delete_orphans(self, topic: str, partition: int, age_s: float) -> int:
+        """Remove twin objects (decoded, dead letters) whose raw object is not in the
+        store — a publish that stopped between its twins' PUTs and the raw one (a crash,
+        a fence that refused, the store failing), which nothing reads and nothing else
+        removes — once seen so for ``age_s`` (another member's publish may be between
+        the two PUTs; this process's are not, under the partition's lock). A publish
+        retried later PUTs its twins again. The objects removed."""
+        with self._lock(topic, partition):
+            raw = {(o.name, o.generation) for o in self.objects(Lane.RAW, topic, partition)}
+            now = time.monotonic()
+            seen: set[str] = set()
+            doomed: list[str] = []
+            for lane in (Lane.DLQ, Lane.DECODED):
+                for o in self.objects(lane, topic, partition):
+                    if (o.name, o.generation) in raw:
+                        continue
+                    seen.add(o.rel)
+                    if now - self._orphans.setdefault(o.rel, now) >= age_s:
+                        doomed.append(o.rel)
+            mine = (self._dir_rel(lane, topic, partition) for lane in (Lane.DLQ, Lane.DECODED))
+            prefixes = tuple(mine)
+            for rel in [r for r in self._orphans if r.startswith(prefixes) and r not in seen]:
+                del self._orphans[rel]  # its raw object landed (or it went): not an orphan
+            self.store.delete(doomed)
+            for rel in doomed:
+                self._orphans.pop(rel, None)
+                log.info("removed orphan object %s: its raw object is not in the store", rel)
+            return len(doomed)
 
     def sync_floors(self) -> None:
         """Take every partition's retention floor from the store (at start, before

@@ -154,11 +154,11 @@ def _bucket_copy(cfg: ThalwegConfig, root: Path, only: str | None, report: Repor
                 for o in mirror.objects(lane, t, p):
                     if o.name not in names:
                         report.add(
-                            "error",
+                            "warning",
                             "orphan_object",
                             f"{t}[{p}]",
                             f"{o.rel} has no raw object (written before a raw PUT that never "
-                            "landed)",
+                            "landed; nothing reads it, and the partition's owner sweeps it)",
                         )
             mirror.restore(t, p)
     return layout
