@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench proto mutate clean
+.PHONY: quickstart test lint bench soak proto mutate clean
 
 # The client is its own distribution (client/, ADR 0019). The server depends on it by
 # path, which installs a copy; the second step makes that copy an editable install so
@@ -29,6 +29,13 @@ lint: $(BIN)/twg
 
 bench: $(BIN)/twg
 	$(BIN)/python load-tests/ingest_bench.py
+
+# The fault tests (tests/e2e) SOAK_RUNS times each with fresh seeds, round by round; not
+# in CI (hours on two cores). Failures are kept with their seeds under build/soak;
+# SOAK_ARGS="--budget-min 90 --only crash" bounds or narrows it.
+SOAK_RUNS ?= 20
+soak: $(BIN)/twg
+	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
 # Mutation testing (ADR 0017): run before resolving an issue, not in CI. Mutates a snapshot
 # of server/thalweg in build/mutation (never the working tree) for the modules listed in

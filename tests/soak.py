@@ -1,0 +1,132 @@
+"""``make soak``: the fault tests again and again, to find the failures one run hides.
+
+Every end-to-end test that aims a fault at the gateway (kill -9, SIGSTOP past a session,
+a broker or sink outage, a full disk, hostile input) is run ``--runs`` times, round by
+round (each file once per round, so a time budget that ends the soak early leaves every
+test with about as many runs), each run a fresh pytest process with fresh random seeds
+for the tests that draw them. A failure is kept with its seeds and its output under
+``--out`` so it can be replayed (``THALWEG_CRASH_SEED=… pytest FILE``). Not part of CI:
+20 rounds take hours on two cores. The summary is a table of runs and failures per test,
+printed and written to ``<out>/summary.md``; exit 1 when anything failed.
+
+    python tests/soak.py --runs 20 [--budget-min 120] [--only crash] [--out build/soak]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The fault tests (tests/e2e), each aiming one kind of fault.
+FAULT_TESTS = [
+    "test_crash_exactness.py",  # kill -9 of ingest
+    "test_compaction_crash.py",  # kill -9 mid-merge
+    "test_retention_crash.py",  # kill -9 mid-sweep
+    "test_upkeep_bucket_crash.py",  # kill -9 of upkeep on a bucket
+    "test_dag_crash.py",  # kill -9 of a DAG and its sidecar
+    "test_sink_recovery.py",  # a sink outage, kill -9 with sinks
+    "test_zombie_writer.py",  # SIGSTOP past the session
+    "test_zombie_mid_put.py",  # SIGSTOP mid-PUT, the PUT landing late
+    "test_replica_faults.py",  # three replicas: one killed, one paused
+    "test_follow_replicas_kill.py",  # a follow stream across a kill
+    "test_broker_outage.py",  # the broker down and back
+    "test_offsets_backwards.py",  # a broker that comes back with other offsets
+    "test_full_disk.py",  # ENOSPC
+    "test_schema_bomb.py",  # hostile input
+    "test_pulsar_crash.py",  # kill -9 with Pulsar
+    "test_pulsar_outage.py",  # the Pulsar broker down and back
+    "test_slow_sink.py",  # a sink slower than ingest
+    "test_shutdown.py",  # SIGTERM mid-write
+]
+
+SEEDS = [
+    "THALWEG_CRASH_SEED",
+    "THALWEG_DAG_CRASH_SEED",
+    "THALWEG_SINK_CRASH_SEED",
+    "THALWEG_ZOMBIE_SEED",
+]
+
+
+@dataclass
+class Tally:
+    runs: int = 0
+    failures: list[str] = field(default_factory=list)  # where each failure's output is
+    seconds: float = 0.0
+
+
+def run_once(test: str, out: Path, round_: int) -> tuple[bool, float, Path]:
+    seeds = {name: str(random.SystemRandom().randrange(1, 2**31)) for name in SEEDS}
+    env = {**os.environ, **seeds}
+    log = out / f"{Path(test).stem}.round{round_:02d}.log"
+    started = time.monotonic()
+    with log.open("w") as fh:
+        fh.write(" ".join(f"{k}={v}" for k, v in seeds.items()) + f" pytest tests/e2e/{test}\n")
+        fh.flush()
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/e2e/{test}"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    took = time.monotonic() - started
+    if code == 0:
+        log.unlink()  # only failures are kept
+    return code == 0, took, log
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20, help="rounds (each test once per round)")
+    ap.add_argument("--budget-min", type=float, default=None, help="stop after this long")
+    ap.add_argument("--only", default="", help="only test files whose name contains this")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "soak")
+    args = ap.parse_args()
+    tests = [t for t in FAULT_TESTS if args.only in t]
+    if not tests:
+        ap.error(f"no fault test matches {args.only!r}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget_min * 60 if args.budget_min else float("inf")
+    tally = {t: Tally() for t in tests}
+    began = time.monotonic()
+    for round_ in range(1, args.runs + 1):
+        if time.monotonic() >= deadline:
+            print(f"time budget spent after {round_ - 1} rounds", flush=True)
+            break
+        for test in tests:
+            ok, took, log = run_once(test, args.out, round_)
+            t = tally[test]
+            t.runs += 1
+            t.seconds += took
+            if not ok:
+                t.failures.append(str(log))
+            print(f"round {round_:2d} {test:34s} {'ok' if ok else 'FAILED'} {took:6.1f} s",
+                  flush=True)  # fmt: skip
+    lines = [
+        f"# Soak: {sum(t.runs for t in tally.values())} runs in "
+        f"{(time.monotonic() - began) / 60:.0f} min",
+        "",
+        "| test | runs | failed | mean s | failures (logs, with seeds) |",
+        "|---|---|---|---|---|",
+    ]
+    for test, t in tally.items():
+        mean = t.seconds / t.runs if t.runs else 0.0
+        lines.append(
+            f"| {test} | {t.runs} | {len(t.failures)} | {mean:.0f} | {', '.join(t.failures)} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (args.out / "summary.md").write_text(text)
+    print(text)
+    return 1 if any(t.failures for t in tally.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
