@@ -393,7 +393,7 @@ class SinkFeeder:
                 "dead-letter lane (%s), the sink goes on. First: %s",
                 self.sink.name,
                 written,
-                self.layout.refused_dir(self.sink.name, "…", 0).parents[1],
+                self.layout.refused(self.sink.name).root,
                 found.refused[0][1],
             )
         return found.landed
