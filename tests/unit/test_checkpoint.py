@@ -23,7 +23,7 @@ import pytest
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.engine.buffer import PartitionBuffer
-from thalweg.engine.checkpoint import Checkpoint
+from thalweg.engine.checkpoint import WRITES_IN_FLIGHT, Checkpoint
 from thalweg.engine.context import LaneContext, SourceState
 from thalweg.engine.fence import OwnershipFence
 from thalweg.errors import SegmentConflictError
@@ -230,3 +230,38 @@ def test_dead_letters_carry_the_decode_stage_reasons_across_batches(tmp_path: Pa
     assert dead.column("_twg_dlq_stage").to_pylist() == ["decode", "decode"]
     assert dead.column(COLS.value).to_pylist() == [b"{broken", b""]
     assert commits.calls == [{KEY: 6}]
+
+
+def test_a_write_whose_buffer_was_dropped_while_it_waited_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A segment waits for a write slot; meanwhile ownership is doubted (its buffer is
+    dropped and replaced, rewound to the durable end) and confirmed again. The waiting
+    write must not land: the new buffer reads the same records again, and two writes of
+    them would be a segment conflict that stops the source (found by ``make soak``)."""
+    fence = OwnershipFence(60, lambda: (True, None))
+    cp, state, commits, buf = setup(tmp_path, fence)
+    buf.add(raw([0, 1]))
+
+    async def run() -> None:
+        for _ in range(WRITES_IN_FLIGHT):  # every slot taken by other partitions' writes
+            await cp._writing.acquire()
+        first = asyncio.create_task(cp.flush_now(KEY))
+        await asyncio.sleep(0.05)  # it waits for a slot
+        fence.doubt("a test")
+        fresh = PartitionBuffer.create(
+            "t", 0, durable=None, committed=None, columns=COLS, decoded=False
+        )
+        state.parts[KEY] = fresh  # the drop: rewound, the records to be read again
+        fence.confirm("a test")
+        for _ in range(WRITES_IN_FLIGHT):
+            cp._writing.release()
+        await first
+        assert state.ctx.layout.segments(Lane.RAW, "t", 0) == []
+        fresh.add(raw([0, 1]))  # read again from the durable end
+        await cp.flush_now(KEY)
+
+    asyncio.run(run())
+    assert state.fatal is None
+    assert [(s.first, s.last) for s in state.ctx.layout.segments(Lane.RAW, "t", 0)] == [(0, 1)]
+    assert commits.calls == [{KEY: 2}]

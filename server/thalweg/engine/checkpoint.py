@@ -109,7 +109,7 @@ class Checkpoint:
         """Write one segment and everything that goes with it, then commit its end."""
         s, ctx = self.s, self.s.ctx
         span = pending.span
-        written, started = await self._write(key, pending)
+        written, started = await self._write(key, buf, pending)
         if not written.decoded_ok and self.on_decoded_missing is not None:
             self.on_decoded_missing(key, written.segment)
         if ctx.mirror is not None:
@@ -124,14 +124,32 @@ class Checkpoint:
         ctx.metrics.durable.labels(*s.labels(key)).set(span.covers_to)
         await self.commit(buf)
 
-    async def _write(self, key: PartitionKey, pending: Pending) -> tuple[WrittenSegment, float]:
+    async def _write(
+        self, key: PartitionKey, buf: PartitionBuffer, pending: Pending
+    ) -> tuple[WrittenSegment, float]:
         """The segment made durable, and when its successful attempt started.
 
         A retriable lane failure is retried until it works (the raw lane is the product:
         bounded delays, never given up) while /ready says the lane is down.
+
+        Raises:
+            OwnershipLostError: ownership is in doubt, or ``buf`` was dropped (a doubt
+                came and went) before the segment's rename: the buffer that replaced it
+                reads these records again from the durable end, so they must not land
+                from here (a soak run of the DAG crash test found such a write, queued
+                for a write slot across a doubt, landing twice: a segment conflict).
         """
         s, ctx = self.s, self.s.ctx
-        fence = s.fence.check if s.fence is not None else _unfenced
+        group = s.fence.check if s.fence is not None else _unfenced
+
+        def fence() -> None:
+            group()
+            if s.parts.get(key) is not buf:
+                raise OwnershipLostError(
+                    f"{key[0]}[{key[1]}]: its buffer was dropped while the segment waited "
+                    "to be written; not written (the partition reads it again)"
+                )
+
         span = pending.span
         backoff = new_backoff()
         while True:
@@ -142,6 +160,7 @@ class Checkpoint:
                     {"topic": key[0], "partition": key[1], "rows": pending.raw.num_rows},
                 ):
                     async with self._writing:
+                        fence()  # the wait for a slot may have outlived the buffer
                         written = await asyncio.to_thread(
                             ctx.writer.write,
                             key[0],
