@@ -217,8 +217,10 @@ class Follow:
 
 
 def spin() -> None:
+    """Keep one core busy (``--busy``: the machine has other work)."""
+    n = 0
     while True:
-        pass
+        n += 1
 
 
 def wait_for(check: object, what: str, timeout: float = 60) -> None:

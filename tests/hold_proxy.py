@@ -9,6 +9,7 @@ to land late, as a zombie's does. ``held_requests`` lists the request lines held
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -49,11 +50,10 @@ class HoldingProxy:
         """Send everything held, in order, then pass bytes through again."""
         with self._lock:
             for upstream, chunks in self._pending:
-                try:
+                # A connection that ended meanwhile took its requests with it.
+                with contextlib.suppress(OSError):
                     for chunk in chunks:
                         upstream.sendall(chunk)
-                except OSError:
-                    pass  # the connection ended meanwhile: its requests went with it
                 chunks.clear()
             self._held, self._armed = False, None
 
@@ -77,36 +77,29 @@ class HoldingProxy:
             threading.Thread(target=self._back, args=(upstream, client), daemon=True).start()
 
     def _forward(self, client: socket.socket, upstream: socket.socket, chunks: list[bytes]) -> None:
-        try:
+        """Client to server, or into ``chunks`` while held, until either side closes."""
+        with contextlib.suppress(OSError):
             while data := client.recv(65536):
                 with self._lock:
-                    if self._armed is not None and any(
-                        self._armed(m.decode()) for m in _REQUEST_LINE.findall(data)
-                    ):
+                    lines = [m.decode() for m in _REQUEST_LINE.findall(data)]
+                    if self._armed is not None and any(map(self._armed, lines)):
                         self._held, self._armed = True, None
                     if self._held:
                         chunks.append(data)
-                        self.held_requests += [m.decode() for m in _REQUEST_LINE.findall(data)]
+                        self.held_requests += lines
                         continue
                 upstream.sendall(data)
-        except OSError:
-            pass  # either side closed: the connection ends
-        finally:
-            _shut(upstream)
+        _shut(upstream)
 
     @staticmethod
     def _back(upstream: socket.socket, client: socket.socket) -> None:
-        try:
+        """Server to client, until either side closes."""
+        with contextlib.suppress(OSError):
             while data := upstream.recv(65536):
                 client.sendall(data)
-        except OSError:
-            pass  # either side closed: the connection ends
-        finally:
-            _shut(client)
+        _shut(client)
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already closed
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        return  # already closed

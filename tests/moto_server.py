@@ -41,3 +41,26 @@ class MotoServer:
 
     def stop(self) -> None:
         stop_group(self.proc)
+
+    def bucket_url(self, prefix: str = "lanes") -> str:
+        """A new bucket's ``s3://<bucket>/lane`` URL."""
+        import uuid
+
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.client().create_bucket(Bucket=name)  # type: ignore[attr-defined]
+        return f"s3://{name}/lane"
+
+    def store(self, url: str) -> object:
+        """An ``ObjectStore`` on ``url`` of this server (the tests' reading side)."""
+        from thalweg.config.models import ObjectStoreConfig
+        from thalweg.lane.objectstore import ObjectStore
+
+        cfg = ObjectStoreConfig(
+            url=url,
+            endpoint_url=self.endpoint,
+            region=REGION,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,  # type: ignore[arg-type]
+            cache_dir=Path("unused"),
+        )
+        return ObjectStore(cfg)

@@ -36,7 +36,6 @@ from tests.e2e.upkeep import (
 )
 from tests.helpers import assert_verified, bucket_offsets, committed_offsets, seeded_rng
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
-from thalweg.config.models import ObjectStoreConfig
 from thalweg.config.retention import CompactionConfig
 from thalweg.embedded import TansuBroker
 from thalweg.lane.compaction import plan_runs
@@ -69,9 +68,7 @@ def test_bucket_upkeep_killed_again_and_again_keeps_exactly_the_floor_to_the_end
 ) -> None:
     topic = topic_factory(PARTITIONS, prefix="bucket-upkeep")
     group = f"bucket-upkeep-{uuid.uuid4().hex[:8]}"
-    name = f"lanes-{uuid.uuid4().hex[:8]}"
-    moto.client().create_bucket(Bucket=name)  # type: ignore[attr-defined]
-    url = f"s3://{name}/lane"
+    url = moto.bucket_url()
     cache = tmp_path / "cache"
     store_keys = {
         "endpoint_url": moto.endpoint,
@@ -88,7 +85,7 @@ def test_bucket_upkeep_killed_again_and_again_keeps_exactly_the_floor_to_the_end
     text = text.replace('data_dir = "unused"', f'data_dir = "{url}"', 1)
     text = text.replace("[raw_lane]", f"[gateway.object_store]\n{object_store}\n\n[raw_lane]", 1)
     config.write_text(text)
-    store = ObjectStore(ObjectStoreConfig(url=url, **store_keys))  # type: ignore[arg-type]
+    store: ObjectStore = moto.store(url)  # type: ignore[assignment]
     mirror = LaneMirror(LaneLayout(tmp_path / "unused-cache"), store)
     produced = produce(broker.bootstrap, topic, pad=200)
     expected = {q: len(range(q, TOTAL, PARTITIONS)) for q in range(PARTITIONS)}

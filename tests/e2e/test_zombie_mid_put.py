@@ -39,7 +39,6 @@ from tests.helpers import (
 )
 from tests.hold_proxy import HoldingProxy
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
-from thalweg.config.models import ObjectStoreConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.mirror import LaneMirror
@@ -104,9 +103,8 @@ def test_a_put_that_lands_after_its_writer_froze_mid_put_changes_no_reader(
 ) -> None:
     topic = topic_factory(PARTITIONS, prefix="midput")
     group = f"midput-{uuid.uuid4().hex[:8]}"
-    name = f"lanes-{uuid.uuid4().hex[:8]}"
-    moto.client().create_bucket(Bucket=name)  # type: ignore[attr-defined]
-    url = f"s3://{name}/lane"
+    url = moto.bucket_url()
+    name = url.split("/")[2]
     proxy = HoldingProxy(moto.port)
     write_config(
         tmp_path / "a.toml", broker.bootstrap, topic, group, url, proxy.endpoint, tmp_path / "a"
@@ -114,16 +112,7 @@ def test_a_put_that_lands_after_its_writer_froze_mid_put_changes_no_reader(
     flight_b = write_config(
         tmp_path / "b.toml", broker.bootstrap, topic, group, url, moto.endpoint, tmp_path / "b"
     )
-    store = ObjectStore(
-        ObjectStoreConfig(
-            url=url,
-            endpoint_url=moto.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,  # type: ignore[arg-type]
-            cache_dir=tmp_path / "unused",
-        )
-    )
+    store: ObjectStore = moto.store(url)  # type: ignore[assignment]
     mirror = LaneMirror(LaneLayout(tmp_path / "unused"), store)
 
     def raw_objects() -> set[str]:

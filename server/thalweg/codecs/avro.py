@@ -12,6 +12,9 @@ a registry is I/O and lives outside this package (``thalweg.registry``).
 
 Why one module of ~440 lines: the fast path and its per-record fallback must conform to
 the same Arrow schema and fail the same records the same way; they are kept side by side.
+
+Its length: the batch-native fast path and the per-record fallback it must agree with
+are kept side by side on purpose.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ is parsed once, against the lane schema, with new fields an error (the common ca
 nothing more); a batch that does is parsed in chunks whose new columns times rows are
 bounded, so no record — nor many records each under the limits — can make the reader
 build a huge table, and rows too deep or too wide for the reader never reach it.
+
+Its length: the block reader, its careful per-line fallback and the type-conflict
+rules must agree; they are kept side by side on purpose.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The running gateway: lanes, sources, Flight and admin servers, under one stop event."""
+"""The running gateway: lanes, sources, Flight and admin servers, under one stop event.
+
+Its length: it is the composition root, wiring every part once (issue 36 lifts the
+per-source machinery out of it).
+"""
 
 from __future__ import annotations
 

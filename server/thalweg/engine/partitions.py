@@ -9,6 +9,9 @@ admitted here first: an offset below one already ingested holds it too, and reco
 an epoch above 0 get that epoch's ids. A held partition is paused, marked durably and
 named in /health until its epoch is closed (``on_divergence`` or ``twg lane
 new-epoch``); then it starts again, empty, at the broker's log start.
+
+Its length: assignment, resume and log-continuity checks share the per-partition
+state kept here; issue 36 moves it into ``engine/ingest/`` with the rest of one source.
 """
 
 from __future__ import annotations

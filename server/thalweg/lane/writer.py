@@ -12,6 +12,9 @@ offsets: the final step links the temp file to its name, which fails when the na
 exists, after a check of the partition's other names. And every rename first asks the
 caller's *fence* whether this member still owns the partition (a member paused past its
 group session must not write what the next owner writes too).
+
+Its length: the raw, decoded and dead-letter writes of one segment and their shared
+commit point; issue 36 moves the durable-write primitive out of it.
 """
 
 from __future__ import annotations

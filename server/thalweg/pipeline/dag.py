@@ -18,6 +18,9 @@ landed. Sidecar nodes enter as functions (``sidecar_for``), WebAssembly function
 DataFusion UDFs (``thalweg.pipeline.udf``). A node that fails on some records — not on
 the batch's shape — refuses them: the chain isolates them and hands them back as
 :class:`Rejected` beside the rows (``Derived``), for the caller to dead-letter.
+
+Its length: the graph's shape and the SQL node's refusal search belong together; the
+search could be a module of its own (issue 36).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.layout import TMP_MARK, LaneLayout, segment_name, write_file_durably
+from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, segment_name, write_file_durably
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.dead_letters import raw_rows, with_why
@@ -54,10 +54,12 @@ class SinkDeadLetters:
     def held(self, topic: str, partition: int) -> np.ndarray:
         """The positions the lane holds of a partition, ascending (a position twice
         would be a fault ``twg verify`` names; here it is listed once per file)."""
-        directory = self.layout.refused_dir(self.sink, topic, partition)
+        segments = self.layout.refused(self.sink).segments(
+            Lane.DLQ, topic, partition, retained=False, contained=True
+        )
         found = [
-            pq.read_table(path, columns=[self.columns.position]).column(0).to_numpy()
-            for path in files(directory)
+            pq.read_table(seg.path, columns=[self.columns.position]).column(0).to_numpy()
+            for seg in segments
         ]
         return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
@@ -110,15 +112,6 @@ class SinkDeadLetters:
             if self.metrics is not None:
                 self.metrics.sink_dead_letters.labels(self.sink).inc(rows.num_rows)
         return int(rows.num_rows)
-
-
-def files(directory: Path) -> list[Path]:
-    """A sink dead-letter lane's files of one partition, in name order."""
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
-    return [directory / n for n in names if n.endswith(".parquet") and TMP_MARK not in n]
 
 
 def _remove_interrupted(directory: Path) -> None:
