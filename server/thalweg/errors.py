@@ -16,6 +16,7 @@ class defined outside this module names its module in parentheses)::
     │   ├── UnwritableSegmentError
     │   └── OwnershipLostError
     ├── SourceError
+    │   └── LoginRefusedError
     ├── ProduceError
     ├── DecodeError
     ├── TicketError
@@ -120,6 +121,13 @@ class SourceError(ThalwegError):
     """A broker client failed; usually transient."""
 
     retriable = True
+
+
+class LoginRefusedError(SourceError):
+    """A broker refused this client's login: its credential (SASL), its certificate or
+    the broker's certificate (TLS), or a token it could not get. Retried, but with the
+    login backoff (seconds growing to ``login_retry_max_s``): a wrong secret retried
+    at once locks accounts (many clusters lock one after a few failures)."""
 
 
 class ProduceError(ThalwegError):

@@ -7,10 +7,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from thalweg.config.models import KafkaSourceConfig
+from thalweg.errors import ConfigError, LoginRefusedError
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.kafka.clients import consumer_kwargs, security_kwargs
 from thalweg.kafka.dlq import DeadLetterTopic
+from thalweg.kafka.tokens import FileToken
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
@@ -92,3 +97,87 @@ def test_the_consumer_and_both_producers_share_the_cluster_settings(tmp_path: Pa
 def test_plaintext_sources_stay_plaintext() -> None:
     cfg = KafkaSourceConfig(name="s", bootstrap_servers="127.0.0.1:1", topics=["t"])
     assert security_kwargs(cfg) == {"security_protocol": "PLAINTEXT"}
+
+
+def _cfg(**kw: Any) -> KafkaSourceConfig:
+    return KafkaSourceConfig(name="s", bootstrap_servers="127.0.0.1:1", topics=["t"], **kw)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p"},
+         "needs security_protocol SASL_SSL"),
+        ({"security_protocol": "SASL_SSL"}, "needs sasl_mechanism"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"},
+         "needs sasl_username and sasl_password"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER"},
+         "needs a \\[sources.sasl_oauth\\] table"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER",
+          "sasl_oauth": {"token_file": "/t", "aws_region": "eu-west-1"}}, "exactly one of"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER",
+          "sasl_oauth": {"token_url": "https://idp/token"}}, "needs client_id and client_secret"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+          "sasl_password": "p", "sasl_oauth": {"token_file": "/t"}}, "only used with"),
+        ({"security_protocol": "SSL", "ssl_certfile": "/c.pem"}, "go together"),
+        ({"security_protocol": "SSL", "ssl_key_password": "x"}, "needs ssl_keyfile"),
+        ({"ssl_cafile": "/ca.pem"}, "need security_protocol SSL or SASL_SSL"),
+    ],
+)  # fmt: skip
+def test_security_settings_that_cannot_work_are_refused_at_load(
+    settings: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ValidationError, match=why):
+        _cfg(**settings)
+
+
+def test_every_security_secret_is_listed_and_never_shown(tmp_path: Path) -> None:
+    from thalweg.config import parse_config
+
+    cfg = parse_config(
+        {
+            "gateway": {"data_dir": str(tmp_path)},
+            "sources": [
+                {
+                    "name": "s", "kind": "kafka", "bootstrap_servers": "b:1", "topics": ["t"],
+                    "security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER",
+                    "ssl_certfile": "/c", "ssl_keyfile": "/k", "ssl_key_password": "kpw",
+                    "sasl_oauth": {"token_url": "https://idp/t", "client_id": "c",
+                                   "client_secret": "cs"},
+                }
+            ],
+        }
+    )  # fmt: skip
+    assert set(cfg.secrets()) == {
+        "sources.0.ssl_key_password",
+        "sources.0.sasl_oauth.client_secret",
+    }
+    assert "kpw" not in repr(cfg) and "cs'" not in repr(cfg)
+
+
+def test_oauthbearer_clients_get_the_configured_token_provider(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    cfg = _cfg(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="OAUTHBEARER",
+        sasl_oauth={"token_file": str(token), "extensions": {"logicalCluster": "lkc-1"}},
+    )
+    kw = security_kwargs(cfg)
+    provider = kw["sasl_oauth_token_provider"]
+    assert isinstance(provider, FileToken) and "sasl_plain_password" not in kw
+    assert provider.extensions() == {"logicalCluster": "lkc-1"}
+    assert asyncio.run(provider.token()) == "first"
+    token.write_text("rotated")  # re-read at every login
+    assert asyncio.run(provider.token()) == "rotated"
+    token.write_text("  \n")
+    with pytest.raises(LoginRefusedError, match="is empty"):
+        asyncio.run(provider.token())
+
+
+def test_an_unreadable_client_key_is_a_config_error_at_start(tmp_path: Path) -> None:
+    cfg = secured(tmp_path).model_copy(
+        update={"ssl_certfile": tmp_path / "none.pem", "ssl_keyfile": tmp_path / "none.key"}
+    )
+    with pytest.raises(ConfigError, match=r"TLS files .* do not load"):
+        security_kwargs(cfg)

@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from thalweg.config.kafka_security import KafkaSecurity
 from thalweg.config.pipeline import PipelineConfig
 from thalweg.config.retention import CompactionConfig, RetentionConfig
 from thalweg.config.sinks import (
@@ -535,8 +536,11 @@ class _SourceBase(_Model):
             )
 
 
-class KafkaSourceConfig(_SourceBase):
-    """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka."""
+class KafkaSourceConfig(_SourceBase, KafkaSecurity):
+    """A Kafka (or Kafka-compatible) source consumed in a consumer group with aiokafka.
+
+    Its TLS and SASL fields are :class:`thalweg.config.kafka_security.KafkaSecurity`'s.
+    """
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)
@@ -599,19 +603,13 @@ class KafkaSourceConfig(_SourceBase):
         "long whatever arrives: 500 ms, the client's default, gave follow streams a p50 "
         "of 130 ms and a p99 of 270 ms); an idle source asks this often.",
     )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
 
     @model_validator(mode="after")
     def _check(self) -> KafkaSourceConfig:
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
         self._check_common()
-        if self.sasl_mechanism and not (self.sasl_username and self.sasl_password):
-            raise ValueError("sasl_mechanism needs sasl_username and sasl_password")
+        self.check_security()
         return self
 
 
@@ -915,8 +913,8 @@ class ThalwegConfig(_Model):
             out += [f"gateway.auth.tokens.{i}.token" for i in range(len(self.gateway.auth.tokens))]
             out += [f"gateway.auth.users.{i}.password" for i in range(len(self.gateway.auth.users))]
         for i, source in enumerate(self.sources):
-            if isinstance(source, KafkaSourceConfig) and source.sasl_password is not None:
-                out.append(f"sources.{i}.sasl_password")
+            if isinstance(source, KafkaSourceConfig):
+                out += [f"sources.{i}.{name}" for name in source.security_secrets()]
             if isinstance(source, PulsarSourceConfig) and source.auth_token is not None:
                 out.append(f"sources.{i}.auth_token")
             if isinstance(source, FlightSourceConfig) and source.token is not None:

@@ -38,6 +38,8 @@ from thalweg.sources.base import PartitionKey, Source
 RAW_LANE = "raw_lane"  # the health component of the primary raw lane
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
+#: The first wait after a broker refused a login (it grows to ``login_retry_max_s``).
+LOGIN_RETRY_BASE_S = 5.0
 
 SourceConfig = (
     KafkaSourceConfig

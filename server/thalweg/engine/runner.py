@@ -22,14 +22,20 @@ from thalweg.config.models import KafkaSourceConfig
 from thalweg.engine.budget import Budget, SizeEstimator, budget_for
 from thalweg.engine.buffer import PartitionBuffer
 from thalweg.engine.checkpoint import Checkpoint
-from thalweg.engine.context import LaneContext, SourceConfig, SourceState, new_backoff
+from thalweg.engine.context import (
+    LOGIN_RETRY_BASE_S,
+    LaneContext,
+    SourceConfig,
+    SourceState,
+    new_backoff,
+)
 from thalweg.engine.decode_stage import DecodeStage
 from thalweg.engine.fence import OwnershipFence
 from thalweg.engine.partitions import Partitions
 from thalweg.engine.rebuilds import DecodedRebuilds
 from thalweg.engine.throttle import Throttle
 from thalweg.engine.watch import BrokerWatch
-from thalweg.errors import SourceError
+from thalweg.errors import LoginRefusedError, SourceError
 from thalweg.kafka.clients import security_kwargs
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.live import LiveEntry
@@ -160,12 +166,23 @@ class SourceRunner:
             self.ctx.health.set(self.component, State.DOWN, "stopped")
 
     async def _start(self, stop: asyncio.Event) -> None:
+        """Start the source, retrying until it is up. A refused login (wrong credential,
+        untrusted certificate) is retried on its own backoff, seconds growing to the
+        source's ``login_retry_max_s``: clusters lock an account after a few failed
+        logins, and a fast retry loop against a wrong secret is exactly that."""
         backoff = new_backoff()
+        kafka = self.state.kafka
+        login_backoff = Backoff(
+            LOGIN_RETRY_BASE_S, kafka.login_retry_max_s if kafka else LOGIN_RETRY_BASE_S * 60
+        )
         while True:
             try:
                 await self.source.start(self._on_assigned, self._on_revoked)
                 self.ctx.health.set(self.component, State.UP, "connected")
                 return
+            except LoginRefusedError as exc:
+                self.ctx.health.set(self.component, State.DOWN, str(exc))
+                await self._retry(login_backoff, stop, exc, "login")
             except SourceError as exc:
                 self.ctx.health.set(self.component, State.DOWN, str(exc))
                 await self._retry(backoff, stop, exc, "connect")

@@ -14,22 +14,48 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from thalweg.config.models import KafkaSourceConfig
+from thalweg.errors import ConfigError
+from thalweg.kafka.tokens import token_provider
 
 
 def security_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
     """aiokafka client arguments for ``cfg``'s security protocol (consumer or producer)."""
     kw: dict[str, Any] = {"security_protocol": cfg.security_protocol}
     if cfg.security_protocol in ("SSL", "SASL_SSL"):
-        kw["ssl_context"] = ssl.create_default_context(
-            cafile=str(cfg.ssl_cafile) if cfg.ssl_cafile else None
-        )
-    if cfg.sasl_mechanism:
+        kw["ssl_context"] = tls_context(cfg)
+    if cfg.sasl_mechanism == "OAUTHBEARER" and cfg.sasl_oauth is not None:
+        kw["sasl_mechanism"] = cfg.sasl_mechanism
+        kw["sasl_oauth_token_provider"] = token_provider(cfg.sasl_oauth)
+    elif cfg.sasl_mechanism:
         kw["sasl_mechanism"] = cfg.sasl_mechanism
         kw["sasl_plain_username"] = cfg.sasl_username
         kw["sasl_plain_password"] = (
             cfg.sasl_password.get_secret_value() if cfg.sasl_password else None
         )
     return kw
+
+
+def tls_context(cfg: KafkaSourceConfig) -> ssl.SSLContext:
+    """The client's TLS context: the brokers' CA (the system's by default) and, for
+    brokers that require mutual TLS, the client certificate and its key.
+
+    A file that cannot be read or a key that does not open is a configuration error at
+    start (``LoginRefusedError`` would retry what can never work).
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=str(cfg.ssl_cafile) if cfg.ssl_cafile else None)
+        if cfg.ssl_certfile is not None:
+            ctx.load_cert_chain(
+                str(cfg.ssl_certfile),
+                str(cfg.ssl_keyfile) if cfg.ssl_keyfile else None,
+                password=cfg.ssl_key_password.get_secret_value() if cfg.ssl_key_password else None,
+            )
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"source {cfg.name!r}: TLS files (ssl_cafile, ssl_certfile, ssl_keyfile, "
+            f"ssl_key_password) do not load: {exc}"
+        ) from exc
+    return ctx
 
 
 def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:

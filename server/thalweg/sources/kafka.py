@@ -17,10 +17,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
-from thalweg.errors import SourceError
+from thalweg.errors import LoginRefusedError, SourceError
 from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.clients import new_consumer
 from thalweg.kafka.columnar_fetch import ColumnarFetch
+from thalweg.kafka.login import check_login, refusal
 from thalweg.kafka.unpack import KafkaColumns
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
@@ -71,7 +72,9 @@ class KafkaSource:
         return self._consumer
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
-        """Connect and join the group; partitions arrive through ``on_assigned``."""
+        """Log in once (a refused login named: ``thalweg.kafka.login``), then connect and
+        join the group; partitions arrive through ``on_assigned``."""
+        await check_login(self.cfg)
         consumer = new_consumer(self.cfg, self._assignors(), value_deserializer=self._columnar)
         consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
         # Set before start(): the first assignment can arrive while start() still runs.
@@ -89,9 +92,16 @@ class KafkaSource:
                 f"{self.cfg.bootstrap_servers}: {', '.join(missing)} (create them, or "
                 "enable the broker's topic auto-creation); retrying"
             ) from exc
-        except KafkaError as exc:
+        except (KafkaError, LoginRefusedError, KeyError, ValueError) as exc:
+            # KeyError and ValueError: aiokafka's SCRAM client on a refused login; the
+            # check above catches that first unless the credential changed in between.
             self._consumer = None
             await consumer.stop()
+            refused = refusal(self.cfg, self.cfg.bootstrap_servers, exc)
+            if refused is not None:
+                raise refused from exc
+            if not isinstance(exc, KafkaError):
+                raise
             raise SourceError(
                 f"source {self.cfg.name!r}: cannot connect to {self.cfg.bootstrap_servers}: {exc}"
             ) from exc
