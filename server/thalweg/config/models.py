@@ -586,6 +586,13 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
         description="How long a configured topic may be missing on the broker before "
         "/ready turns 503 (/health names it from the first check).",
     )
+    metadata_max_age_ms: int = Field(
+        30_000,
+        ge=1_000,
+        description="How often the cluster's metadata is refreshed: partitions added to "
+        "a topic are assigned and consumed from their first offset within this (aiokafka's "
+        "default, 5 minutes, left new partitions unread that long).",
+    )
     fetch_max_bytes: int = Field(50 * MiB, gt=0)
     max_partition_fetch_bytes: int = Field(8 * MiB, gt=0)
     produce_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(

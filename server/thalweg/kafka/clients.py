@@ -74,6 +74,7 @@ def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
         "fetch_max_bytes": cfg.fetch_max_bytes,
         "max_partition_fetch_bytes": cfg.max_partition_fetch_bytes,
         "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
+        "metadata_max_age_ms": cfg.metadata_max_age_ms,
         **security_kwargs(cfg),
     }
 

@@ -23,7 +23,6 @@ from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.errors import (
     IllegalSaslStateError,
     KafkaConnectionError,
-    KafkaError,
     SaslAuthenticationFailed,
     UnsupportedSaslMechanismError,
 )
@@ -113,9 +112,7 @@ def refusal(cfg: KafkaSourceConfig, where: str, exc: BaseException) -> LoginRefu
             f"during the login ({exc}); a broker that requires a client certificate does "
             "this (set ssl_certfile and ssl_keyfile)"
         )
-    if isinstance(exc, KafkaError) and not exc.retriable:
-        return LoginRefusedError(f"source {cfg.name!r}: login failed at {where}: {exc}")
-    return None
+    return None  # not a login answer (a group or request error is the source's to report)
 
 
 def _who(cfg: KafkaSourceConfig) -> str:
