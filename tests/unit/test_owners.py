@@ -66,6 +66,31 @@ def test_every_member_gets_the_whole_map_and_its_round_robin_share() -> None:
     assert directory.owned_elsewhere("other", 0) is None
 
 
+def test_the_split_follows_locations_not_member_ids_so_a_restart_gets_its_share_back() -> None:
+    """A broker draws a new member id at every join; ordering by it moved partitions at
+    each restart (tansu rebalances even a returning static member). By location, the
+    same gateways always get the same partitions, over several topics too."""
+    assignor = owner_assignor(OwnerDirectory(), lambda: 1)
+    cluster = Partitions({"t": 6, "u": 3})
+    locs = ["grpc://a:1", "grpc://b:2", "grpc://c:3"]
+
+    def split(ids: list[str]) -> dict[str, dict[str, list[int]]]:
+        members = {i: member(loc, ["t", "u"]) for i, loc in zip(ids, locs, strict=True)}
+        out = assignor.assign(cluster, members)  # type: ignore[arg-type]
+        return {loc: dict(out[i].assignment) for i, loc in zip(ids, locs, strict=True)}
+
+    first = split(["m-1", "m-2", "m-3"])
+    assert first == {
+        "grpc://a:1": {"t": [0, 3], "u": [0]},
+        "grpc://b:2": {"t": [1, 4], "u": [1]},
+        "grpc://c:3": {"t": [2, 5], "u": [2]},
+    }
+    # Each member restarted in turn, with new ids sorting every other way.
+    assert split(["z-9", "m-2", "m-3"]) == first
+    assert split(["z-9", "a-0", "m-3"]) == first
+    assert split(["z-9", "a-0", "b-5"]) == first
+
+
 def test_a_member_without_a_location_and_a_map_without_owners() -> None:
     directory = OwnerDirectory()
     directory.location = "grpc://a:1"

@@ -546,6 +546,14 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
     bootstrap_servers: str = Field(min_length=1)
     topics: list[str] = Field(min_length=1)
     group_id: str = "thalweg"
+    group_instance_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Static group membership (KIP-345): a name stable across restarts "
+        "(in Kubernetes '${POD_NAME}'). A member that comes back within "
+        "session_timeout_ms keeps its partitions — no rebalance, no moved follow streams — "
+        "and a shutdown does not leave the group. Unique per gateway in the group.",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     session_timeout_ms: int = Field(10_000, gt=0)

@@ -2,8 +2,13 @@
 
 Kafka's consumer protocol carries opaque ``user_data`` both ways: a member's join
 metadata (here: its advertised Flight location) and the leader's assignment of each
-member (here: the whole partition → location map). Partitions are split round-robin,
-exactly as aiokafka's default assignor does; only the map is added. The broker stores
+member (here: the whole partition → location map). Partitions are split round-robin
+as aiokafka's default assignor does, but over the members ordered by their advertised
+location rather than by member id (which the broker draws anew at every restart): the
+same gateways always get the same split. A gateway restarted with static membership
+(``group_instance_id``) thus gets its partitions back even from a broker that answers a
+returning static member with a full rebalance (tansu), and keeps them without any
+rebalance where the broker implements KIP-345. The broker stores
 and forwards these bytes without reading them, so this works on every Kafka-protocol
 broker (tested on tansu) and needs no coordination of Thalweg's own.
 
@@ -64,8 +69,8 @@ def owner_assignor(
             cluster: ClusterMetadata,
             members: Mapping[str, ConsumerProtocolMemberMetadata],
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
-            split = super().assign(cluster, members)
             locations = {m: _location(meta.user_data) for m, meta in members.items()}
+            split = _split(cluster, members, locations, cls.version)
             _warn_on_shared_locations(locations)
             owners: dict[str, dict[str, str | None]] = {}
             for member, given in split.items():
@@ -87,6 +92,36 @@ def owner_assignor(
             directory.publish(generation(), owners)
 
     return OwnerAssignor
+
+
+def _split(
+    cluster: ClusterMetadata,
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+    locations: Mapping[str, str | None],
+    version: int,
+) -> dict[str, ConsumerProtocolMemberAssignment]:
+    """Every subscribed partition, in (topic, partition) order, to the next member in
+    location order that subscribes to its topic (member id breaks ties and orders
+    members without a location last)."""
+    order = sorted(members, key=lambda m: (locations.get(m) is None, locations.get(m) or "", m))
+    topics = sorted({t for meta in members.values() for t in meta.subscription})
+    given: dict[str, dict[str, list[int]]] = {m: {} for m in order}
+    turn = 0
+    for topic in topics:
+        partitions = cluster.partitions_for_topic(topic)
+        if partitions is None:
+            log.warning("no partition metadata for topic %s", topic)
+            continue
+        takers = [m for m in order if topic in members[m].subscription]
+        for p in sorted(partitions):
+            # Keep one turn across topics, as a round-robin over all partitions does.
+            while order[turn % len(order)] not in takers:
+                turn += 1
+            given[order[turn % len(order)]].setdefault(topic, []).append(p)
+            turn += 1
+    return {
+        m: ConsumerProtocolMemberAssignment(version, sorted(given[m].items()), b"") for m in order
+    }
 
 
 def _location(user_data: bytes | None) -> str | None:

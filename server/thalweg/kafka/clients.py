@@ -64,6 +64,7 @@ def consumer_kwargs(cfg: KafkaSourceConfig) -> dict[str, Any]:
     return {
         "bootstrap_servers": cfg.bootstrap_servers,
         "group_id": cfg.group_id,
+        "group_instance_id": cfg.group_instance_id,
         "client_id": f"thalweg-{cfg.name}",
         "enable_auto_commit": False,
         "auto_offset_reset": cfg.auto_offset_reset,
