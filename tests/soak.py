@@ -45,6 +45,7 @@ FAULT_TESTS = [
     "test_pulsar_outage.py",  # the Pulsar broker down and back
     "test_slow_sink.py",  # a sink slower than ingest
     "test_shutdown.py",  # SIGTERM mid-write
+    "test_rolling_restart.py",  # SIGTERM and restart of each of three, in turn
 ]
 
 SEEDS = [

@@ -1,6 +1,5 @@
-"""A Kafka topic's shape changing under a running gateway: partitions added mid-run.
-
-On noida-db: tansu 0.6 has no CreatePartitions (KIP-195)."""
+"""Kafka topics changing under a running gateway: partitions added mid-run (on noida-db:
+tansu 0.6 has no CreatePartitions, KIP-195), topics created later under a pattern."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 import thalweg_client
 from tests.conftest import NoidaBroker, RunningGateway, source_cfg
 from tests.helpers import assert_verified, wait_until
+from thalweg.embedded.tansu import TansuBroker
 from thalweg.verify import verify
 
 pytestmark = pytest.mark.integration
@@ -80,4 +81,45 @@ def test_partitions_added_mid_run_are_consumed_from_their_first_offset_served_an
         assert gw.committed(topic, p, want_end) == want_end
     # The sink covers the new partitions too (twg verify checks it against the files).
     wait_until(lambda: verify(gw.gateway.cfg, sink="ipc").ok, 30, "the sink covers them")
+    assert_verified(gw.gateway.cfg)
+
+
+def test_a_topics_pattern_takes_topics_created_later_and_only_whole_matches(
+    broker: TansuBroker,
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2})
+
+    def create(*names: str) -> None:
+        for future in admin.create_topics([NewTopic(n, 1, 1) for n in names]).values():
+            future.result(15)
+        for n in names:
+            for i in range(10):
+                producer.produce(n, f'{{"i": {i}}}'.encode(), partition=0)
+        producer.flush(10)
+
+    first, later = f"pat-{tag}-a", f"pat-{tag}-b"
+    # Not taken: a longer name (the pattern must match the whole name), another prefix.
+    longer, other = f"pat-{tag}-bc", f"zz-pat-{tag}-a"
+    create(first, longer, other)
+    gw = gateway_factory(
+        [],
+        sources=[
+            source_cfg(
+                broker.bootstrap, [], topics_pattern=f"pat-{tag}-[ab]", metadata_max_age_ms=1000
+            )
+        ],
+    )
+    gw.wait_durable(first, {0: 10})
+    create(later)  # while the gateway runs: found at the next metadata refresh
+    gw.wait_durable(later, {0: 10}, timeout=30)
+    with thalweg_client.connect(gw.flight_url) as client:
+        client.write(later, pa.table({"value": [b'{"i": 99}']}))  # do_put through the pattern
+        gw.wait_durable(later, {0: 11})
+        assert client.read(later)["i"].to_pylist() == [*range(10), 99]
+        assert longer not in client.topics() and other not in client.topics()
+    end = gw.gateway.catalog.durable_end
+    assert end(longer, 0) == 0 and end(other, 0) == 0
     assert_verified(gw.gateway.cfg)

@@ -181,3 +181,14 @@ def test_an_unreadable_client_key_is_a_config_error_at_start(tmp_path: Path) -> 
     )
     with pytest.raises(ConfigError, match=r"TLS files .* do not load"):
         security_kwargs(cfg)
+
+
+def test_a_kafka_source_takes_topics_or_a_whole_name_pattern() -> None:
+    with pytest.raises(ValidationError, match="either topics or a topics_pattern"):
+        KafkaSourceConfig(name="s", bootstrap_servers="b:1")
+    with pytest.raises(ValidationError, match="either topics or a topics_pattern"):
+        KafkaSourceConfig(name="s", bootstrap_servers="b:1", topics=["t"], topics_pattern="t.*")
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        KafkaSourceConfig(name="s", bootstrap_servers="b:1", topics_pattern="orders[")
+    cfg = KafkaSourceConfig(name="s", bootstrap_servers="b:1", topics_pattern="orders-[a-z]+")
+    assert cfg.takes("orders-eu") and not cfg.takes("orders-eu-2") and not cfg.takes("x-orders-eu")

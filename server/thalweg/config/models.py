@@ -452,6 +452,15 @@ class SchemaLimitsConfig(_Model):
     )
 
 
+def _check_pattern(pattern: str | None) -> None:
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"topics_pattern {pattern!r} is not a regular expression: {exc}") from exc
+
+
 class _SourceBase(_Model):
     """What every source has, whatever its transport: topics, how values decode, and
     the limits on what one poll may bring."""
@@ -520,6 +529,14 @@ class _SourceBase(_Model):
     def cluster_name(self) -> str:
         return self.cluster or self.name
 
+    def takes(self, topic: str) -> bool:
+        """Whether this source consumes ``topic``: named in ``topics``, or matched whole
+        by a ``topics_pattern`` (Kafka and Pulsar sources)."""
+        if topic in self.topics:
+            return True
+        pattern = getattr(self, "topics_pattern", None)
+        return isinstance(pattern, str) and re.fullmatch(pattern, topic) is not None
+
     def _check_common(self) -> None:
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics: listed twice")
@@ -544,7 +561,12 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)
-    topics: list[str] = Field(min_length=1)
+    topics_pattern: str | None = Field(
+        None,
+        description="A regular expression over topic names, instead of topics: it must "
+        "match the whole name. Topics created later are picked up at the next metadata "
+        "refresh (metadata_max_age_ms).",
+    )
     group_id: str = "thalweg"
     group_instance_id: str | None = Field(
         None,
@@ -623,6 +645,9 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
     def _check(self) -> KafkaSourceConfig:
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+        if bool(self.topics) == (self.topics_pattern is not None):
+            raise ValueError("name either topics or a topics_pattern (one of them)")
+        _check_pattern(self.topics_pattern)
         self._check_common()
         self.check_security()
         return self
@@ -671,6 +696,7 @@ class PulsarSourceConfig(_SourceBase):
     def _check(self) -> PulsarSourceConfig:
         if bool(self.topics) == (self.topics_pattern is not None):
             raise ValueError("name either topics or a topics_pattern (one of them)")
+        _check_pattern(self.topics_pattern)
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
             raise ValueError("service_url must start with pulsar:// or pulsar+ssl://")
         self._check_common()
@@ -916,8 +942,7 @@ class ThalwegConfig(_Model):
             if topic in s.topics:
                 return s
         for s in self.sources:
-            pattern = s.topics_pattern if isinstance(s, PulsarSourceConfig) else None
-            if pattern and re.fullmatch(pattern, topic):
+            if s.takes(topic):
                 return s
         return None
 

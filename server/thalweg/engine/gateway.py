@@ -282,7 +282,11 @@ class Gateway:
                     if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig))
                     for t in s.topics
                 },
-                pattern_sources=[s for s in cfg.sources if isinstance(s, PulsarSourceConfig)],
+                pattern_sources=[
+                    s
+                    for s in cfg.sources
+                    if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig)) and s.topics_pattern
+                ],
                 health=self.health.tree,
                 auth=g.auth,
                 tls=g.tls,
@@ -326,7 +330,7 @@ class Gateway:
     def _generation(self, topic: str) -> int:
         """The ownership generation of the source ingesting ``topic`` (object names)."""
         for r in self.runners:
-            if topic in r.cfg.topics:
+            if r.cfg.takes(topic):
                 return r.source.generation()
         return 0
 

@@ -23,7 +23,6 @@ from thalweg.config.models import (
     FlightAuthConfig,
     FlightServingConfig,
     FlightTlsConfig,
-    PulsarSourceConfig,
 )
 from thalweg.errors import TicketError
 from thalweg.flight.auth import MIDDLEWARE_KEY, HandshakeOnly, TokenAuthFactory
@@ -65,7 +64,7 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         advertise: str | None = None,
         *,
         sources: dict[str, BrokerSourceConfig] | None = None,
-        pattern_sources: Sequence[PulsarSourceConfig] = (),
+        pattern_sources: Sequence[BrokerSourceConfig] = (),
         health: Callable[[], dict[str, Any]] | None = None,
         auth: FlightAuthConfig | None = None,
         tls: FlightTlsConfig | None = None,

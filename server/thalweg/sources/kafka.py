@@ -76,7 +76,12 @@ class KafkaSource:
         join the group; partitions arrive through ``on_assigned``."""
         await check_login(self.cfg)
         consumer = new_consumer(self.cfg, self._assignors(), value_deserializer=self._columnar)
-        consumer.subscribe(self.cfg.topics, listener=_Listener(on_assigned, on_revoked))
+        listener = _Listener(on_assigned, on_revoked)
+        if self.cfg.topics_pattern is not None:
+            # aiokafka's re.match anchors only the start: anchor the end as documented.
+            consumer.subscribe(pattern=f"(?:{self.cfg.topics_pattern})\\Z", listener=listener)
+        else:
+            consumer.subscribe(self.cfg.topics, listener=listener)
         # Set before start(): the first assignment can arrive while start() still runs.
         self._consumer = consumer
         try:

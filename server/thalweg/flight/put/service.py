@@ -76,7 +76,8 @@ class Puts:
         limits: the batch and put size caps of the ``gateway.flight`` settings.
         streams: the per-caller stream limiter (shared with reads).
         sources: the source that lists each topic.
-        pattern_sources: Pulsar sources whose ``topics_pattern`` takes other topics.
+        pattern_sources: Kafka and Pulsar sources whose ``topics_pattern`` takes other
+            topics.
         idempotent_producer: produce to Kafka with the idempotent producer.
         put_timeout_ms: how long one produce request may take.
     """
@@ -88,7 +89,7 @@ class Puts:
         streams: StreamLimiter,
         *,
         sources: dict[str, BrokerSourceConfig],
-        pattern_sources: Sequence[PulsarSourceConfig] = (),
+        pattern_sources: Sequence[BrokerSourceConfig] = (),
         idempotent_producer: bool = False,
         put_timeout_ms: int = 30_000,
     ) -> None:
@@ -266,7 +267,7 @@ class Puts:
 
     def source_for(self, topic: str) -> BrokerSourceConfig | None:
         """The source a put to ``topic`` produces through: the one that lists it, else a
-        Pulsar source whose ``topics_pattern`` matches the whole topic name."""
+        source whose ``topics_pattern`` matches the whole topic name."""
         found = self._sources.get(topic)
         if found is None:
             for pattern, source in self._patterns:
