@@ -289,3 +289,24 @@ def test_a_segment_parquet_cannot_hold_is_not_retried(tmp_path: Path) -> None:
         w.write("t", 0, pa.Table.from_batches([batch]), decoded, 0, 2)
     assert info.value.retriable is False
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".json"]
+
+
+def test_two_writes_of_one_file_in_one_process_do_not_share_a_temp_file(tmp_path: Path) -> None:
+    """Two sinks under one pipeline node both write the node's dead-letter file: with a
+    temp name of the pid alone, the second write took the first's temp file and renamed
+    it away, and the first failed at its rename (ENOENT; seen as a sink degraded for a
+    minute in test_dag_crash)."""
+    from thalweg.lane.layout import write_file_durably
+
+    path = tmp_path / "f.parquet"
+
+    def inner(tmp: Path) -> None:
+        tmp.write_bytes(b"inner")
+
+    def outer(tmp: Path) -> None:
+        tmp.write_bytes(b"outer")
+        write_file_durably(path, inner)  # the other writer, meanwhile
+
+    write_file_durably(path, outer)
+    assert path.read_bytes() == b"outer"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.parquet"]

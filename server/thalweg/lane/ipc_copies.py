@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from thalweg.lane.layout import temp_path
+
 log = logging.getLogger(__name__)
 
 IPC_DIR = "ipc"
@@ -85,7 +87,7 @@ class IpcCopies:
         target = self.copy_path(segment)
         if not self.enabled or target is None or size > self.max_bytes // 4:
             return
-        tmp = target.with_name(target.name + _TMP + str(os.getpid()))
+        tmp = temp_path(target)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:

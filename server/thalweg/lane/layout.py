@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -21,6 +22,17 @@ FORMAT_VERSION = 1
 MANIFEST = "_thalweg.json"
 _SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 TMP_MARK = ".tmp-"
+_temp_seq = itertools.count()
+
+
+def temp_path(path: Path) -> Path:
+    """A temp file beside ``path`` for one write: ``<name>.tmp-<pid>-<n>``, unique in
+    the process. A pid alone is not: two writers of one file in one process — the two
+    sinks of a pipeline node each materialising the node's dead-letter file — wrote the
+    same temp file, and one renamed the other's away (``ENOENT`` at its rename, the sink
+    degraded for a minute). Readers skip any name holding :data:`TMP_MARK`."""
+    return path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{next(_temp_seq)}")
+
 
 # Keys of the Parquet key-value metadata every segment carries.
 META_PREFIX = b"thalweg.metadata_prefix"
@@ -216,7 +228,7 @@ class LaneLayout:
             return
         ensure_dir(raw)
         body = json.dumps({"format_version": FORMAT_VERSION, "metadata_prefix": prefix})
-        tmp = raw / (MANIFEST + TMP_MARK + str(os.getpid()))
+        tmp = temp_path(raw / MANIFEST)
         tmp.write_text(body + "\n", encoding="utf-8")
         os.replace(tmp, path)
         fsync_dir(raw)
@@ -257,7 +269,7 @@ def fsync_dir(path: Path) -> None:
 
 def remove_interrupted_writes(path: Path) -> int:
     """Remove the temp files a killed process left beside ``path`` (``write_*_durably``
-    names them ``<name>.tmp-<pid>``; a kill -9 between write and rename leaves one): the
+    names them ``<name>.tmp-<pid>-<n>``; a kill -9 between write and rename leaves one): the
     write they held never happened, so nothing is lost. Called by the file's one writer
     at start — another live writer's temp file would go with them. Returns how many."""
     prefix = path.name + TMP_MARK
@@ -283,7 +295,7 @@ def write_file_durably(
         FileExistsError: ``exclusive`` and ``path`` exists.
     """
     ensure_dir(path.parent)
-    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    tmp = temp_path(path)
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
@@ -304,7 +316,7 @@ def write_file_durably(
 def write_json_durably(path: Path, body: dict[str, object]) -> None:
     """Replace ``path`` with ``body`` as JSON: temp → fsync → rename → directory fsync."""
     ensure_dir(path.parent)
-    tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+    tmp = temp_path(path)
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(body, sort_keys=True) + "\n")

@@ -42,13 +42,13 @@ from thalweg.lane.layout import (
     META_COVERS_TO,
     META_LANE,
     META_PREFIX,
-    TMP_MARK,
     Lane,
     LaneLayout,
     Segment,
     ensure_dir,
     fsync_dir,
     segment_name,
+    temp_path,
 )
 from thalweg.lane.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
@@ -426,7 +426,7 @@ class SegmentWriter:
         (the decoded lane: a query's filters on its fields prune row groups).
         """
         ensure_dir(path.parent)
-        tmp = path.with_name(path.name + TMP_MARK + str(os.getpid()))
+        tmp = temp_path(path)
         schema_meta = dict(table.schema.metadata or {})
         schema_meta.update(meta)
         chosen = codec or self._cfg.compression
