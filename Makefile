@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench soak proto mutate clean
+.PHONY: quickstart test unit lint bench soak proto mutate clean
 
 # The client is its own distribution (client/, ADR 0019). The server depends on it by
 # path, which installs a copy; the second step makes that copy an editable install so
@@ -21,6 +21,10 @@ quickstart: $(BIN)/twg
 
 test: $(BIN)/twg
 	$(BIN)/pytest -q
+
+# The everyday loop: the unit tests only (no brokers; under a minute on two cores).
+unit: $(BIN)/twg
+	$(BIN)/pytest -q tests/unit
 
 lint: $(BIN)/twg
 	$(BIN)/ruff check server client tests load-tests flight-tickets deploy examples

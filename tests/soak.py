@@ -46,6 +46,7 @@ FAULT_TESTS = [
     "test_slow_sink.py",  # a sink slower than ingest
     "test_shutdown.py",  # SIGTERM mid-write
     "test_rolling_restart.py",  # SIGTERM and restart of each of three, in turn
+    "test_group_chaos.py",  # six gateways: random kill -9, SIGSTOP, SIGTERM
 ]
 
 SEEDS = [
