@@ -505,6 +505,13 @@ def test_a_wrong_password_leaves_the_gateway_up_named_and_retrying_slowly(
         assert 1 <= rfc.counts.attempts <= 5, rfc.counts
         named = [r for r in caplog.records if "authentication failed" in r.getMessage()]
         assert named and all(r.exc_info is None for r in named)
+        # A put through the same refused login says so (it was a KeyError from aiokafka).
+        with (
+            thalweg_client.connect(gw.flight_url) as client,
+            pytest.raises(pa.ArrowException, match="authentication failed"),
+        ):
+            client.write(topic, pa.table({"value": [b"{}"]}))
+        gw.raise_errors()
     finally:
         rfc.stop()
 

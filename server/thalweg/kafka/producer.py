@@ -108,9 +108,17 @@ class KafkaWriter:
         """Connect; on failure the producer is closed again and ProduceError raised."""
         try:
             await self._producer.start()
-        except KafkaError as exc:
+        except (KafkaError, KeyError, ValueError) as exc:
             await self._producer.stop()
-            raise ProduceError(f"cannot connect a producer: {exc}") from exc
+            if isinstance(exc, KeyError | ValueError):
+                # aiokafka's SCRAM client on a refused login (see thalweg.kafka.login).
+                why = (
+                    "authentication failed: the broker ended the SCRAM exchange without "
+                    f"accepting it ({type(exc).__name__}: {exc})"
+                )
+            else:
+                why = str(exc)
+            raise ProduceError(f"cannot connect a producer: {why}") from exc
 
     async def stop(self) -> None:
         await self._producer.stop()
