@@ -253,11 +253,27 @@ class KafkaSource:
         return []
 
     def highwater(self, key: PartitionKey) -> int | None:
-        """The broker's end of a partition as of the last fetch (None before one)."""
+        """The broker's end of a partition as of the last fetch (None before one, or
+        when the partition is no longer assigned)."""
         if self._consumer is None:
             return None
-        hw = self._consumer.highwater(TopicPartition(*key))
+        tp = TopicPartition(*key)
+        if tp not in self._consumer.assignment():
+            return None
+        hw = self._consumer.highwater(tp)
         return int(hw) if hw is not None else None
+
+    def _assigned(self, keys: list[PartitionKey]) -> list[TopicPartition]:
+        """``keys`` the consumer still has assigned.
+
+        The engine's partitions follow the rebalance callbacks, but a pattern
+        subscription that gains a topic drops aiokafka's assignment at once and calls
+        the revoke callback later: in between, aiokafka asserts on (``highwater``) or
+        refuses (``seek``, ``pause``) a partition the engine still holds. Such a
+        partition is left alone; its revocation is on its way.
+        """
+        assigned = self.consumer.assignment()
+        return [tp for tp in (TopicPartition(*k) for k in keys) if tp in assigned]
 
     async def commit(self, positions: dict[PartitionKey, int]) -> None:
         """Commit ``positions`` (the next offset to read) for the group."""
@@ -276,13 +292,14 @@ class KafkaSource:
         return None if value is None or value < 0 else int(value)
 
     def seek(self, key: PartitionKey, offset: int) -> None:
-        self.consumer.seek(TopicPartition(*key), offset)
+        for tp in self._assigned([key]):
+            self.consumer.seek(tp, offset)
 
     def pause(self, keys: list[PartitionKey]) -> None:
-        self.consumer.pause(*(TopicPartition(*k) for k in keys))
+        self.consumer.pause(*self._assigned(keys))
 
     def resume(self, keys: list[PartitionKey]) -> None:
-        self.consumer.resume(*(TopicPartition(*k) for k in keys))
+        self.consumer.resume(*self._assigned(keys))
 
     async def stop(self) -> None:
         """Leave the group and close connections."""
