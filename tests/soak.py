@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -68,20 +69,28 @@ def run_once(test: str, out: Path, round_: int) -> tuple[bool, float, Path]:
     seeds = {name: str(random.SystemRandom().randrange(1, 2**31)) for name in SEEDS}
     env = {**os.environ, **seeds}
     log = out / f"{Path(test).stem}.round{round_:02d}.log"
+    # A temp root of its own: pytest sessions sharing /tmp/pytest-of-<user> prune each
+    # other's numbered directories (a soak beside a test run lost a Postgres data dir
+    # mid-test). Kept with the log when the run fails: the gateways' logs are in it.
+    basetemp = out / f"{Path(test).stem}.round{round_:02d}.tmp"
     started = time.monotonic()
     with log.open("w") as fh:
         fh.write(" ".join(f"{k}={v}" for k, v in seeds.items()) + f" pytest tests/e2e/{test}\n")
         fh.flush()
         code = subprocess.call(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/e2e/{test}"],
+            [
+                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                f"--basetemp={basetemp}", f"tests/e2e/{test}",
+            ],
             cwd=ROOT,
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
-        )
+        )  # fmt: skip
     took = time.monotonic() - started
     if code == 0:
         log.unlink()  # only failures are kept
+        shutil.rmtree(basetemp, ignore_errors=True)
     return code == 0, took, log
 
 
