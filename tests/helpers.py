@@ -203,6 +203,31 @@ def consume_confluent(
     return out
 
 
+def produce_until_stopped(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    stop: threading.Event,
+    sent: list[int],
+    *,
+    per_tick: int = 200,
+    tick_s: float = 0.05,
+) -> None:
+    """Produce ``{"n": n}`` to partition ``n % partitions``, ``per_tick`` records every
+    ``tick_s``, until ``stop`` is set; then flush and append the count to ``sent``. The
+    steady load of the fault tests that run a group while faults are aimed at it."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "log_level": 2})
+    n = 0
+    while not stop.is_set():
+        for _ in range(per_tick):
+            p.produce(topic, json.dumps({"n": n}).encode(), partition=n % partitions)
+            n += 1
+        p.poll(0)
+        time.sleep(tick_s)
+    assert p.flush(60) == 0
+    sent.append(n)
+
+
 def seeded_rng(name: str = "THALWEG_CRASH_SEED") -> random.Random:
     """A random generator whose seed is printed (pytest shows it with a failure), taken
     from the environment variable ``name`` when set so a failing run can be replayed."""

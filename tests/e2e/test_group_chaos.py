@@ -13,32 +13,27 @@ also what ``make soak`` is for). ``THALWEG_CRASH_SEED`` replays a run's choices.
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import signal
 import subprocess
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
 
-from tests.e2e.test_replica_faults import shared_dir, write_config
+from tests.e2e.test_replica_faults import lane_offsets, shared_dir, write_config
 from tests.helpers import (
     assert_verified,
     committed_offsets,
+    produce_until_stopped,
     seeded_rng,
     start_stream,
     wait_until,
 )
 from thalweg.embedded import TansuBroker
-from thalweg.lane.layout import Lane, LaneLayout
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -132,35 +127,6 @@ class Group:
                     proc.kill()
 
 
-def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list[str]]:
-    """Every (partition, offset) the shared raw lane holds, counted; overlapping segments."""
-    layout = LaneLayout(data)
-    seen: Counter[tuple[int, int]] = Counter()
-    overlapping = []
-    for p in range(PARTITIONS):
-        segments = layout.segments(Lane.RAW, topic, p)
-        for a, b in itertools.pairwise(segments):
-            if a.last >= b.first:
-                overlapping.append(f"{a.path.name} / {b.path.name}")
-        for seg in segments:
-            col = pq.read_table(seg.path, columns=["_twg_source_offset"]).column(0)
-            seen.update((p, o) for o in col.to_pylist())
-    return seen, overlapping
-
-
-def produce(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "log_level": 2})
-    n = 0
-    while not stop.is_set():
-        for _ in range(150):
-            p.produce(topic, json.dumps({"n": n}).encode(), partition=n % PARTITIONS)
-            n += 1
-        p.poll(0)
-        time.sleep(0.05)  # ~3k records/s
-    assert p.flush(60) == 0
-    sent[0] = n
-
-
 def test_six_gateways_under_random_kills_pauses_and_restarts_keep_every_record_once(
     broker: TansuBroker, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -172,8 +138,12 @@ def test_six_gateways_under_random_kills_pauses_and_restarts_keep_every_record_o
         write_config(path, broker.bootstrap, topic, group_id, shared_dir(data)(f"gw{i}"))
     rng = seeded_rng()
     group = Group(tmp_path, configs)
-    stop, sent = threading.Event(), [0]
-    producer = threading.Thread(target=produce, args=(broker.bootstrap, topic, stop, sent))
+    stop, sent = threading.Event(), list[int]()
+    producer = threading.Thread(
+        target=produce_until_stopped,
+        args=(broker.bootstrap, topic, PARTITIONS, stop, sent),
+        kwargs={"per_tick": 150},  # ~3k records/s
+    )
     try:
         for i in range(GATEWAYS):
             group.start(i)
@@ -214,7 +184,7 @@ def test_six_gateways_under_random_kills_pauses_and_restarts_keep_every_record_o
             producer.join(120)
     print(f"{len(group.actions)} faults over {CHAOS_S:.0f} s:", "; ".join(group.actions))
     assert len(group.actions) >= CHAOS_S / 6, group.actions
-    seen, overlapping = lane_offsets(data, topic)
+    seen, overlapping = lane_offsets(data, topic, PARTITIONS)
     assert not overlapping, overlapping[:3]
     want = {(p, o) for p, n in per.items() for o in range(n)}
     twice = [k for k, c in seen.items() if c > 1]

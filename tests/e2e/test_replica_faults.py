@@ -156,11 +156,14 @@ class Follower(threading.Thread):
         return sum(self.seen.values())
 
 
-def lane_offsets(data: Path, topic: str) -> tuple[Counter[tuple[int, int]], list[str]]:
+def lane_offsets(
+    data: Path, topic: str, partitions: int = PARTITIONS
+) -> tuple[Counter[tuple[int, int]], list[str]]:
+    """Every (partition, offset) a shared raw lane holds, counted; overlapping segments."""
     layout = LaneLayout(data)
     seen: Counter[tuple[int, int]] = Counter()
     overlapping = []
-    for p in range(PARTITIONS):
+    for p in range(partitions):
         segments = layout.segments(Lane.RAW, topic, p)
         for a, b in itertools.pairwise(segments):
             if a.last >= b.first:

@@ -19,7 +19,6 @@ makes the rebalance unnecessary.)
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import threading
@@ -31,12 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 import thalweg_client
 from tests.e2e.test_follow_replicas_kill import Follower
 from tests.e2e.test_replica_faults import get_json
-from tests.helpers import assert_verified, committed_offsets, start_stream, wait_until
+from tests.helpers import (
+    assert_verified,
+    committed_offsets,
+    produce_until_stopped,
+    start_stream,
+    wait_until,
+)
 from thalweg.embedded import TansuBroker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -87,19 +91,6 @@ def ready(http: int) -> bool:
         return False
 
 
-def produce(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "log_level": 2})
-    n = 0
-    while not stop.is_set():
-        for _ in range(200):
-            p.produce(topic, json.dumps({"n": n}).encode(), partition=n % PARTITIONS)
-            n += 1
-        p.poll(0)
-        time.sleep(0.05)  # ~4k records/s
-    assert p.flush(60) == 0
-    sent[0] = n
-
-
 def test_a_rolling_restart_with_static_membership_moves_nothing(
     broker: TansuBroker, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -110,8 +101,12 @@ def test_a_rolling_restart_with_static_membership_moves_nothing(
         n: write_config(tmp_path / f"{n}.toml", broker.bootstrap, topic, group, n) for n in names
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    stop, sent = threading.Event(), [0]
-    producer = threading.Thread(target=produce, args=(broker.bootstrap, topic, stop, sent))
+    stop, sent = threading.Event(), list[int]()
+    producer = threading.Thread(
+        target=produce_until_stopped,
+        args=(broker.bootstrap, topic, PARTITIONS, stop, sent),
+        kwargs={"per_tick": 200},  # ~4k records/s
+    )
     try:
         for n in names:
             procs[n] = start_stream(tmp_path / f"{n}.toml", tmp_path / f"{n}.log")

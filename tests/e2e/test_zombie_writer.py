@@ -12,7 +12,6 @@ through either replica returns every position once.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -25,10 +24,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
 
 import thalweg_client
-from tests.helpers import assert_verified, committed_offsets, seeded_rng, start_stream, wait_until
+from tests.helpers import (
+    assert_verified,
+    committed_offsets,
+    produce_until_stopped,
+    seeded_rng,
+    start_stream,
+    wait_until,
+)
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
 
@@ -68,16 +73,8 @@ heartbeat_interval_ms = 400
 
 
 def produce(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 2})
-    n = 0
-    while not stop.is_set():
-        for _ in range(200):
-            p.produce(topic, json.dumps({"n": n}).encode(), partition=n % PARTITIONS)
-            n += 1
-        p.poll(0)
-        time.sleep(0.1)  # ~2k records/s: every gateway always has something buffered
-    assert p.flush(30) == 0
-    sent.append(n)
+    # ~2k records/s: every gateway always has something buffered
+    produce_until_stopped(bootstrap, topic, PARTITIONS, stop, sent, per_tick=200, tick_s=0.1)
 
 
 def offsets(data: Path, topic: str) -> Counter[tuple[int, int]]:
