@@ -192,3 +192,15 @@ def test_a_kafka_source_takes_topics_or_a_whole_name_pattern() -> None:
         KafkaSourceConfig(name="s", bootstrap_servers="b:1", topics_pattern="orders[")
     cfg = KafkaSourceConfig(name="s", bootstrap_servers="b:1", topics_pattern="orders-[a-z]+")
     assert cfg.takes("orders-eu") and not cfg.takes("orders-eu-2") and not cfg.takes("x-orders-eu")
+
+
+def test_every_key_of_a_broker_source_is_in_the_configuration_reference() -> None:
+    """docs/configuration.md names every key of a Kafka or Pulsar source and of its
+    sasl_oauth table (a key added without its line fails here)."""
+    from thalweg.config.kafka_security import SaslOAuthConfig
+    from thalweg.config.models import PulsarSourceConfig
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    for model in (KafkaSourceConfig, SaslOAuthConfig, PulsarSourceConfig):
+        missing = [f for f in model.model_fields if f"`{f}`" not in doc]
+        assert not missing, f"{model.__name__}: {missing}"
