@@ -8,7 +8,8 @@ transport (a broker client or Thalweg's own transport packages), no Flight and n
 engine: the same decoding serves a Flight read, a re-decode and a future sink. The
 transports (``kafka``, ``pulsar``, ``sources``) import no Flight: the Flight server
 uses them, never the other way round. A package of either list is covered as soon as
-its directory exists.
+its directory exists. ``config``, ``ops``, ``lane``, ``sinks`` and ``recovery`` each have
+the list of packages they may import (``ALLOWED_PACKAGES``).
 """
 
 from __future__ import annotations
@@ -148,6 +149,34 @@ def test_data_layers_import_no_transport_flight_or_engine(package: str) -> None:
 @pytest.mark.parametrize("package", existing(TRANSPORTS))
 def test_transports_import_no_flight(package: str) -> None:
     found = violations(package, ("thalweg.flight",))
+    assert not found, "\n".join(found)
+
+
+#: The Thalweg packages each of these may import (besides itself), as they are today:
+#: configuration reads no runtime; ``ops`` (health, metrics, retries, tracing) is a
+#: leaf every layer may use; lanes know their files, not who writes or reads them; a
+#: sink knows its destination and the lane it reads; recovery drives sinks from the
+#: lanes and never reaches up into the engine, Flight or a broker client.
+ALLOWED_PACKAGES = {
+    "config": {"errors", "records"},
+    "ops": set(),
+    "lane": {"codecs", "config", "errors", "records"},
+    "sinks": {"errors", "lane", "records"},
+    "recovery": {
+        "codecs", "config", "errors", "lane", "ops", "pipeline", "records", "sidecars", "sinks",
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED_PACKAGES))
+def test_each_guarded_package_imports_only_what_it_may(package: str) -> None:
+    allowed = ALLOWED_PACKAGES[package] | {package}
+    found = [
+        f"{f.relative_to(ROOT)} imports {name}"
+        for f in sorted((ROOT / package).rglob("*.py"))
+        for name in sorted(all_imports_of(f))
+        if name.startswith("thalweg.") and name.split(".")[1] not in allowed
+    ]
     assert not found, "\n".join(found)
 
 
