@@ -230,3 +230,19 @@ def test_the_client_distribution_requires_pyarrow_and_protobuf_only() -> None:
     assert names(project["dependencies"]) == {"pyarrow", "protobuf"}
     extras = [r for reqs in project["optional-dependencies"].values() for r in reqs]
     assert names(extras) == CLIENT_EXTRAS
+
+
+#: A module past this many lines says at its top why it is one module ("Its length:").
+LONG_MODULE_LINES = 400
+
+
+def test_a_long_module_says_why_it_is_one() -> None:
+    unexplained = []
+    for f in sorted(ROOT.rglob("*.py")):
+        text = f.read_text(encoding="utf-8")
+        if text.count("\n") <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if "Its length:" not in doc and "Why one module" not in doc:
+            unexplained.append(f"{f.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not unexplained, "no reason at the top of: " + ", ".join(unexplained)

@@ -12,6 +12,11 @@ What is read, and how a window's positions become spans, is ``recovery.reading``
 span is added to the store only after the sink's flush returned. A replay that is
 catching up is throttled to ``recovery.max_duty`` of wall time so live ingest keeps
 most of its rate.
+
+Its length: one sink's feed loop — catching up, following the live lane, setting aside
+what the destination refuses (``recovery.isolate``, ``recovery.refused``) and reporting
+health — shares the sink's coverage and its failure state; the parts that need none of
+it already live apart.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ record has a number and its own bytes, and a record the parser refuses becomes a
 that cannot be read on (a truncated Parquet footer, a damaged Avro block, a CSV value
 of a type its column cannot take in a chunk no record of which parses alone) raises
 :class:`FileReadError` after the chunks before the damage.
+
+Its length: every format's reader is here with the byte-level record cutter they share;
+issue 36 makes it a package (a name → reader table, one module per format).
 """
 
 from __future__ import annotations

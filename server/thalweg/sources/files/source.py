@@ -7,6 +7,10 @@ the broker's committed offset is the manifest's ``committed`` (``manifest.py``),
 only after the raw segment holding those rows is durable. Files are read one at a
 time, in the order named (a directory or glob: sorted by path). A file that cannot be
 read on is marked failed with its reason; the run goes on to the next one.
+
+Its length: the source's whole life — picking files, the manifest, read-ahead, resume
+after a crash — is one state machine over one manifest; the formats are apart
+(``formats.py``, which issue 36 splits into a package).
 """
 
 from __future__ import annotations
