@@ -44,7 +44,7 @@ class defined outside this module names its module in parentheses)::
     ├── UnstorableColumnsError (thalweg.sources.files.lane_ready)
     └── FileReadError (thalweg.sources.files.formats)
 
-Two families live beside the tree on purpose:
+Three families live beside the tree on purpose:
 
 * ``RefusalError`` and its subclasses (``thalweg.flight.errors``) are not Thalweg errors
   but the wire's vocabulary: each is also the pyarrow exception whose gRPC status the
@@ -53,6 +53,8 @@ Two families live beside the tree on purpose:
   ``UNAVAILABLE``, anything else ``INTERNAL``), and nothing inside the gateway catches
   them. Keeping them out of the tree means an ``except ThalwegError`` never swallows an
   answer already meant for the client.
+* :class:`InvariantError` (an ``AssertionError``) is a bug, not a condition to handle:
+  it stands where an ``assert`` stood, and no handler of Thalweg errors may catch it.
 * ``thalweg_client.wire.WireError`` (a ``ValueError``) belongs to the client, its own
   distribution, which does not depend on the server; the gateway wraps it at the
   adapter (``raise TicketError(...) from exc`` in ``thalweg.flight.read.tickets``).
@@ -143,6 +145,16 @@ class DecodeError(ThalwegError):
 
 class TicketError(ThalwegError):
     """A Flight ticket, command or descriptor is malformed or names nothing."""
+
+
+class InvariantError(AssertionError):
+    """Something the code itself guarantees did not hold: a bug, never bad input.
+
+    Raised where an ``assert`` once stood, so ``python -O`` (which drops asserts) cannot
+    turn a broken invariant into a wrong result further on. An ``AssertionError``, as
+    the assert was, and outside the :class:`ThalwegError` tree: no ``except
+    ThalwegError`` turns a bug into an answer about the caller's input (a Flight handler
+    reports it as ``INTERNAL`` with an incident id, as any other fault inside)."""
 
 
 class ShutdownTimeoutError(ThalwegError):

@@ -18,7 +18,7 @@ import pytest
 
 import thalweg
 import thalweg.errors
-from thalweg.errors import ThalwegError
+from thalweg.errors import InvariantError, ThalwegError
 
 WIRE_FAMILY = "RefusalError"
 LINE = re.compile(
@@ -105,9 +105,14 @@ def test_every_other_exception_is_the_wire_family() -> None:
     outside = sorted(
         f"{c.__module__}.{c.__qualname__}"
         for c in package_exceptions()
-        if not issubclass(c, ThalwegError) and not wire(c)
+        if not issubclass(c, ThalwegError) and not wire(c) and c is not InvariantError
     )
     assert not outside, f"exception classes outside ThalwegError: {outside}"
+
+
+def test_a_broken_invariant_is_an_assertion_no_thalweg_handler_catches() -> None:
+    assert issubclass(InvariantError, AssertionError)
+    assert not issubclass(InvariantError, ThalwegError)
 
 
 def test_the_wire_family_stays_out_of_the_tree() -> None:

@@ -246,3 +246,15 @@ def test_a_long_module_says_why_it_is_one() -> None:
         if "Its length:" not in doc and "Why one module" not in doc:
             unexplained.append(f"{f.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert not unexplained, "no reason at the top of: " + ", ".join(unexplained)
+
+
+def test_no_assert_statement_in_the_server() -> None:
+    """``python -O`` drops asserts: an invariant the gateway relies on is checked with a
+    raise (``thalweg.errors.InvariantError``), which no optimisation removes."""
+    found = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in sorted(ROOT.rglob("*.py"))
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Assert)
+    ]
+    assert not found, "assert statements: " + ", ".join(found)

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from thalweg.codecs.limits import SchemaLimits, Shape, check
+from thalweg.errors import InvariantError
 from thalweg.records.columns import MetadataColumns
 
 
@@ -146,7 +147,8 @@ def assemble(
     for f in failures:
         messages[f.row] = f"{f.reason.value}: {f.message}"
     errors = pa.array(messages, pa.string())
-    assert isinstance(errors, pa.StringArray)
+    if not isinstance(errors, pa.StringArray):
+        raise InvariantError("errors is not a pa.StringArray")
     return DecodeResult(table, errors, tuple(sorted(failures, key=lambda f: f.row)))
 
 

@@ -33,6 +33,7 @@ from thalweg.codecs.base import (
 from thalweg.codecs.framing import HEADER, peel
 from thalweg.codecs.limits import SchemaLimits
 from thalweg.codecs.typemap import UnsupportedSchemaError
+from thalweg.errors import InvariantError
 from thalweg.records.columns import MetadataColumns
 
 _UTC = dt.UTC
@@ -278,7 +279,8 @@ class ProtobufArrowDecoder(LaneDecoder):
         for found in np.flatnonzero(ids >= 0):
             row, schema_id = int(found), int(ids[found])
             body = payloads[row]
-            assert body is not None
+            if body is None:
+                raise InvariantError("body is not set")
             body = body[HEADER:]
             schema = self._schemas.get(schema_id)
             if schema is None:

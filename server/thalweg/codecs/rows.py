@@ -23,6 +23,7 @@ from thalweg.codecs.base import (
     assemble,
     conform,
 )
+from thalweg.errors import InvariantError
 
 
 class ArrowRowDecoder(LaneDecoder):
@@ -35,7 +36,8 @@ class ArrowRowDecoder(LaneDecoder):
             rows = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
             refused = [DecodeFailure(int(r), DecodeReason.UNSUPPORTED, msg) for r in rows]
             return assemble(n, self._schema, [], refused)
-        assert isinstance(values, pa.StructArray)
+        if not isinstance(values, pa.StructArray):
+            raise InvariantError("values is not a pa.StructArray")
         err_name = self._columns.file_error
         names = [values.type.field(i).name for i in range(values.type.num_fields)]
         fields = values.flatten()
@@ -73,5 +75,6 @@ class ArrowRowDecoder(LaneDecoder):
 
 def _no_errors(n: int) -> pa.StringArray:
     errors = pa.nulls(n, pa.string())
-    assert isinstance(errors, pa.StringArray)
+    if not isinstance(errors, pa.StringArray):
+        raise InvariantError("errors is not a pa.StringArray")
     return errors

@@ -30,6 +30,7 @@ from thalweg.config.sinks import (
     RecoveryConfig,
     SinkConfig,
 )
+from thalweg.errors import InvariantError
 from thalweg.records.columns import DEFAULT_PREFIX, MetadataColumns
 
 MiB = 1 << 20
@@ -67,7 +68,8 @@ class FlightToken(_Model):
             raise ValueError("set exactly one of token and token_file")
         if self.token_file is not None:
             object.__setattr__(self, "token", _read_secret(self.token_file, "token"))
-        assert self.token is not None
+        if self.token is None:
+            raise InvariantError("self.token is not set")
         if len(self.token.get_secret_value()) < 16:
             raise ValueError("tokens must be at least 16 characters")
         return self
@@ -89,7 +91,8 @@ class FlightUser(_Model):
             raise ValueError("set exactly one of password and password_file")
         if self.password_file is not None:
             object.__setattr__(self, "password", _read_secret(self.password_file, "password"))
-        assert self.password is not None
+        if self.password is None:
+            raise InvariantError("self.password is not set")
         if len(self.password.get_secret_value()) < 8:
             raise ValueError("passwords must be at least 8 characters")
         return self
@@ -137,8 +140,10 @@ class FlightTlsConfig(_Model):
             except OSError as exc:
                 raise ValueError(f"gateway.tls.{name}: cannot read {path}: {exc.strerror}") from exc
         cert, key, ca = out
-        assert cert is not None
-        assert key is not None
+        if cert is None:
+            raise InvariantError("cert is not set")
+        if key is None:
+            raise InvariantError("key is not set")
         return cert, key, ca
 
 

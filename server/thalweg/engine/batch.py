@@ -28,7 +28,7 @@ from thalweg.config.models import FilesSourceConfig, SourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext, new_backoff
 from thalweg.engine.gateway import tune_gc
 from thalweg.engine.runner import SourceRunner
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail
 from thalweg.lane.writer import SegmentWriter
@@ -185,7 +185,8 @@ class BatchRun:
         )
         runner = SourceRunner(self.source_cfg, ctx)
         source = runner.source
-        assert isinstance(source, FileSource)
+        if not isinstance(source, FileSource):
+            raise InvariantError("source is not a FileSource")
         lane_parts = layout.partitions(self.topic)
         known = {e.partition for e in source.manifest.entries}
         strangers = sorted(set(lane_parts) - known)
@@ -298,7 +299,8 @@ class BatchRun:
             new_backoff,
         )
         decoder = decoders.for_topic(self.topic)
-        assert decoder is not None
+        if decoder is None:
+            raise InvariantError("decoder is not set")
         p = Progress()
         reasons: Counter[str] = Counter()
         cfg = self.source_cfg

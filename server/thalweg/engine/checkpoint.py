@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from thalweg.engine.buffer import PartitionBuffer, Pending
 from thalweg.engine.context import RAW_LANE, SourceState, new_backoff
-from thalweg.errors import LaneError, OwnershipLostError, SourceError, ThalwegError
+from thalweg.errors import InvariantError, LaneError, OwnershipLostError, SourceError, ThalwegError
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.layout import Segment
 from thalweg.lane.writer import WrittenSegment
@@ -196,7 +196,8 @@ class Checkpoint:
         """
         s, ctx = self.s, self.s.ctx
         mirror = ctx.mirror
-        assert mirror is not None
+        if mirror is None:
+            raise InvariantError("mirror is not set")
         fence = s.fence.check if s.fence is not None else _unfenced
         name, generation = written.segment.path.name, s.source.generation()
         backoff = new_backoff()
@@ -238,7 +239,8 @@ class Checkpoint:
     async def _landed(self, key: PartitionKey, name: str, generation: int) -> bool:
         """Whether the segment's raw object is in the store, asked until it answers."""
         mirror = self.s.ctx.mirror
-        assert mirror is not None
+        if mirror is None:
+            raise InvariantError("mirror is not set")
         backoff = new_backoff()
         while True:
             try:
@@ -333,8 +335,10 @@ class Checkpoint:
         ``dlq_topic_max_wait_s``, until that bound: then the letters stay in the durable
         ``dlq/`` lane only, the give-up is counted, and the commit goes on."""
         dlq, cfg = self._dlq_topic, self.s.kafka
-        assert dlq is not None
-        assert cfg is not None
+        if dlq is None:
+            raise InvariantError("dlq is not set")
+        if cfg is None:
+            raise InvariantError("cfg is not set")
         bound = cfg.dlq_topic_max_wait_s
         deadline = None if bound is None else time.monotonic() + bound
         backoff = new_backoff()

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from thalweg.config.models import ThalwegConfig
+from thalweg.errors import InvariantError
 from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.coverage import is_compacted
 from thalweg.lane.layout import Lane, LaneLayout
@@ -86,7 +87,8 @@ class CompactionJob:
     def _publish_merged(self, topic: str, p: int) -> None:
         """Every merged file in the object store before any of its parts leaves it (a
         merge whose PUT failed is PUT by the next run; lane/mirror.py)."""
-        assert self.mirror is not None
+        if self.mirror is None:
+            raise InvariantError("self.mirror is not set")
         stored = {o.name for o in self.mirror.objects(Lane.RAW, topic, p)}
         for seg in self.layout.segments(Lane.RAW, topic, p):
             if is_compacted(seg) and seg.path.name not in stored:

@@ -34,7 +34,7 @@ from thalweg.engine.continuity import (
     offset_went_back,
     record_mismatch,
 )
-from thalweg.errors import LaneError, SourceError
+from thalweg.errors import InvariantError, LaneError, SourceError
 from thalweg.lane.coverage import Coverage, repair, resume_position, scan_coverage
 from thalweg.lane.elsewhere import record_elsewhere
 from thalweg.lane.epochs import (
@@ -175,7 +175,8 @@ class Partitions:
         resume (lane/mirror.py); retried while the store does not answer (the partition
         stays paused meanwhile)."""
         mirror = self.s.ctx.mirror
-        assert mirror is not None
+        if mirror is None:
+            raise InvariantError("mirror is not set")
         backoff = new_backoff()
         while True:
             try:

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow.flight as fl
 
 from thalweg.config.models import FlightAuthConfig
+from thalweg.errors import InvariantError
 from thalweg.flight.errors import refusals
 
 MIDDLEWARE_KEY = "thalweg-auth"
@@ -62,7 +63,8 @@ class _CallPrincipal(fl.ServerMiddleware):  # type: ignore[misc]
 
 
 def _secret(value: Any) -> bytes:
-    assert value is not None  # the config validators guarantee one is set
+    if value is None:
+        raise InvariantError("value is not set (the config validators guarantee one is set)")
     return str(value.get_secret_value()).encode()
 
 

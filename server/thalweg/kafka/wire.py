@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
 
+from thalweg.errors import InvariantError
 from thalweg.records.rows import ProduceRows
 
 #: The record batch header (see Kafka's DefaultRecordBatch): base offset, length,
@@ -96,8 +97,10 @@ def _data(col: pa.Array) -> pa.Buffer:
     """The bytes of every value of a binary array, back to back (its data buffer, cut to
     the values the array covers)."""
     _, offsets, data = col.buffers()
-    assert offsets is not None
-    assert data is not None
+    if offsets is None:
+        raise InvariantError("offsets is not set")
+    if data is None:
+        raise InvariantError("data is not set")
     bounds = np.frombuffer(offsets, np.int32)[col.offset : col.offset + len(col) + 1]
     return data[int(bounds[0]) : int(bounds[-1])]
 

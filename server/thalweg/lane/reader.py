@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from thalweg.errors import InvariantError
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.lane.shape import few_chunks
@@ -83,7 +84,8 @@ class LaneReader:
             if decoded:
                 dec = self._read(dpath, wanted, None if with_raw else predicate)
             ref = dec if dec is not None else raw
-            assert ref is not None
+            if ref is None:
+                raise InvariantError("ref is not set")
             lo, hi = offset_slice(ref, off, start, end)
             if hi <= lo:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.errors import InvariantError
 from thalweg.records.columns import MetadataColumns, MetadataPolicy
 from thalweg.records.raw_batch import constant
 
@@ -79,7 +80,8 @@ def shape_decoded(
         decoded = decoded.filter(pc.is_null(decoded.column(columns.decode_error)))
         return fit_stream_schema(decoded, schema)
     if policy is MetadataPolicy.ALL:
-        assert raw is not None
+        if raw is None:
+            raise InvariantError("raw is not set")
         extra = {name: raw.column(name) for name in raw.column_names}
         extra[columns.emit_ts] = constant(
             emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
-from thalweg.errors import LaneError, SegmentConflictError, UnwritableSegmentError
+from thalweg.errors import InvariantError, LaneError, SegmentConflictError, UnwritableSegmentError
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -202,7 +202,8 @@ class SegmentWriter:
                 raise _not_written("raw", path, exc) from exc
             raise
         if encoding is not None:
-            assert decoded is not None
+            if decoded is None:
+                raise InvariantError("decoded is not set")
             try:
                 decoded_ok = self._publish_decoded(encoding, dpath, decoded, fence, file_rows)
             except BaseException:  # the fence, or file rows without their fields

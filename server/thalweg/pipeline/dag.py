@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from datafusion import ScalarUDF, SessionConfig, SessionContext
 
 from thalweg.config.pipeline import NodeConfig, PipelineConfig
-from thalweg.errors import ConfigError, ThalwegError
+from thalweg.errors import ConfigError, InvariantError, ThalwegError
 from thalweg.pipeline.quality import QualityNode, verdict_schema
 from thalweg.records.columns import MetadataColumns
 
@@ -178,7 +178,8 @@ class SqlNode:
         columns: MetadataColumns,
         udfs: Sequence[ScalarUDF] = (),
     ):
-        assert cfg.query is not None
+        if cfg.query is None:
+            raise InvariantError("cfg.query is not set")
         self.name = cfg.name
         self._udfs = tuple(udfs)
         self.query = expand_prefix_glob(cfg.query, input_schema, columns)

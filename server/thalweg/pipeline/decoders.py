@@ -31,7 +31,7 @@ from thalweg.codecs.rows import ArrowRowDecoder
 from thalweg.codecs.typemap import json_schema_record
 from thalweg.config.models import SourceConfig, TypedSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.reader import LaneReader
 from thalweg.ops.health import Health, State
@@ -167,7 +167,8 @@ class TopicDecoders:
         if isinstance(self.cfg, TypedSourceConfig):
             return ArrowRowDecoder(self._columns, pinned, limits)
         if self.cfg.format == "avro":
-            assert self._registry is not None
+            if self._registry is None:
+                raise InvariantError("self._registry is not set")
             return AvroArrowDecoder(self._columns, self._registry, schema=pinned, limits=limits)
         if self.cfg.format == "protobuf":
             from thalweg.codecs.protobuf import ProtobufArrowDecoder  # the protobuf extra

@@ -37,7 +37,7 @@ from thalweg.config.pipeline import NodeConfig
 from thalweg.contracts.checks import CompiledContract, RuleError, compile_object
 from thalweg.contracts.dataset import DatasetCheck, compile_dataset
 from thalweg.contracts.model import DataContract, load_contract
-from thalweg.errors import ConfigError, ThalwegError
+from thalweg.errors import ConfigError, InvariantError, ThalwegError
 from thalweg.records.columns import MetadataColumns
 
 VERDICT = "dq_verdict"
@@ -88,7 +88,8 @@ class QualityNode:
     """
 
     def __init__(self, cfg: NodeConfig, topic: str, columns: MetadataColumns) -> None:
-        assert cfg.contract is not None
+        if cfg.contract is None:
+            raise InvariantError("cfg.contract is not set")
         where = f"pipeline.nodes.{cfg.name}"
         self.name = cfg.name
         self.mode = cfg.mode

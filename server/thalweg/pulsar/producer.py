@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from thalweg.errors import ProduceError, ThalwegError
+from thalweg.errors import InvariantError, ProduceError, ThalwegError
 from thalweg.records.model import RawRecord
 
 
@@ -111,7 +111,8 @@ class PulsarWriter:
             def done(res: Any, msg_id: Any, fut: asyncio.Future[Any] = fut) -> None:
                 loop.call_soon_threadsafe(_settle, fut, res, msg_id)
 
-            assert r.value is not None
+            if r.value is None:
+                raise InvariantError("r.value is not set")
             producer.send_async(r.value, done, **kw)
             futures.append(fut)
         await asyncio.to_thread(producer.flush)

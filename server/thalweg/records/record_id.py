@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from thalweg.errors import InvariantError
 from thalweg.records.columns import RECORD_ID_TYPE, MetadataColumns
 
 
@@ -43,7 +44,8 @@ def record_ids(
     out[:, :8] = np.frombuffer(digest, dtype=np.uint8)
     out[:, 8:] = offsets.astype(">i8").view(np.uint8).reshape(n, 8)
     arr = pa.Array.from_buffers(RECORD_ID_TYPE, n, [None, pa.py_buffer(out)])
-    assert isinstance(arr, pa.FixedSizeBinaryArray)
+    if not isinstance(arr, pa.FixedSizeBinaryArray):
+        raise InvariantError("arr is not a pa.FixedSizeBinaryArray")
     return arr
 
 

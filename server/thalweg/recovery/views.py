@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from thalweg.config.models import ThalwegConfig
+from thalweg.errors import InvariantError
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout, Segment
 from thalweg.lane.reader import LaneReader
@@ -98,7 +99,8 @@ class NodeView:
         )
 
     def _derive(self, rows: pa.Table, topic: str, partition: int, seg: Segment) -> pa.Table:
-        assert self._chain is not None
+        if self._chain is None:
+            raise InvariantError("self._chain is not set")
         return self._chain.apply(rows).rows
 
     def partitions(self) -> list[int]:

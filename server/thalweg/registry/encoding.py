@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from thalweg.codecs.encode import AvroEncoder, ProtobufEncoder
 from thalweg.codecs.typemap import arrow_schema_to_avro
+from thalweg.errors import InvariantError
 from thalweg.registry.confluent import ConfluentRegistry, topic_subject
 from thalweg.registry.errors import RegistryError
 
@@ -46,7 +47,8 @@ def protobuf_encoder_for_topic(
     if descriptor_set is not None:
         schema, schema_id = ProtoSchema(descriptor_set), 0
     else:
-        assert registry is not None
+        if registry is None:
+            raise InvariantError("registry is not set")
         found = registry.latest_raw(topic_subject(topic))
         if found is None:
             raise RegistryError(

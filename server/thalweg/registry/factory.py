@@ -6,7 +6,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from thalweg.config.models import RegistryConfig, SourceConfig
-from thalweg.errors import ConfigError
+from thalweg.errors import ConfigError, InvariantError
 from thalweg.registry.confluent import ConfluentRegistry
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ def open_proto_schemas(cfg: SourceConfig) -> RegistryProtoSchemas | FileProtoSch
         ) from exc
     if cfg.protobuf_descriptor_set is not None:
         return FileProtoSchemas(cfg.protobuf_descriptor_set)
-    assert cfg.registry is not None
+    if cfg.registry is None:
+        raise InvariantError("cfg.registry is not set")
     registry = open_registry(cfg.registry)
     if not isinstance(registry, ConfluentRegistry):
         raise ConfigError(
@@ -37,7 +38,8 @@ def open_proto_schemas(cfg: SourceConfig) -> RegistryProtoSchemas | FileProtoSch
 def open_registry(cfg: RegistryConfig) -> ConfluentRegistry | StaticRegistry:
     if cfg.schemas_dir is not None:
         return StaticRegistry(cfg.schemas_dir)
-    assert cfg.url is not None
+    if cfg.url is None:
+        raise InvariantError("cfg.url is not set")
     context = ssl.create_default_context(cafile=str(cfg.ssl_cafile)) if cfg.ssl_cafile else None
     return ConfluentRegistry(
         cfg.url,

@@ -37,7 +37,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from thalweg.config.pipeline import NodeConfig
-from thalweg.errors import ConfigError, ThalwegError
+from thalweg.errors import ConfigError, InvariantError, ThalwegError
 from thalweg.pipeline.dag import RowsRefusedError
 from thalweg.records.columns import MetadataColumns
 
@@ -92,8 +92,10 @@ class SidecarClient:
         breaker_open_s: float = 2.0,
         probe_s: float = 0.25,
     ) -> None:
-        assert node.sidecar is not None
-        assert node.command is not None
+        if node.sidecar is None:
+            raise InvariantError("node.sidecar is not set")
+        if node.command is None:
+            raise InvariantError("node.command is not set")
         self.node = node.name
         self.location = node.sidecar
         self._descriptor = flight.FlightDescriptor.for_command(node.command.encode())
@@ -311,7 +313,8 @@ class SidecarClient:
 
 def _read_pem(node: NodeConfig) -> bytes:
     """The node's CA bundle, read once (a missing file is a configuration error)."""
-    assert node.tls_root_certs is not None
+    if node.tls_root_certs is None:
+        raise InvariantError("node.tls_root_certs is not set")
     try:
         return node.tls_root_certs.read_bytes()
     except OSError as exc:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from thalweg.config.models import FlightSourceConfig
-from thalweg.errors import SourceError
+from thalweg.errors import InvariantError, SourceError
 from thalweg.lane.layout import remove_interrupted_writes, write_json_durably
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
@@ -147,7 +147,8 @@ class FlightSource(Unbrokered):
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         del on_revoked
-        assert self.cfg.state_dir is not None
+        if self.cfg.state_dir is None:
+            raise InvariantError("self.cfg.state_dir is not set")
         if self._lock_fd is None:
             self._lock_fd = Manifest.lock(self.cfg.state_dir, self.topic)
         try:
@@ -181,7 +182,8 @@ class FlightSource(Unbrokered):
                 break
             if gen != self._generation.get(partition) or partition in self._paused:
                 continue  # from before a seek, or held back: read again from its position
-            assert isinstance(item, pa.RecordBatch)
+            if not isinstance(item, pa.RecordBatch):
+                raise InvariantError("item is not a pa.RecordBatch")
             got.setdefault(partition, []).append(item)
             n += item.num_rows
             if not self._queue.qsize():

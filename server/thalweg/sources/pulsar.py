@@ -34,7 +34,7 @@ import pyarrow as pa
 from pulsar.exceptions import PulsarException, Timeout
 
 from thalweg.config.models import PulsarSourceConfig
-from thalweg.errors import SourceError
+from thalweg.errors import InvariantError, SourceError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
@@ -214,7 +214,8 @@ class PulsarSource:
         new = [k for k in grouped if k not in self._known]
         if new:
             self._known.update(new)
-            assert self._on_assigned is not None
+            if self._on_assigned is None:
+                raise InvariantError("self._on_assigned is not set")
             await self._on_assigned(new)  # sets each partition's floor (seek) first
         ingest_ts_us = time.time_ns() // 1000
         out: dict[PartitionKey, pa.RecordBatch] = {}

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from thalweg.config.models import BrokerSourceConfig
-from thalweg.errors import TicketError
+from thalweg.errors import InvariantError, TicketError
 from thalweg.registry.confluent import ConfluentRegistry
 from thalweg.registry.encoding import avro_encoder_for_topic, protobuf_encoder_for_topic
 from thalweg.registry.factory import open_registry
@@ -28,7 +28,8 @@ def avro_encoder(topic: str, source: BrokerSourceConfig | None) -> AvroEncoderFa
     if source is None or source.registry is None or source.registry.url is None:
         return None
     registry = open_registry(source.registry)
-    assert isinstance(registry, ConfluentRegistry)
+    if not isinstance(registry, ConfluentRegistry):
+        raise InvariantError("registry is not a ConfluentRegistry")
 
     def make(schema: pa.Schema) -> Callable[[pa.Table], list[bytes]]:
         return avro_encoder_for_topic(registry, topic, schema).encode
@@ -51,7 +52,8 @@ def protobuf_encoder(
         if source.registry is None or source.registry.url is None:
             raise TicketError(f"topic {topic!r}: Protobuf puts need a registry url")
         registry = open_registry(source.registry)
-        assert isinstance(registry, ConfluentRegistry)
+        if not isinstance(registry, ConfluentRegistry):
+            raise InvariantError("registry is not a ConfluentRegistry")
         return protobuf_encoder_for_topic(topic, registry=registry)
 
     return make

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from thalweg.config.models import BrokerSourceConfig, FlightServingConfig, PulsarSourceConfig
-from thalweg.errors import ThalwegError, TicketError
+from thalweg.errors import InvariantError, ThalwegError, TicketError
 from thalweg.flight.auth import caller_key, principal_of
 from thalweg.flight.descriptors import path_topic
 from thalweg.flight.errors import InvalidArgumentError
@@ -128,7 +128,8 @@ class Puts:
             )
         except ThalwegError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        assert source is not None
+        if source is None:
+            raise InvariantError("source is not set")
         slot = self._streams.acquire(caller_key(context))
         span_ctx = call_span_context(context)
         traceparent = traceparent_of(span_ctx) if span_ctx is not None else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from thalweg.errors import InvariantError
 from thalweg.flight.read.plan import PartitionRange, ReadPlan
 from thalweg.flight.read.tickets import OffsetPosition, ReadTicket
 from thalweg.lane.catalog import LaneCatalog
@@ -43,7 +44,8 @@ def plan_endpoints(catalog: LaneCatalog, plan: ReadPlan, slice_rows: int) -> lis
 def _slices(
     catalog: LaneCatalog, plan: ReadPlan, r: PartitionRange, slice_rows: int
 ) -> list[EndpointPlan]:
-    assert r.end is not None
+    if r.end is None:
+        raise InvariantError("r.end is not set")
     topic = plan.ticket.topic
     segments = catalog.reader.segments_between(topic, r.partition, r.start, r.end)
     if r.end <= r.start or not segments:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.errors import TicketError
+from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.elsewhere import first_gap
@@ -168,7 +168,8 @@ def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int)
     if isinstance(start, OffsetPosition):
         _check_retained(catalog, topic, p, start.offset)
         return start.offset
-    assert isinstance(start, TimestampPosition)
+    if not isinstance(start, TimestampPosition):
+        raise InvariantError("start is not a TimestampPosition")
     found = catalog.reader.offset_for_timestamp(topic, p, start.timestamp_ms, durable)
     return durable if found is None else found
 
@@ -225,6 +226,7 @@ def _end(catalog: LaneCatalog, topic: str, p: int, end: End, durable: int) -> in
     if isinstance(end, OffsetPosition):
         # Answered up to what the gateway holds when the call starts, never waited for.
         return min(end.offset, catalog.high_water(topic, p))
-    assert isinstance(end, TimestampPosition)
+    if not isinstance(end, TimestampPosition):
+        raise InvariantError("end is not a TimestampPosition")
     found = catalog.reader.offset_for_timestamp(topic, p, end.timestamp_ms, durable)
     return durable if found is None else found

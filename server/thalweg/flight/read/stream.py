@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from thalweg.errors import PartitionElsewhereError, ThalwegError
+from thalweg.errors import InvariantError, PartitionElsewhereError, ThalwegError
 from thalweg.flight.read.plan import ReadPlan, start_of_new_partition
 from thalweg.flight.read.prefetch import prefetched
 from thalweg.lane.catalog import LaneCatalog
@@ -284,9 +284,11 @@ def _shape(
     catalog: LaneCatalog, plan: ReadPlan, raw: pa.Table | None, dec: pa.Table | None
 ) -> pa.Table:
     if plan.ticket.lane is Lane.RAW:
-        assert raw is not None
+        if raw is None:
+            raise InvariantError("raw is not set")
         return plan.finish(fit_stream_schema(raw, plan.full_schema))
-    assert dec is not None
+    if dec is None:
+        raise InvariantError("dec is not set")
     shaped = shape_decoded(
         dec, raw, plan.full_schema, catalog.columns, plan.ticket.metadata, _now_us()
     )

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datafusion import DataFrame, SessionContext
 
-from thalweg.errors import TicketError
+from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.errors import UnavailableError
 from thalweg.flight.read.nodes import node_rows, shaped
 from thalweg.flight.read.plan import ReadPlan, output_schema
@@ -199,7 +199,8 @@ class Snapshot:
         """A pipeline node's rows, as a ``do_get`` of the node reads them (its own lane
         when materialised, else derived from the lanes now): durable history only, held
         in memory for the query — node lanes are not hard-linked."""
-        assert self._nodes is not None
+        if self._nodes is None:
+            raise InvariantError("self._nodes is not set")
         view = self._nodes.open(node)
 
         def partitions() -> list[int]:

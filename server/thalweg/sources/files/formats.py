@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from thalweg.errors import ThalwegError
+from thalweg.errors import InvariantError, ThalwegError
 from thalweg.records.file_rows import BrokenRow
 from thalweg.sources.files.lane_ready import UnstorableColumnsError, lane_ready, unique_names
 from thalweg.sources.files.quotes import count_holds, ends_inside_quotes, newlines_inside
@@ -568,7 +568,8 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
 
     def rows_of(body: bytes, nbytes: int, eof: bool) -> Iterator[Chunk]:
         nonlocal row, held
-        assert names is not None
+        if names is None:
+            raise InvariantError("names is not set")
         chunk, n, held = _csv_piece(body, names, types, opts, row, eof)
         for fld in chunk.table.schema:  # rows skipped on a resumed read type the file too
             if not pa.types.is_null(fld.type):
@@ -598,7 +599,8 @@ def _csv(fs: pafs.FileSystem, path: str, start: int, opts: CsvOptions) -> Iterat
             yield from rows_of(body, nbytes, False)
         if held and names is None:
             header = _csv_header(held, opts)
-            assert header is not None
+            if header is None:
+                raise InvariantError("header is not set")
             names, held = header
         if held and names is not None:
             yield from rows_of(held, 0, True)

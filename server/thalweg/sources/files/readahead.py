@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Literal
 
+from thalweg.errors import InvariantError
 from thalweg.sources.files.formats import Chunk
 
 DEPTH = 2
@@ -52,11 +53,13 @@ class ReadAhead(Iterator[Chunk]):
     def __next__(self) -> Chunk:
         kind, value = self._queue.get()
         if kind == "chunk":
-            assert isinstance(value, Chunk)
+            if not isinstance(value, Chunk):
+                raise InvariantError("value is not a Chunk")
             return value
         if kind == "end":
             raise StopIteration
-        assert isinstance(value, BaseException)
+        if not isinstance(value, BaseException):
+            raise InvariantError("value is not a BaseException")
         raise value
 
     def close(self) -> None:

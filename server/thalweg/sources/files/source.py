@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from thalweg.config.models import FilesSourceConfig, TypedSourceConfig
-from thalweg.errors import ConfigError, SourceError
+from thalweg.errors import ConfigError, InvariantError, SourceError
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
@@ -209,7 +209,8 @@ class FileSource(Unbrokered):
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         del on_revoked  # nothing takes files away
-        assert self.cfg.state_dir is not None
+        if self.cfg.state_dir is None:
+            raise InvariantError("self.cfg.state_dir is not set")
         self._lock = Manifest.lock(self.cfg.state_dir, self.topic)
         inputs = await asyncio.to_thread(self._inputs_now)
         self.progress.files_total = len(inputs)
@@ -223,11 +224,13 @@ class FileSource(Unbrokered):
     watching = False
 
     def _inputs_now(self) -> list[InputFile]:
-        assert isinstance(self.cfg, FilesSourceConfig)
+        if not isinstance(self.cfg, FilesSourceConfig):
+            raise InvariantError("self.cfg is not a FilesSourceConfig")
         return resolve_inputs(self.cfg.paths)
 
     def _format_of(self, f: InputFile) -> str | None:
-        assert isinstance(self.cfg, FilesSourceConfig)
+        if not isinstance(self.cfg, FilesSourceConfig):
+            raise InvariantError("self.cfg is not a FilesSourceConfig")
         return self.cfg.file_format if self.cfg.file_format != "auto" else detect(f.path)
 
     def _csv_options(self) -> CsvOptions:
@@ -383,7 +386,8 @@ class FileSource(Unbrokered):
             if self._current is None and not self._open_next():
                 await asyncio.sleep(timeout_ms / 1000)
                 return {}
-            assert self._current is not None
+            if self._current is None:
+                raise InvariantError("self._current is not set")
             entry, chunks = self._current
             if entry.partition in self._paused:
                 await asyncio.sleep(min(timeout_ms, 50) / 1000)
