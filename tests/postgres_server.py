@@ -82,6 +82,10 @@ class PostgresServer:
         if self._user:
             entry = pwd.getpwnam(self._user)
             os.chown(self.log, entry.pw_uid, entry.pw_gid)
+            # Again at every start: another pytest session starting meanwhile resets
+            # /tmp/pytest-of-<user> to 0700, and a restart after an outage then failed
+            # with "could not access directory .../pgdata: Permission denied".
+            ensure_prefix_permissions(self.root)
         self.proc = subprocess.Popen(
             [
                 str(POSTGRES_BIN_PATH / "postgres"),
