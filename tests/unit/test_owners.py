@@ -70,7 +70,7 @@ def test_the_split_follows_locations_not_member_ids_so_a_restart_gets_its_share_
     """A broker draws a new member id at every join; ordering by it moved partitions at
     each restart (tansu rebalances even a returning static member). By location, the
     same gateways always get the same partitions, over several topics too."""
-    assignor = owner_assignor(OwnerDirectory(), lambda: 1)
+    assignor = owner_assignor(OwnerDirectory(), lambda: 1, by_location=True)
     cluster = Partitions({"t": 6, "u": 3})
     locs = ["grpc://a:1", "grpc://b:2", "grpc://c:3"]
 
@@ -89,6 +89,13 @@ def test_the_split_follows_locations_not_member_ids_so_a_restart_gets_its_share_
     assert split(["z-9", "m-2", "m-3"]) == first
     assert split(["z-9", "a-0", "m-3"]) == first
     assert split(["z-9", "a-0", "b-5"]) == first
+    # Without static membership the split is aiokafka's: by member id.
+    by_id = owner_assignor(OwnerDirectory(), lambda: 1)
+    members = {i: member(loc, ["t"]) for i, loc in zip(["z-9", "a-0", "b-5"], locs, strict=True)}
+    out = by_id.assign(Partitions({"t": 3}), members)  # type: ignore[arg-type]
+    assert {i: dict(out[i].assignment) for i in members} == {
+        "a-0": {"t": [0]}, "b-5": {"t": [1]}, "z-9": {"t": [2]},
+    }  # fmt: skip
 
 
 def test_a_member_without_a_location_and_a_map_without_owners() -> None:

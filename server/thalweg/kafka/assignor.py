@@ -3,13 +3,13 @@
 Kafka's consumer protocol carries opaque ``user_data`` both ways: a member's join
 metadata (here: its advertised Flight location) and the leader's assignment of each
 member (here: the whole partition → location map). Partitions are split round-robin
-as aiokafka's default assignor does, but over the members ordered by their advertised
-location rather than by member id (which the broker draws anew at every restart): the
-same gateways always get the same split. A gateway restarted with static membership
-(``group_instance_id``) thus gets its partitions back even from a broker that answers a
-returning static member with a full rebalance (tansu), and keeps them without any
-rebalance where the broker implements KIP-345. The broker stores
-and forwards these bytes without reading them, so this works on every Kafka-protocol
+as aiokafka's default assignor does — with static membership (``group_instance_id``)
+over the members ordered by their advertised location rather than by member id (which
+the broker draws anew at every restart): the same gateways always get the same split.
+A gateway restarted with static membership thus gets its partitions back even from a
+broker that answers a returning static member with a full rebalance (tansu), and keeps
+them without any rebalance where the broker implements KIP-345. The broker stores and
+forwards these bytes without reading them, so this works on every Kafka-protocol
 broker (tested on tansu) and needs no coordination of Thalweg's own.
 
 Members announce this protocol alone: a second one (plain ``roundrobin``, for a group
@@ -44,9 +44,14 @@ PROTOCOL = "thalweg-owners-v1"
 
 
 def owner_assignor(
-    directory: OwnerDirectory, generation: Callable[[], int]
+    directory: OwnerDirectory, generation: Callable[[], int], *, by_location: bool = False
 ) -> type[RoundRobinPartitionAssignor]:
     """A round-robin assignor class that publishes the group's owners to ``directory``.
+
+    ``by_location``: order members by advertised location (static membership, so a
+    restarted gateway gets its own partitions back), not by member id. Only then: a
+    member that returns to the same partitions after a pause past its session can leave
+    a follow stream at it jumping what another member ingested meanwhile (docs/status.md).
 
     Args:
         directory: where the map lands; its ``location`` is what this member announces.
@@ -70,7 +75,8 @@ def owner_assignor(
             members: Mapping[str, ConsumerProtocolMemberMetadata],
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
             locations = {m: _location(meta.user_data) for m, meta in members.items()}
-            split = _split(cluster, members, locations, cls.version)
+            keys = locations if by_location else {}
+            split = _split(cluster, members, keys, cls.version)
             _warn_on_shared_locations(locations)
             owners: dict[str, dict[str, str | None]] = {}
             for member, given in split.items():

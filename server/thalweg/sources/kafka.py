@@ -118,7 +118,8 @@ class KafkaSource:
         second join round: 10 s instead of 5 s), so a group is all of one version."""
         if self._owners is None:
             return ()
-        return (owner_assignor(self._owners, self.generation),)
+        stable = self.cfg.group_instance_id is not None
+        return (owner_assignor(self._owners, self.generation, by_location=stable),)
 
     def generation(self) -> int:
         """The member's consumer-group generation (-1 before it joined)."""
