@@ -78,7 +78,7 @@ def test_validate_checks_the_contract_and_lists_what_it_does_not_enforce(tmp_pat
         ),
         (
             "[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=[]\n",
-            "sources.0.topics",
+            "either topics or a topics_pattern",
         ),
         (
             "[gateway]\nflight_listen='localhost'\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
