@@ -9,6 +9,7 @@ provider, which the source reports and retries with the login backoff.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import json
@@ -59,8 +60,9 @@ class _Cached(AbstractTokenProvider):  # type: ignore[misc]
     def extensions(self) -> dict[str, str]:
         return dict(self.cfg.extensions)
 
+    @abc.abstractmethod
     def _fetch(self) -> tuple[str, float]:
-        raise NotImplementedError
+        """A new token and its lifetime in seconds (on a worker thread)."""
 
 
 class FileToken(AbstractTokenProvider):  # type: ignore[misc]
