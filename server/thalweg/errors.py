@@ -41,6 +41,7 @@ class defined outside this module names its module in parentheses)::
     │   │   └── SinkStoppedError (thalweg.sinks.base)
     │   └── SinkBackpressureError (thalweg.sinks.base)
     ├── FollowLagError (thalweg.flight.read.stream)
+    ├── HistoryGapError (thalweg.flight.read.stream)
     ├── UnstorableColumnsError (thalweg.sources.files.lane_ready)
     └── FileReadError (thalweg.sources.files.formats)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from thalweg.lane.cache import SegmentCache
 from thalweg.lane.coverage import scan_coverage
+from thalweg.lane.elsewhere import first_gap
 from thalweg.lane.epochs import closed_epochs, current_epoch, epoch_layout
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.live import LiveTail
@@ -25,6 +27,23 @@ from thalweg.records.columns import MetadataColumns
 
 _DISK_TTL_S = 1.0
 _STATS_CACHE_MAX = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """How far a history read may go from a position without passing a hole.
+
+    ``gap`` is ``[lo, hi)`` when the position lies in a hole of the lane: after its
+    start and before its end, or in a range another replica's ``data_dir`` holds. A
+    reader must not step over it as if it were read. ``end`` is the exclusive end of the
+    durable run from the position (None: the lane holds nothing there — a position
+    below the lane's start reads from its start, as retention and a log's start make
+    it).
+    """
+
+    end: int | None
+    gap: tuple[int, int] | None = None
+    held: bool = False  # the gap is another replica's for good (never fills here)
 
 
 class LaneCatalog:
@@ -102,6 +121,31 @@ class LaneCatalog:
         with self._lock:
             self._disk_cache[key] = (now, end)
         return end
+
+    def run_from(self, topic: str, partition: int, position: int) -> Run:
+        """Where the durable run that ``position`` starts in ends (see :class:`Run`).
+
+        A read of history checks this before moving its cursor: the durable end says
+        what was written, not that this lane holds every position below it. A member
+        that returns to a partition another member ingested meanwhile resumes past this
+        lane's end; the positions between are the other member's (``lane/elsewhere.py``)
+        or, with an object store, arrive with the restore.
+        """
+        held = first_gap(self.layout, topic, partition, position, position + 1)
+        if held is not None:
+            return Run(None, held, held=True)
+        ranges = scan_coverage(self.layout, topic, partition).ranges
+        if not ranges:
+            return Run(None)
+        if position < ranges[0][0]:
+            return Run(ranges[0][1])
+        for a, b in ranges:
+            if position < a:
+                return Run(None, (position, a))
+            if position < b:
+                return Run(b)
+        durable = self.durable_end(topic, partition)
+        return Run(None, (position, durable) if position < durable else None)
 
     def prepare(self, topic: str) -> None:
         """Before a read of ``topic`` is planned: with lanes in an object store, a topic

@@ -74,7 +74,18 @@ class Coverage:
     ranges: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, start: int, end: int) -> None:
-        """Record ``[start, end)``; adjacent and overlapping ranges merge."""
+        """Record ``[start, end)``; adjacent and overlapping ranges merge.
+
+        Segments arrive in order, so the usual add extends or follows the last range
+        without re-sorting everything (a lane's scan stays linear in its segments)."""
+        if self.ranges:
+            a, b = self.ranges[-1]
+            if a <= start <= b:
+                self.ranges[-1] = (a, max(b, end))
+                return
+            if start > b:
+                self.ranges.append((start, end))
+                return
         self.ranges = merge_ranges([*self.ranges, (start, end)])
 
     @property

@@ -14,19 +14,26 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 
 @dataclass(frozen=True, slots=True)
 class LiveEntry:
-    """One fetched batch of one partition."""
+    """One fetched batch of one partition.
+
+    ``covers_from`` is where the tail stood before the batch (its first position, or
+    below it where the broker skipped offsets): the tail sets it on ``append``. A
+    reader at a position below it must not take the entry — the positions between are
+    not in this tail (another member ingested them) and are read from the lane.
+    """
 
     first: int
     last: int
     raw: pa.RecordBatch
     decoded: pa.Table | None
+    covers_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -77,7 +84,9 @@ class LiveTail:
             if (topic, partition) in self._gone:
                 return
             part = self._parts.setdefault((topic, partition), _Partition())
-            part.entries.append(entry)
+            before = part.high_water
+            start = entry.first if before is None else min(before, entry.first)
+            part.entries.append(replace(entry, covers_from=start))
             part.high_water = entry.last + 1
             self._bump()
 
@@ -105,8 +114,17 @@ class LiveTail:
                 return None
             return PartitionState(part.durable_end, part.high_water, part.committed)
 
+    def entries(self, topic: str, partition: int) -> list[LiveEntry]:
+        """Every entry the tail holds, oldest first (a reader that joins them to the
+        lane's files by position itself: Flight SQL)."""
+        with self._cond:
+            part = self._parts.get((topic, partition))
+            return list(part.entries) if part is not None else []
+
     def entries_from(self, topic: str, partition: int, position: int) -> list[LiveEntry]:
-        """Entries holding positions ``>= position``, oldest first."""
+        """Entries holding positions ``>= position``, oldest first; none when the
+        oldest of them starts past ``position`` (a hole this tail cannot fill: the
+        reader waits for the lane to hold those positions)."""
         with self._cond:
             part = self._parts.get((topic, partition))
             if part is None:
@@ -119,6 +137,10 @@ class LiveTail:
                     break
                 found.append(entry)
             found.reverse()
+            if found:
+                start = found[0].covers_from
+                if (found[0].first if start is None else start) > position:
+                    return []
             return found
 
     def nbytes(self) -> int:

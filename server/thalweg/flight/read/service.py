@@ -23,7 +23,7 @@ from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
 from thalweg.flight.read.plan import ReadPlan, plan_read
-from thalweg.flight.read.stream import FollowLagError, read_stream
+from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES, OffsetPosition, ReadTicket, parse_ticket
 from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.owners import OwnerDirectory
@@ -132,7 +132,7 @@ class Reads:
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                     yield batch
-            except FollowLagError as exc:
+            except (FollowLagError, HistoryGapError) as exc:
                 raise fl.FlightUnavailableError(str(exc)) from exc
             except PartitionElsewhereError as exc:
                 raise relocation(exc) from exc

@@ -37,6 +37,58 @@ class FollowLagError(ThalwegError):
     """A follow stream fell further behind its partition's newest record than allowed."""
 
 
+class HistoryGapError(ThalwegError):
+    """A read reached positions this gateway's lane does not hold and will not: it ends
+    there rather than step over them (a silently partial read)."""
+
+
+_GAP_WAIT_S = 30.0
+
+
+class _Holes:
+    """Partitions whose cursor stands in a hole of the lane, and since when.
+
+    A hole may fill: a replica syncing an object store fetches segments in any order,
+    and a member that returns to a partition restores what another member wrote. So a
+    read waits for it, up to ``_GAP_WAIT_S``; a hole another replica's ``data_dir``
+    holds for good (``lane/elsewhere.py``) ends the read at once.
+    """
+
+    def __init__(self, catalog: LaneCatalog, topic: str) -> None:
+        self._catalog = catalog
+        self._topic = topic
+        self._since: dict[int, float] = {}
+
+    def upto(self, p: int, pos: int, want: int, cursors: dict[int, int]) -> int | None:
+        """How far partition ``p``'s history may be read from ``pos`` towards ``want``;
+        None while its cursor stands in a hole (raises once the hole is given up on)."""
+        run = self._catalog.run_from(self._topic, p, pos)
+        if run.gap is not None:
+            self._wait(p, run.gap, run.held, cursors)
+            return None
+        self._since.pop(p, None)
+        return want if run.end is None else min(want, run.end)
+
+    def _wait(self, p: int, gap: tuple[int, int], held: bool, cursors: dict[int, int]) -> None:
+        now = time.monotonic()
+        since = self._since.setdefault(p, now)
+        self._catalog.refresh(self._topic, p)
+        if not held and now - since < _GAP_WAIT_S:
+            return
+        lo, hi = gap
+        resume = ", ".join(f"{q}: {o}" for q, o in sorted(cursors.items()))
+        where = (
+            "another replica's data_dir holds them (docs/lanes.md, many gateways)"
+            if held
+            else f"they did not arrive within {_GAP_WAIT_S:.0f} s"
+        )
+        raise HistoryGapError(
+            f"{self._topic}[{p}]: offsets {lo}-{hi - 1} are not in this gateway's lane: "
+            f"{where}. Nothing past them was sent; every partition resumes at "
+            f"{{{resume}}}"
+        )
+
+
 def read_stream(
     catalog: LaneCatalog,
     plan: ReadPlan,
@@ -71,15 +123,13 @@ def read_stream(
     active = sorted(cursors)
     caught_up: set[int] = set()
     discover = plan.ticket.end == "follow" and plan.ticket.partitions is None
+    holes = _Holes(catalog, topic)
     next_scan = time.monotonic() + _DISCOVER_EVERY_S
     while active or discover:
         seen = catalog.live.version()
         if discover and time.monotonic() >= next_scan:
             next_scan = time.monotonic() + _DISCOVER_EVERY_S
-            for p in catalog.partitions(topic):
-                if p not in cursors:
-                    cursors[p], ends[p] = start_of_new_partition(catalog, plan.ticket, p), None
-                    active.append(p)
+            _discover(catalog, plan, cursors, ends, active)
         progressed = False
         # One pass takes the live rows of every partition that has some and sends them
         # as one batch: shaped and sent entry by entry, a fetch's small batches over many
@@ -95,7 +145,9 @@ def read_stream(
                 _check_lag(catalog, topic, p, pos, max_lag, caught_up, cursors)
             durable = catalog.durable_end(topic, p)
             if pos < durable:
-                upto = durable if end is None else min(durable, end)
+                upto = holes.upto(p, pos, durable if end is None else min(durable, end), cursors)
+                if upto is None:
+                    continue
                 for table, done in _history(catalog, plan, p, pos, upto, pushdown, cancelled):
                     yield from rebatch(table)
                     if end is None and max_lag is not None and done is not None:
@@ -119,6 +171,20 @@ def read_stream(
             if cancelled():
                 return
             catalog.live.wait(seen, _WAIT_S)
+
+
+def _discover(
+    catalog: LaneCatalog,
+    plan: ReadPlan,
+    cursors: dict[int, int],
+    ends: dict[int, int | None],
+    active: list[int],
+) -> None:
+    """Partitions of the topic that appeared since the stream began join it."""
+    for p in catalog.partitions(plan.ticket.topic):
+        if p not in cursors:
+            cursors[p], ends[p] = start_of_new_partition(catalog, plan.ticket, p), None
+            active.append(p)
 
 
 class _LiveRows:

@@ -169,7 +169,7 @@ class Snapshot:
                 dead = catalog.layout.segments(Lane.DLQ, topic, p)
                 files += [s.path for s in self._selected(dead, selection)]
                 continue
-            entries = catalog.live.entries_from(topic, p, 0)  # first: see the module doc
+            entries = catalog.live.entries(topic, p)  # first: see the module doc
             durable = catalog.durable_end(topic, p)
             segments = [s for s in catalog.layout.segments(Lane.RAW, topic, p) if s.first < durable]
             start = max([durable, *(s.last + 1 for s in segments)])
