@@ -296,7 +296,7 @@ def test_two_writes_of_one_file_in_one_process_do_not_share_a_temp_file(tmp_path
     temp name of the pid alone, the second write took the first's temp file and renamed
     it away, and the first failed at its rename (ENOENT; seen as a sink degraded for a
     minute in test_dag_crash)."""
-    from thalweg.lane.layout import write_file_durably
+    from thalweg.lane.durable import write_file_durably
 
     path = tmp_path / "f.parquet"
 

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from thalweg.lane.layout import RETENTION_DIR, ensure_dir
+from thalweg.lane.durable import ensure_dir
+from thalweg.lane.layout import RETENTION_DIR
 
 log = logging.getLogger(__name__)
 

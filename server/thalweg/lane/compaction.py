@@ -38,6 +38,7 @@ from thalweg.config.models import RawLaneConfig
 from thalweg.config.retention import CompactionConfig
 from thalweg.errors import SegmentConflictError
 from thalweg.lane.coverage import META_COMPACTED, _covers_from, is_compacted, remove_merged
+from thalweg.lane.durable import write_file_durably
 from thalweg.lane.layout import (
     META_COVERS_FROM,
     META_COVERS_TO,
@@ -46,7 +47,6 @@ from thalweg.lane.layout import (
     LaneLayout,
     Segment,
     segment_name,
-    write_file_durably,
 )
 from thalweg.lane.retention import (
     META_NEWEST_AT,

@@ -16,18 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
+from thalweg.lane.durable import TMP_MARK, ensure_dir, fsync_dir, remove_interrupted_writes
 from thalweg.lane.elsewhere import elsewhere_path
 from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import (
     _SEGMENT_RE,
     META_COVERS_FROM,
-    TMP_MARK,
     Lane,
     LaneLayout,
     Segment,
-    ensure_dir,
-    fsync_dir,
-    remove_interrupted_writes,
     segment_name,
 )
 

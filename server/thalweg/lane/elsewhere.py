@@ -20,7 +20,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from thalweg.errors import LaneError
-from thalweg.lane.layout import LaneLayout, write_file_durably
+from thalweg.lane.durable import write_file_durably
+from thalweg.lane.layout import LaneLayout
 
 ELSEWHERE_DIR = "elsewhere"
 

@@ -29,14 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from thalweg.errors import LaneError
-from thalweg.lane.layout import (
-    TMP_MARK,
-    Lane,
-    LaneLayout,
-    ensure_dir,
-    fsync_dir,
-    write_json_durably,
-)
+from thalweg.lane.durable import TMP_MARK, ensure_dir, fsync_dir, write_json_durably
+from thalweg.lane.layout import Lane, LaneLayout
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from thalweg.lane.layout import temp_path
+from thalweg.lane.durable import temp_path
 
 log = logging.getLogger(__name__)
 

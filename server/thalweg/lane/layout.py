@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import logging
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from thalweg.errors import LaneError, PrefixMismatchError
+from thalweg.lane.durable import ensure_dir, fsync_dir, temp_path
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "_thalweg.json"
 _SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
-TMP_MARK = ".tmp-"
-_temp_seq = itertools.count()
-
-
-def temp_path(path: Path) -> Path:
-    """A temp file beside ``path`` for one write: ``<name>.tmp-<pid>-<n>``, unique in
-    the process. A pid alone is not: two writers of one file in one process — the two
-    sinks of a pipeline node each materialising the node's dead-letter file — wrote the
-    same temp file, and one renamed the other's away (``ENOENT`` at its rename, the sink
-    degraded for a minute). Readers skip any name holding :data:`TMP_MARK`."""
-    return path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{next(_temp_seq)}")
-
-
 # Keys of the Parquet key-value metadata every segment carries.
 META_PREFIX = b"thalweg.metadata_prefix"
 META_COVERS_FROM = b"thalweg.covers_from"
@@ -242,88 +227,3 @@ def _outermost(segments: list[Segment]) -> list[Segment]:
             continue
         out.append(seg)
     return out
-
-
-def ensure_dir(path: Path) -> None:
-    """Create ``path`` and make each newly created level durable in its parent."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue
-        fsync_dir(d.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_interrupted_writes(path: Path) -> int:
-    """Remove the temp files a killed process left beside ``path`` (``write_*_durably``
-    names them ``<name>.tmp-<pid>-<n>``; a kill -9 between write and rename leaves one): the
-    write they held never happened, so nothing is lost. Called by the file's one writer
-    at start — another live writer's temp file would go with them. Returns how many."""
-    prefix = path.name + TMP_MARK
-    try:
-        names = [n for n in os.listdir(path.parent) if n.startswith(prefix)]
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-    for name in names:
-        (path.parent / name).unlink(missing_ok=True)
-        log.info("removed interrupted write %s", path.parent / name)
-    return len(names)
-
-
-def write_file_durably(
-    path: Path, write: Callable[[Path], None], *, exclusive: bool = False
-) -> None:
-    """Make ``path`` appear whole or not at all: ``write`` fills a temp file beside it,
-    then fsync → rename (or, with ``exclusive``, a hard link that refuses an existing
-    name) → directory fsync. The temp file never outlives the call (a kill -9 aside:
-    :func:`remove_interrupted_writes`).
-
-    Raises:
-        FileExistsError: ``exclusive`` and ``path`` exists.
-    """
-    ensure_dir(path.parent)
-    tmp = temp_path(path)
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if exclusive:
-            os.link(tmp, path)
-        else:
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    fsync_dir(path.parent)
-
-
-def write_json_durably(path: Path, body: dict[str, object]) -> None:
-    """Replace ``path`` with ``body`` as JSON: temp → fsync → rename → directory fsync."""
-    ensure_dir(path.parent)
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(body, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, say: the old file stands, no temp is left
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from thalweg.errors import SegmentConflictError
-from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout
+from thalweg.lane.durable import TMP_MARK
+from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.objectstore import ObjectStore
 from thalweg.lane.retention import raise_floor
 

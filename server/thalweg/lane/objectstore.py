@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import ConfigError, LaneError, SegmentConflictError
-from thalweg.lane.layout import write_file_durably
+from thalweg.lane.durable import write_file_durably
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import InvariantError, LaneError, SegmentConflictError, UnwritableSegmentError
 from thalweg.lane.cache import SegmentCache
+from thalweg.lane.durable import ensure_dir, fsync_dir, temp_path
 from thalweg.lane.layout import (
     META_COVERS_FROM,
     META_COVERS_TO,
@@ -45,10 +46,7 @@ from thalweg.lane.layout import (
     Lane,
     LaneLayout,
     Segment,
-    ensure_dir,
-    fsync_dir,
     segment_name,
-    temp_path,
 )
 from thalweg.lane.shape import few_chunks
 from thalweg.records.columns import MetadataColumns

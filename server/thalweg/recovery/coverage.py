@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from thalweg.errors import ConfigError, LaneError
 from thalweg.lane.coverage import Coverage, subtract_ranges
-from thalweg.lane.layout import ensure_dir, remove_interrupted_writes, write_json_durably
+from thalweg.lane.durable import ensure_dir, remove_interrupted_writes, write_json_durably
 from thalweg.sinks.base import CoverageKey, Ranges
 
 FORMAT_VERSION = 1

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.layout import Lane, LaneLayout, Segment, fsync_dir, write_file_durably
+from thalweg.lane.durable import fsync_dir, write_file_durably
+from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.dag import Rejected
 from thalweg.records.columns import TIMESTAMP_US, MetadataColumns

@@ -25,7 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, segment_name, write_file_durably
+from thalweg.lane.durable import TMP_MARK, write_file_durably
+from thalweg.lane.layout import Lane, LaneLayout, segment_name
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.dead_letters import raw_rows, with_why

@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 
 from thalweg.lane.coverage import merge_ranges
-from thalweg.lane.layout import TMP_MARK, ensure_dir, write_file_durably
+from thalweg.lane.durable import TMP_MARK, ensure_dir, write_file_durably
 from thalweg.sinks.base import (
     BufferedSink,
     CoverageKey,

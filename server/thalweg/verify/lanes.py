@@ -31,9 +31,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.lane.coverage import is_compacted, scan_coverage, subtract_ranges
+from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.elsewhere import held_elsewhere
 from thalweg.lane.epochs import current_epoch
-from thalweg.lane.layout import TMP_MARK, Lane, LaneLayout, Segment
+from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.records.columns import MetadataColumns
 from thalweg.verify.report import Report
 

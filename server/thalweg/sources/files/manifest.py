@@ -24,7 +24,7 @@ from typing import Literal
 import pyarrow.fs as pafs
 
 from thalweg.errors import ConfigError
-from thalweg.lane.layout import remove_interrupted_writes, write_json_durably
+from thalweg.lane.durable import remove_interrupted_writes, write_json_durably
 
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
