@@ -173,18 +173,18 @@ def test_dead_letters_are_durable_before_the_raw_segment(
     segment's rename must find the dead letters already on disk: the raw segment moves the
     resume position past these records, so they are never fetched (or dead-lettered)
     again."""
-    import thalweg.lane.writer as writer_module
+    import thalweg.lane.durable as durable_module
 
     layout = LaneLayout(tmp_path)
     w = SegmentWriter(layout, COLS, RawLaneConfig(fsync=True))
-    real_fsync_dir = writer_module.fsync_dir
+    real_fsync_dir = durable_module.fsync_dir
 
     def dying_fsync_dir(path: Path) -> None:
         real_fsync_dir(path)
         if path == layout.partition_dir(Lane.RAW, "t", 0):
             raise _Crash  # killed right after the raw segment became durable
 
-    monkeypatch.setattr(writer_module, "fsync_dir", dying_fsync_dir)
+    monkeypatch.setattr(durable_module, "fsync_dir", dying_fsync_dir)
     errors = COLS.decode_error
     decoded = pa.table({"a": [1, None, 3, None], errors: [None, "syntax: bad", None, "empty: x"]})
     with pytest.raises(_Crash):

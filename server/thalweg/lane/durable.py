@@ -72,26 +72,53 @@ def remove_interrupted_writes(path: Path) -> int:
     return len(names)
 
 
-def write_file_durably(
-    path: Path, write: Callable[[Path], None], *, exclusive: bool = False
-) -> None:
-    """Make ``path`` appear whole or not at all: ``write`` fills a temp file beside it,
-    then fsync → rename (or, with ``exclusive``, a hard link that refuses an existing
-    name) → directory fsync. The temp file never outlives the call (a kill -9 aside:
-    :func:`remove_interrupted_writes`).
+def fsync_file(path: Path) -> None:
+    """Flush a file's data to the disk (its name is the directory's: :func:`fsync_dir`)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    Raises:
-        FileExistsError: ``exclusive`` and ``path`` exists.
+
+def prepare(path: Path, write: Callable[[Path], object], *, fsync: bool = True) -> Path:
+    """The first half of a durable write: ``write`` fills a temp file beside ``path``,
+    which is then flushed; the temp file's name. Nothing is left on failure.
+
+    Apart from :func:`publish` so a writer can do the slow half (encoding, the disk)
+    before it asks whether it may still publish (a segment writer's fence).
     """
     ensure_dir(path.parent)
     tmp = temp_path(path)
     try:
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if fsync:
+            fsync_file(tmp)
+    except BaseException:  # a full disk, say: no temp is left
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def publish(
+    tmp: Path,
+    path: Path,
+    *,
+    exclusive: bool = False,
+    fsync: bool = True,
+    check: Callable[[], object] | None = None,
+) -> None:
+    """The second half: a prepared temp file becomes ``path`` — renamed over it, or
+    with ``exclusive`` hard-linked, which refuses an existing name atomically — and the
+    directory is flushed. ``check`` runs first and may raise to publish nothing. The
+    temp file never outlives the call (a kill -9 aside: :func:`remove_interrupted_writes`).
+
+    Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists.
+    """
+    try:
+        if check is not None:
+            check()
         if exclusive:
             os.link(tmp, path)
         else:
@@ -99,20 +126,22 @@ def write_file_durably(
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    fsync_dir(path.parent)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def write_file_durably(
+    path: Path, write: Callable[[Path], object], *, exclusive: bool = False
+) -> None:
+    """Make ``path`` appear whole or not at all: :func:`prepare`, then :func:`publish`.
+
+    Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists.
+    """
+    publish(prepare(path, write), path, exclusive=exclusive)
 
 
 def write_json_durably(path: Path, body: dict[str, object]) -> None:
-    """Replace ``path`` with ``body`` as JSON: temp → fsync → rename → directory fsync."""
-    ensure_dir(path.parent)
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(body, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, say: the old file stands, no temp is left
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    """Replace ``path`` with ``body`` as JSON (the old file stands until then)."""
+    text = json.dumps(body, sort_keys=True) + "\n"
+    write_file_durably(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

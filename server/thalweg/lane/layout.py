@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from thalweg.errors import LaneError, PrefixMismatchError
-from thalweg.lane.durable import ensure_dir, fsync_dir, temp_path
+from thalweg.lane.durable import write_file_durably
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +211,8 @@ class LaneLayout:
                     "lane is refused (use a new data_dir)"
                 )
             return
-        ensure_dir(raw)
         body = json.dumps({"format_version": FORMAT_VERSION, "metadata_prefix": prefix})
-        tmp = temp_path(raw / MANIFEST)
-        tmp.write_text(body + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        fsync_dir(raw)
+        write_file_durably(path, lambda tmp: tmp.write_text(body + "\n", encoding="utf-8"))
 
 
 def _outermost(segments: list[Segment]) -> list[Segment]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +36,7 @@ from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import InvariantError, LaneError, SegmentConflictError, UnwritableSegmentError
 from thalweg.lane.cache import SegmentCache
-from thalweg.lane.durable import ensure_dir, fsync_dir, temp_path
+from thalweg.lane.durable import prepare, publish
 from thalweg.lane.layout import (
     META_COVERS_FROM,
     META_COVERS_TO,
@@ -424,8 +423,6 @@ class SegmentWriter:
         dead-letter lanes); otherwise for every column but the record and message ids
         (the decoded lane: a query's filters on its fields prune row groups).
         """
-        ensure_dir(path.parent)
-        tmp = temp_path(path)
         schema_meta = dict(table.schema.metadata or {})
         schema_meta.update(meta)
         chosen = codec or self._cfg.compression
@@ -433,7 +430,8 @@ class SegmentWriter:
         level = self._cfg.compression_level if compression in ("zstd", "gzip") else None
         columns = set(table.column_names)
         dictionary, encoding = self._encodings(table)
-        try:
+
+        def write(tmp: Path) -> None:
             pq.write_table(
                 table.replace_schema_metadata(schema_meta),
                 tmp,
@@ -446,39 +444,20 @@ class SegmentWriter:
                 if stats
                 else [c for c in table.column_names if c not in self._no_stats],
             )
-            if self._cfg.fsync:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return tmp
+
+        return prepare(path, write, fsync=self._cfg.fsync)
 
     def _publish(
         self, tmp: Path, path: Path, fence: Callable[[], object], *, exclusive: bool = False
     ) -> int:
         """Rename a prepared temp file to ``path`` once ``fence`` allows; its size."""
         try:
-            fence()
-            if exclusive:
-                # link() refuses an existing name, atomically: never an overwritten segment.
-                try:
-                    os.link(tmp, path)
-                except FileExistsError as exc:
-                    raise SegmentConflictError(
-                        f"segment {path} already exists; it is never overwritten"
-                    ) from exc
-                tmp.unlink()
-            else:
-                os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if self._cfg.fsync:
-            fsync_dir(path.parent)
+            publish(tmp, path, exclusive=exclusive, fsync=self._cfg.fsync, check=fence)
+        except FileExistsError as exc:
+            # link() refuses an existing name, atomically: never an overwritten segment.
+            raise SegmentConflictError(
+                f"segment {path} already exists; it is never overwritten"
+            ) from exc
         return path.stat().st_size
 
 
