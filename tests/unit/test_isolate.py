@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from thalweg.lane.coverage import merge_ranges
+from thalweg.records.ranges import merge_ranges
 from thalweg.recovery.isolate import BUDGET, by_partition, halve, isolate
 from thalweg.sinks.base import BufferedSink, Ranges, SinkRefusedError, Span
 

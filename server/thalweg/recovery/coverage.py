@@ -24,8 +24,9 @@ from typing import IO
 from urllib.parse import quote
 
 from thalweg.errors import ConfigError, LaneError
-from thalweg.lane.coverage import Coverage, subtract_ranges
+from thalweg.lane.coverage import Coverage
 from thalweg.lane.durable import ensure_dir, remove_interrupted_writes, write_json_durably
+from thalweg.records.ranges import subtract_ranges
 from thalweg.sinks.base import CoverageKey, Ranges
 
 FORMAT_VERSION = 1

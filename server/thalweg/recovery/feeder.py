@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.sinks import RecoveryConfig
-from thalweg.lane.coverage import Coverage, subtract_ranges
+from thalweg.lane.coverage import Coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.writer import SegmentWriter
@@ -40,6 +40,7 @@ from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
+from thalweg.records.ranges import subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.isolate import Item, by_partition, isolate
 from thalweg.recovery.reading import SpanReader, Transform

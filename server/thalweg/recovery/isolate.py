@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from thalweg.lane.coverage import merge_ranges
+from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.base import BufferedSink, Landed, SinkRefusedError, Span
 
 Item = tuple[pa.Table, Span]

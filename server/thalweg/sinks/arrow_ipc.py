@@ -18,8 +18,8 @@ from urllib.parse import quote, unquote
 
 import pyarrow as pa
 
-from thalweg.lane.coverage import merge_ranges
 from thalweg.lane.durable import TMP_MARK, ensure_dir, write_file_durably
+from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.base import (
     BufferedSink,
     CoverageKey,

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from thalweg.errors import ThalwegError
-from thalweg.lane.coverage import merge_ranges
+from thalweg.records.ranges import merge_ranges
 
 # (topic, partition, epoch): an epoch's positions are names in one broker log only.
 CoverageKey = tuple[str, int, int]

@@ -52,7 +52,7 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from thalweg.lane.coverage import merge_ranges
+from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.coverage import merge_ranges
 from thalweg.lane.layout import NODES_DIR, LaneLayout
+from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.arrow_ipc import ArrowIpcSink
 
 DEFAULT_METADATA = ("source_timestamp", "source_key", "ingest_ts")

@@ -26,8 +26,8 @@ from typing import Any
 import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
-from thalweg.lane.coverage import merge_ranges
 from thalweg.records.columns import RECORD_ID_TYPE
+from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,

@@ -30,12 +30,13 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from thalweg.lane.coverage import is_compacted, scan_coverage, subtract_ranges
+from thalweg.lane.coverage import is_compacted, scan_coverage
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.elsewhere import held_elsewhere
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.records.columns import MetadataColumns
+from thalweg.records.ranges import subtract_ranges
 from thalweg.verify.report import Report
 
 #: A hidden file older than this is worth a warning (a merge's grace period, a sweep).

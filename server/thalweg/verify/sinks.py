@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.config.models import ThalwegConfig
-from thalweg.lane.coverage import merge_ranges, subtract_ranges
 from thalweg.lane.layout import LaneLayout
 from thalweg.records.columns import MetadataColumns
+from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks.base import Ranges
