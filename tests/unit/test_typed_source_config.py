@@ -56,3 +56,28 @@ def test_typed_sources_parse_with_their_defaults_and_list_their_secrets() -> Non
     assert ipc.kind == "arrow_ipc" and ipc.pattern == "*.arrow*"
     assert flight.kind == "flight" and flight.upstream_topic is None
     assert cfg.secrets() == ["sources.2.token"]
+
+
+def test_every_secret_is_listed_wherever_it_sits() -> None:
+    """Secrets are found by walking the models, not from a hand-kept list: a sidecar
+    node's token (missed by the hand-kept list) is named too."""
+    cfg = parse_config(
+        {
+            "sources": [{"kind": "files", "name": "f", "topics": ["a"]}],
+            "pipeline": {
+                "nodes": [
+                    {
+                        "name": "n",
+                        "from": "a",
+                        "sidecar": "grpc://127.0.0.1:1",
+                        "command": "enrich",
+                        "token": "sidecar-token",
+                    }
+                ]
+            },
+            "gateway": {"auth": {"tokens": [{"token": "reader-token-0123456789", "name": "r"}]}},
+        }
+    )
+    assert cfg.secrets() == ["gateway.auth.tokens.0.token", "pipeline.nodes.0.token"]
+    shown = cfg.model_dump_json()
+    assert "sidecar-token" not in shown and "reader-token" not in shown

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from thalweg.config.common import _Model
+from thalweg.config.common import _Model, secret_paths
 from thalweg.config.flight import (
     FlightAuthConfig,
     FlightServingConfig,
@@ -31,9 +31,6 @@ from thalweg.config.gateway import (
 from thalweg.config.pipeline import PipelineConfig
 from thalweg.config.retention import CompactionConfig, RetentionConfig
 from thalweg.config.sinks import (
-    FlightSinkConfig,
-    IcebergSinkConfig,
-    PostgresSinkConfig,
     RecoveryConfig,
     SinkConfig,
 )
@@ -191,32 +188,4 @@ class ThalwegConfig(_Model):
 
     def secrets(self) -> list[str]:
         """Dotted paths of every configured secret (values never shown)."""
-        out = []
-        if self.gateway.auth is not None:
-            out += [f"gateway.auth.tokens.{i}.token" for i in range(len(self.gateway.auth.tokens))]
-            out += [f"gateway.auth.users.{i}.password" for i in range(len(self.gateway.auth.users))]
-        for i, source in enumerate(self.sources):
-            if isinstance(source, KafkaSourceConfig):
-                out += [f"sources.{i}.{name}" for name in source.security_secrets()]
-            if isinstance(source, PulsarSourceConfig) and source.auth_token is not None:
-                out.append(f"sources.{i}.auth_token")
-            if isinstance(source, FlightSourceConfig) and source.token is not None:
-                out.append(f"sources.{i}.token")
-            reg = source.registry
-            if reg is not None and reg.password is not None:
-                out.append(f"sources.{i}.registry.password")
-            if reg is not None and reg.token is not None:
-                out.append(f"sources.{i}.registry.token")
-        for i, sink in enumerate(self.sinks):
-            if isinstance(sink, PostgresSinkConfig):
-                out.append(f"sinks.{i}.dsn")
-            if isinstance(sink, FlightSinkConfig) and sink.token is not None:
-                out.append(f"sinks.{i}.token")
-            if isinstance(sink, IcebergSinkConfig):
-                if sink.catalog.token is not None:
-                    out.append(f"sinks.{i}.catalog.token")
-                out += [
-                    f"sinks.{i}.catalog.secret_properties.{k}"
-                    for k in sink.catalog.secret_properties
-                ]
-        return out
+        return secret_paths(self)
