@@ -108,6 +108,11 @@ def test_validate_checks_the_contract_and_lists_what_it_does_not_enforce(tmp_pat
             "[raw_lane]\nroll_rows=0\n[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n",
             "raw_lane.roll_rows",
         ),
+        (  # refused at start, so refused here too (engine/preflight.py)
+            "[[sources]]\nname='a'\nkind='kafka'\nbootstrap_servers='h:1'\ntopics=['x']\n"
+            "[[pipeline.nodes]]\nname='n'\nfrom='x'\nquery='select * from input'\n",
+            "pipeline.nodes.n: nothing is fed from this node",
+        ),
         ("this is = not toml [", "not valid TOML"),
     ],
 )

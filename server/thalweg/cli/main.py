@@ -20,7 +20,6 @@ from thalweg import __version__
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, EXIT_SHUTDOWN_TIMEOUT, emit, fail
 from thalweg.cli.recover import recover
 from thalweg.config import ThalwegConfig, load_config
-from thalweg.config.checks import data_dir_problem
 from thalweg.errors import ConfigError, ShutdownTimeoutError, ThalwegError
 
 
@@ -155,42 +154,14 @@ def config_validate(ctx: click.Context, path: Path) -> None:
 
     Nothing is created, bound or connected: an existing gateway.data_dir must be a
     writable directory, but whether the ports are free is only known at start."""
-    from thalweg.contracts import compile_object, load_contract
+    from thalweg.engine.preflight import preflight
 
     cfg = _load_or_fail(ctx, path)
-    problem = data_dir_problem(cfg.gateway.data_dir)
-    if problem is not None:
-        fail(ctx, problem, EXIT_CONFIG)
+    found = preflight(cfg)
+    if found.problems:
+        fail(ctx, found.problems[0], EXIT_CONFIG)
     topics = [t for s in cfg.sources for t in s.topics]
-    unenforced: list[str] = []
-    for source in cfg.sources:
-        if source.contract is None:
-            continue
-        try:
-            contract = load_contract(source.contract)
-        except ConfigError as exc:
-            fail(ctx, f"sources.{source.name}.{exc}", EXIT_CONFIG)
-        for obj in contract.schema_:
-            unenforced += [f"{source.contract}: {u}" for u in compile_object(obj).unenforced]
-    from thalweg.pipeline.dag import Dag
-    from thalweg.pipeline.quality import QualityNode
-    from thalweg.records.columns import MetadataColumns
-
-    dag = Dag.of(cfg.pipeline)
-    for node in cfg.pipeline.nodes:
-        if node.contract is not None:
-            try:
-                columns = MetadataColumns(cfg.gateway.metadata_prefix)
-                QualityNode(node, dag.source_topic(node.name), columns)
-            except ConfigError as exc:
-                fail(ctx, str(exc), EXIT_CONFIG)
-    from thalweg.sinks.loader import load_sink_class
-
-    for sink in cfg.sinks:
-        try:
-            load_sink_class(sink.kind)
-        except ConfigError as exc:
-            fail(ctx, f"sinks.{sink.name}: {exc}", EXIT_CONFIG)
+    unenforced = found.notes
     lines = [f"ok: {path}: {len(cfg.sources)} source(s), topics {', '.join(topics)}"]
     if cfg.sinks:
         lines.append(f"sinks: {', '.join(f'{s.name} ({s.kind})' for s in cfg.sinks)}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from thalweg.codecs.base import ArrowDecoder
-from thalweg.config.checks import data_dir_error, data_dir_problem, listen_problem
+from thalweg.config.checks import data_dir_error, listen_problem
 from thalweg.config.models import (
     ArrowIpcSourceConfig,
     FlightSourceConfig,
@@ -28,6 +28,7 @@ from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
 from thalweg.engine.lag_gate import LagGate
 from thalweg.engine.lane_sync import LaneSync
+from thalweg.engine.preflight import preflight
 from thalweg.engine.retention import RetentionJob
 from thalweg.engine.runner import SourceRunner
 from thalweg.errors import ConfigError, LaneError, ShutdownTimeoutError
@@ -47,7 +48,6 @@ from thalweg.ops.http import AdminServer
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing
-from thalweg.pipeline.dag import Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 from thalweg.recovery.views import NodeViews
@@ -109,31 +109,6 @@ def _with_state_dir(source: SourceConfig, data_dir: Path) -> SourceConfig:
     return source
 
 
-def _refuse_unrunnable_nodes(cfg: ThalwegConfig) -> None:
-    """SQL nodes run as transforms feeding sinks; what else a node could be is not built
-    yet (docs/status.md): refused rather than accepted and silently not run.
-
-    Raises:
-        ConfigError: a node that feeds neither a sink nor its own lane.
-    """
-    nodes = cfg.pipeline.nodes
-    dag = Dag.of(cfg.pipeline)
-    feeding = {n.name for n in nodes if n.sink is not None or dag.materialised(n.name)}
-    by_name = {n.name: n for n in nodes}
-    for n in list(feeding):
-        up = by_name[n].from_
-        while up in by_name:
-            feeding.add(up)
-            up = by_name[up].from_
-    for node in nodes:
-        where = f"pipeline.nodes.{node.name}"
-        if node.name not in feeding:
-            raise ConfigError(
-                f"{where}: nothing is fed from this node (set sink = ..., or materialise = "
-                "true for its own lane, which Flight serves)"
-            )
-
-
 class Gateway:
     """Everything ``twg stream`` runs, startable in-process (tests, quickstart).
 
@@ -146,10 +121,7 @@ class Gateway:
         self.cfg = cfg
         g = cfg.gateway
         self.columns = MetadataColumns(g.metadata_prefix)
-        _refuse_unrunnable_nodes(cfg)
-        problem = data_dir_problem(g.data_dir)
-        if problem is not None:
-            raise ConfigError(problem)
+        preflight(cfg).raise_first()  # what `twg config validate` reports, the same way
         self.layout = LaneLayout(g.data_dir)
         try:
             self.layout.claim(g.metadata_prefix)
