@@ -28,7 +28,7 @@ from thalweg.config.gateway import (
     RawLaneConfig,
     TracingConfig,
 )
-from thalweg.config.pipeline import PipelineConfig
+from thalweg.config.pipeline import PipelineConfig, root_topic
 from thalweg.config.retention import CompactionConfig, RetentionConfig
 from thalweg.config.sinks import (
     RecoveryConfig,
@@ -101,9 +101,7 @@ class ThalwegConfig(_Model):
                 )
             if node.sink is not None and node.sink not in sinks:
                 raise ValueError(f"{where}: sink = {node.sink!r} is not a [[sinks]] name")
-            root = node.from_
-            while root in nodes:
-                root = nodes[root].from_
+            root = root_topic(nodes, node.from_)
             source = source_of(root)
             if source is not None and source.format == "none":
                 raise ValueError(
@@ -121,9 +119,7 @@ class ThalwegConfig(_Model):
                     f"{where}: sink {node.sink!r} is already fed by node {fed[node.sink]!r}"
                 )
             fed[node.sink] = node.name
-            root = node.from_
-            while root in by_name:
-                root = by_name[root].from_
+            root = root_topic(by_name, node.from_)
             sink = next(s for s in self.sinks if s.name == node.sink)
             if sink.topics != [root]:
                 raise ValueError(

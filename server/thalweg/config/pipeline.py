@@ -11,6 +11,7 @@ known (``thalweg.pipeline.dag``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -106,6 +107,25 @@ class UdfConfig(_Model):
     max_memory_bytes: int = Field(16 << 20, gt=0, description="Linear memory ceiling.")
 
 
+def upstream(by_name: Mapping[str, NodeConfig], start: str) -> Iterator[str]:
+    """The node names from ``start`` up its chain, ``start`` first when it is a node,
+    ending before the topic the chain reads — the one walk of a node chain (sinks,
+    materialised lanes, recovery and the config's own checks all ask it). Stops at a
+    node already passed: the config refuses cycles, and names them from this walk."""
+    seen: set[str] = set()
+    up = start
+    while up in by_name and up not in seen:
+        seen.add(up)
+        yield up
+        up = by_name[up].from_
+
+
+def root_topic(by_name: Mapping[str, NodeConfig], start: str) -> str:
+    """The topic at the top of ``start``'s chain (``start`` itself when it is one)."""
+    chain = list(upstream(by_name, start))
+    return by_name[chain[-1]].from_ if chain else start
+
+
 class PipelineConfig(_Model):
     nodes: list[NodeConfig] = Field(default_factory=list)
     udfs: list[UdfConfig] = Field(default_factory=list)
@@ -125,12 +145,9 @@ class PipelineConfig(_Model):
                     f"pipeline.nodes.{node.name}: an audit node reads a node with a "
                     f"contract, not {node.from_!r}"
                 )
-            seen = [node.name]
-            up = node.from_
-            while up in by_name:
-                if up in seen:
-                    cycle = " -> ".join([*seen[seen.index(up) :], up])
-                    raise ValueError(f"pipeline.nodes: a cycle: {cycle}")
-                seen.append(up)
-                up = by_name[up].from_
+            chain = list(upstream(by_name, node.name))
+            end = by_name[chain[-1]].from_
+            if end in by_name:  # the walk stopped at a node it had passed
+                cycle = " -> ".join([*chain[chain.index(end) :], end])
+                raise ValueError(f"pipeline.nodes: a cycle: {cycle}")
         return self

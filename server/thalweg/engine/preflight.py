@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from thalweg.config.checks import data_dir_problem
 from thalweg.config.models import ThalwegConfig
+from thalweg.config.pipeline import upstream
 from thalweg.contracts import compile_object, load_contract
 from thalweg.errors import ConfigError
 from thalweg.pipeline.dag import Dag
@@ -78,10 +79,7 @@ def _unfed_nodes(cfg: ThalwegConfig) -> list[str]:
     feeding = {n.name for n in nodes if n.sink is not None or dag.materialised(n.name)}
     by_name = {n.name: n for n in nodes}
     for n in list(feeding):
-        up = by_name[n].from_
-        while up in by_name:
-            feeding.add(up)
-            up = by_name[up].from_
+        feeding.update(upstream(by_name, n))
     return [
         f"pipeline.nodes.{node.name}: nothing is fed from this node (set sink = ..., or "
         "materialise = true for its own lane, which Flight serves)"

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datafusion import ScalarUDF, SessionConfig, SessionContext
 
-from thalweg.config.pipeline import NodeConfig, PipelineConfig
+from thalweg.config.pipeline import NodeConfig, PipelineConfig, root_topic, upstream
 from thalweg.errors import ConfigError, InvariantError, ThalwegError
 from thalweg.pipeline.quality import QualityNode, verdict_schema
 from thalweg.records.columns import MetadataColumns
@@ -103,6 +103,10 @@ class Dag:
             place(node)
         return Dag(tuple(ordered))
 
+    @property
+    def by_name(self) -> dict[str, NodeConfig]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
             if n.name == name:
@@ -129,28 +133,21 @@ class Dag:
         """The nearest materialised node on ``name``'s chain up to the topic (``name``
         itself too, with ``include_self``): whose lane whatever is below it reads,
         rather than deriving it again. None when the chain must start at the topic."""
-        names = {n.name for n in self.nodes}
         node = self.node(name)
         # An audit node is its quality node's verdicts, made while that node runs: a
         # chain holding the audit must run the quality node, not read its lane.
         skip = {node.from_} if node.audit and not include_self else set()
-        up = name if include_self else node.from_
-        while up in names:
-            above = self.node(up)
+        for up in upstream(self.by_name, name if include_self else node.from_):
+            above = self.by_name[up]
             if self.materialised(up) and up not in skip:
                 return up
             if above.audit:
                 skip.add(above.from_)
-            up = above.from_
         return None
 
     def source_topic(self, name: str) -> str:
         """The topic at the root of ``name``'s chain."""
-        names = {n.name for n in self.nodes}
-        up = self.node(name).from_
-        while up in names:
-            up = self.node(up).from_
-        return up
+        return root_topic(self.by_name, name)
 
 
 def expand_prefix_glob(query: str, schema: pa.Schema, columns: MetadataColumns) -> str:
@@ -274,12 +271,10 @@ class Chain:
         self._udfs = tuple(udfs)
         self._observer = observer
         path: list[NodeConfig] = []
-        names = {n.name for n in dag.nodes}
-        name = leaf
-        while name in names and name != below:
-            node = dag.node(name)
-            path.append(node)
-            name = node.from_
+        for name in upstream(dag.by_name, leaf):
+            if name == below:
+                break
+            path.append(dag.node(name))
         self.leaf = leaf
         self.nodes = tuple(reversed(path))
         self._columns = columns

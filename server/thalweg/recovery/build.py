@@ -16,6 +16,7 @@ from datafusion import ScalarUDF
 
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.config.models import ThalwegConfig
+from thalweg.config.pipeline import upstream
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout, Segment
 from thalweg.lane.reader import LaneReader
@@ -208,15 +209,12 @@ def chain_transform(
 def _metadata_below(cfg: ThalwegConfig, dag: Dag, node: str) -> list[str]:
     """The raw metadata columns the sinks fed through ``node``'s lane ask for: its lane
     keeps them, since those sinks read it rather than the raw lane."""
-    names = {n.name for n in dag.nodes}
     wanted: set[str] = set()
+    by_name = dag.by_name
     for s in cfg.sinks:
-        up = next((n.name for n in dag.nodes if n.sink == s.name), None)
-        while up is not None and up in names:
-            if up == node:
-                wanted.update(s.metadata)
-                break
-            up = dag.node(up).from_
+        feeding = next((n.name for n in dag.nodes if n.sink == s.name), None)
+        if feeding is not None and node in upstream(by_name, feeding):
+            wanted.update(s.metadata)
     return sorted(wanted)
 
 
