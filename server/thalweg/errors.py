@@ -43,7 +43,7 @@ class defined outside this module names its module in parentheses)::
     ├── FollowLagError (thalweg.flight.read.stream)
     ├── HistoryGapError (thalweg.flight.read.stream)
     ├── UnstorableColumnsError (thalweg.sources.files.lane_ready)
-    └── FileReadError (thalweg.sources.files.formats)
+    └── FileReadError (thalweg.sources.files.formats.base)
 
 Three families live beside the tree on purpose:
 

@@ -28,8 +28,8 @@ from thalweg.sources.files.formats import (
     FileReadError,
     detect,
     read_chunks,
-    split_records,
 )
+from thalweg.sources.files.formats.records import split_records
 from thalweg.sources.files.lane_ready import unique_names
 from thalweg.sources.files.source import FileSource
 
@@ -108,13 +108,13 @@ def test_records_and_the_header_are_those_a_csv_reader_finds(
     opts = formats.CsvOptions(header=header, quote=quote)
     q = opts.quote_byte
     buf = "".join(tokens).encode()
-    assert formats._record_end(buf, q) == split_records(buf, q, False).consumed
+    assert formats.records._record_end(buf, q) == split_records(buf, q, False).consumed
     dialect: dict[str, Any] = {"quotechar": quote} if quote else {"quoting": csv.QUOTE_NONE}
     expected = [r for r in csv.reader(io.StringIO(buf.decode(), newline=""), **dialect) if r]
     recs = split_records(buf, q, True, delim=ord(","))
     found = [recs.text(k).decode() for k in range(len(recs.starts))]
     assert [opts.fields(r) for r in found] == expected
-    names, rest = formats._csv_header(buf, opts)
+    names, rest = formats.csv._csv_header(buf, opts)
     if not expected:
         assert names is None
         return
@@ -150,7 +150,7 @@ def test_csv_rows_do_not_depend_on_where_pieces_are_cut(
     opts = CsvOptions(header=header, quote=quote)
 
     def read(chunk_bytes: int) -> tuple[dict[int, object], list[tuple[int, bytes]]]:
-        formats.CHUNK_BYTES = chunk_bytes
+        formats.base.CHUNK_BYTES = chunk_bytes
         with tempfile.NamedTemporaryFile(suffix=".csv") as f:
             f.write(body)
             f.flush()
@@ -165,12 +165,12 @@ def test_csv_rows_do_not_depend_on_where_pieces_are_cut(
                 rows[n] = tuple("" if x is None else str(x) for x in v)
         return rows, [(b.row, b.text) for c in chunks for b in c.broken]
 
-    whole = formats.CHUNK_BYTES
+    whole = formats.base.CHUNK_BYTES
     try:
         rows, broken = read(whole)
         assert read(piece) == (rows, broken)
     finally:
-        formats.CHUNK_BYTES = whole
+        formats.base.CHUNK_BYTES = whole
     try:
         table = pacsv.read_csv(
             io.BytesIO(body),
@@ -197,7 +197,7 @@ def test_a_quote_inside_an_unquoted_field_is_text_and_holds_nothing_back(
 
     from thalweg.sources.files import formats
 
-    monkeypatch.setattr(formats, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(formats.base, "CHUNK_BYTES", 4096)
     lines = ["id,item,note"] + [f'{i},"item {i}","n, {i}"' for i in range(20_000)]
     lines[10] = '9,12" pipe,"a\nb"'
     lines[15_001] = '15000,"x","y",extra'
@@ -228,7 +228,7 @@ def test_lines_that_end_in_a_lone_carriage_return_are_rows(
 
     from thalweg.sources.files import formats
 
-    monkeypatch.setattr(formats, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(formats.base, "CHUNK_BYTES", 4096)
     lines = ["id,note"] + [f'{i},"n\r{i}"' if i % 100 == 7 else f"{i},n {i}" for i in range(5_000)]
     lines[3_001] = "3000,x,extra"
     p = tmp_path / "mac.csv"
@@ -251,7 +251,7 @@ def test_a_row_longer_than_a_parser_block_is_a_row_not_a_dead_letter(tmp_path: P
     (taken for the broken row beside it) and JSON lines size blocks to the longest."""
     from thalweg.sources.files import formats
 
-    long = formats.PARSE_BLOCK * 3
+    long = formats.base.PARSE_BLOCK * 3
     p = tmp_path / "a.csv"
     p.write_text(f'id,v\n0,a\n1,{"x" * long}\n2,b,extra\n3,"{"y" * long}"\n')
     table, numbers, broken = read_all(p, "csv")
@@ -311,7 +311,7 @@ def test_a_resumed_csv_read_types_its_columns_as_the_whole_read(
     double, as in the run that was cut."""
     from thalweg.sources.files import formats
 
-    monkeypatch.setattr(formats, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(formats.base, "CHUNK_BYTES", 256)
     p = tmp_path / "a.csv"
     p.write_text(
         "v\n" + "".join(f"{i}.5\n" for i in range(50)) + "".join(f"{i}\n" for i in range(500))
@@ -323,14 +323,14 @@ def test_a_resumed_csv_read_types_its_columns_as_the_whole_read(
     assert resumed["v"].to_pylist() == whole["v"].to_pylist()[400:]
     # JSON lines: fractions in the first chunk's first rows, whole numbers after; a
     # later piece that widens a field (its own fractions) before where a read resumes.
-    monkeypatch.setattr(formats, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(formats.base, "CHUNK_BYTES", 64)
     p = tmp_path / "b.jsonl"
     p.write_text('{"a":1}' + " " * 56 + '\n{"a":1.5,"b":1.5}\n{"a":2,"b":2}\n')
     whole, _, _ = read_all(p, "jsonl")
     resumed, numbers, _ = read_all(p, "jsonl", start=2)
     assert numbers == [2] and resumed.to_pylist() == whole.slice(2).to_pylist()
     assert resumed.schema.field("b").type == whole.schema.field("b").type == pa.float64()
-    monkeypatch.setattr(formats, "CHUNK_BYTES", 8 * 1024 * 1024)
+    monkeypatch.setattr(formats.base, "CHUNK_BYTES", 8 * 1024 * 1024)
     p = tmp_path / "a.jsonl"
     p.write_text("".join(json.dumps({"v": i + (0.5 if i < 3 else 0)}) + "\n" for i in range(550)))
     for start in (2, 400):
@@ -426,9 +426,9 @@ def test_a_csv_value_its_column_cannot_take_fails_that_row_only(tmp_path: Path) 
     assert sum(c.num_rows for c in chunks) == 7
     from thalweg.sources.files import formats
 
-    recs = formats.split_records(body.encode(), ord('"'), True)
+    recs = formats.records.split_records(body.encode(), ord('"'), True)
     recs.starts, recs.ends = recs.starts[1:], recs.ends[1:]
-    chunk = formats._parse_csv(recs, 0, ["n"], {"n": pa.int64()}, formats.CsvOptions(), 0)
+    chunk = formats.csv._parse_csv(recs, 0, ["n"], {"n": pa.int64()}, formats.CsvOptions(), 0)
     assert chunk.table["n"].to_pylist() == [0, 1, 2, 3, 4, 7]
     assert [(b.row, b.text) for b in chunk.broken] == [(5, b"oops")]
     assert "int64" in chunk.broken[0].message
@@ -808,7 +808,7 @@ async def test_a_new_files_rows_wait_while_the_disk_refuses_its_hash(
 def test_avro_files_read_natively_equal_the_per_record_read(tmp_path: Path, start: int) -> None:
     import fastavro
 
-    from thalweg.sources.files.formats import _avro_per_record
+    from thalweg.sources.files.formats.avro import _avro_per_record
 
     schema = {
         "type": "record",

@@ -127,6 +127,25 @@ def test_pure_layers_import_nothing_above_them(package: str) -> None:
                 )
 
 
+#: Single modules below their package's layer: each may import only the Thalweg modules
+#: named here (and no transport); the record cutter not even Arrow (bytes in, offsets out).
+PURE_MODULES = {
+    "sources/files/formats/records.py": ({"thalweg.sources.files.quotes"}, {"pyarrow"}),
+    "sources/files/quotes.py": (set(), {"pyarrow"}),
+    "lane/durable.py": (set(), set()),
+}
+
+
+@pytest.mark.parametrize("module", sorted(PURE_MODULES))
+def test_pure_modules_import_only_what_they_name(module: str) -> None:
+    allowed, also_forbidden = PURE_MODULES[module]
+    for name in imports_of(ROOT / module):
+        top = name.split(".")[0]
+        assert top not in FORBIDDEN_EXTERNAL | also_forbidden, f"{module} imports {name}"
+        if top == "thalweg":
+            assert name in allowed, f"{module} imports {name}"
+
+
 def test_client_depends_on_pyarrow_only() -> None:
     client = Path(__file__).resolve().parents[2] / "client" / "thalweg_client"
     for f in client.rglob("*.py"):

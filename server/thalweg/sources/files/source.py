@@ -10,7 +10,7 @@ read on is marked failed with its reason; the run goes on to the next one.
 
 Its length: the source's whole life — picking files, the manifest, read-ahead, resume
 after a crash — is one state machine over one manifest; the formats are apart
-(``formats.py``, which issue 36 splits into a package).
+(the ``formats`` package, one module per format).
 """
 
 from __future__ import annotations
