@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import SmallDisk
 from tests.unit.test_retention import T, lane
 from thalweg.config.load import parse_config
-from thalweg.engine.retention import RetentionJob
+from thalweg.engine.jobs.retention import RetentionJob
 from thalweg.lane.ballast import BALLAST_BYTES
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.retention import raise_floor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from thalweg.engine.budget import SizeEstimator, budget_for
+from thalweg.engine.ingest.budget import SizeEstimator, budget_for
 
 
 def test_estimate_learns_the_p95_from_batches() -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.buffer import PartitionBuffer
+from thalweg.engine.ingest.buffer import PartitionBuffer
 from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from thalweg.codecs.base import DecodeReason
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.buffer import PartitionBuffer, Pending
+from thalweg.engine.ingest.buffer import PartitionBuffer, Pending
 from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 

@@ -22,10 +22,10 @@ import pytest
 
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
-from thalweg.engine.buffer import PartitionBuffer
-from thalweg.engine.checkpoint import WRITES_IN_FLIGHT, Checkpoint
 from thalweg.engine.context import LaneContext, SourceState
-from thalweg.engine.fence import OwnershipFence
+from thalweg.engine.ingest.buffer import PartitionBuffer
+from thalweg.engine.ingest.checkpoint import WRITES_IN_FLIGHT, Checkpoint
+from thalweg.engine.ingest.fence import OwnershipFence
 from thalweg.errors import SegmentConflictError
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
 from thalweg.lane.epochs import Divergence

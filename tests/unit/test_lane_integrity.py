@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.continuity import LastRecord, check_record, check_start, last_record
-from thalweg.engine.fence import OwnershipFence
+from thalweg.engine.ingest.continuity import LastRecord, check_record, check_start, last_record
+from thalweg.engine.ingest.fence import OwnershipFence
 from thalweg.errors import LaneError, OwnershipLostError, SegmentConflictError
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
 from thalweg.lane.coverage import QUARANTINE, repair

@@ -127,7 +127,7 @@ def test_arbitrary_records_round_trip_parquet_and_ipc(rows: list[tuple]) -> None
 
 
 def test_empty_batch_has_the_schema_and_accumulators_ignore_it() -> None:
-    from thalweg.engine.accumulate import Accumulator
+    from thalweg.engine.ingest.accumulate import Accumulator
 
     empty = batch([])
     assert empty.num_rows == 0 and empty.schema == COLS.raw_schema

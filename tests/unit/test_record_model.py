@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.corpus.edge_records import EDGES
 from thalweg.codecs import JsonArrowDecoder
-from thalweg.engine.accumulate import Accumulator
+from thalweg.engine.ingest.accumulate import Accumulator
 from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 from thalweg.records.columns import SOURCE_COLUMNS, MetadataPolicy

@@ -1,6 +1,6 @@
 """``twg batch``: files through the stream's own pipeline, once, then a summary.
 
-The run is a :class:`~thalweg.engine.runner.SourceRunner` over a
+The run is a :class:`~thalweg.engine.ingest.runner.SourceRunner` over a
 :class:`~thalweg.sources.files.source.FileSource` — the same partitions, checkpoint,
 decoders, contract and dead-letter lane as ``twg stream`` — without Flight or the admin
 server. When every file has been read, the runner drains (everything buffered becomes
@@ -27,7 +27,7 @@ from typing import Any
 from thalweg.config.models import FilesSourceConfig, SourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext, new_backoff
 from thalweg.engine.gateway import tune_gc
-from thalweg.engine.runner import SourceRunner
+from thalweg.engine.ingest.runner import SourceRunner
 from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail

@@ -18,9 +18,9 @@ from thalweg.config.models import (
     PulsarSourceConfig,
     RawLaneConfig,
 )
-from thalweg.engine.buffer import PartitionBuffer
-from thalweg.engine.fence import OwnershipFence
-from thalweg.engine.lag_gate import LagGate
+from thalweg.engine.ingest.buffer import PartitionBuffer
+from thalweg.engine.ingest.fence import OwnershipFence
+from thalweg.engine.ingest.lag_gate import LagGate
 from thalweg.lane.epochs import Divergence
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.live import LiveTail

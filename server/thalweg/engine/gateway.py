@@ -1,7 +1,7 @@
 """The running gateway: lanes, sources, Flight and admin servers, under one stop event.
 
-Its length: it is the composition root, wiring every part once (issue 36 lifts the
-per-source machinery out of it).
+Its length: it is the composition root, wiring every part once (one source's machinery
+is ``engine/ingest/``, the lanes' upkeep ``engine/jobs/``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from thalweg.config.models import (
     SourceConfig,
     ThalwegConfig,
 )
-from thalweg.engine.compaction import CompactionJob
 from thalweg.engine.context import RAW_LANE, LaneContext
-from thalweg.engine.lag_gate import LagGate
-from thalweg.engine.lane_sync import LaneSync
+from thalweg.engine.ingest.lag_gate import LagGate
+from thalweg.engine.ingest.runner import SourceRunner
+from thalweg.engine.jobs.compaction import CompactionJob
+from thalweg.engine.jobs.lane_sync import LaneSync
+from thalweg.engine.jobs.retention import RetentionJob
 from thalweg.engine.preflight import preflight
-from thalweg.engine.retention import RetentionJob
-from thalweg.engine.runner import SourceRunner
 from thalweg.errors import ConfigError, LaneError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
@@ -188,7 +188,7 @@ class Gateway:
         if self.gate is not None:
             self.gate.feeders = self.feeders
         # Lanes in an object store: every replica's copy of what other members wrote
-        # (engine/lane_sync.py), also asked for a topic a read finds cold.
+        # (engine/jobs/lane_sync.py), also asked for a topic a read finds cold.
         self.sync = (
             LaneSync(
                 self.mirror,

@@ -78,7 +78,7 @@ class LaneCatalog:
         self._epochs: dict[int, LaneCatalog] = {}
         self._cache = cache
         # Lanes in an object store: fetch a topic this replica has nothing of yet before
-        # planning a read of it (engine/lane_sync.py, LaneSync.warm).
+        # planning a read of it (engine/jobs/lane_sync.py, LaneSync.warm).
         self._read_through = read_through or (lambda _topic: None)
 
     def for_epoch(self, epoch: int) -> LaneCatalog:

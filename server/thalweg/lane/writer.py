@@ -14,7 +14,7 @@ caller's *fence* whether this member still owns the partition (a member paused p
 group session must not write what the next owner writes too).
 
 Its length: the raw, decoded and dead-letter writes of one segment and their shared
-commit point; issue 36 moves the durable-write primitive out of it.
+commit point (the durable write itself is ``lane/durable.py``'s).
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ class SegmentWriter:
                 raise _not_written("decoded", path, exc) from exc
             # The raw lane is primary: a decoded-lane failure never blocks it. The
             # missing decoded segment is rebuilt from raw while the gateway runs
-            # (engine/rebuilds.py) and at the next start.
+            # (engine/ingest/rebuilds.py) and at the next start.
             log.error("decoded segment %s not written: %s", path, exc)
             return False
 

@@ -2,7 +2,7 @@
 
 A decoded-lane write that failed never blocks the raw lane (the primary); the raw
 segment is durable and committed without its decoded twin, which is rebuilt here while
-the gateway runs (``engine/rebuilds.py``) and when the partition is next assigned — the
+the gateway runs (``engine/ingest/rebuilds.py``) and when the partition is next assigned — the
 raw segment itself is never written again.
 """
 

@@ -15,7 +15,7 @@ import logging
 import time
 
 from thalweg.engine.context import SourceState
-from thalweg.engine.partitions import Partitions
+from thalweg.engine.ingest.partitions import Partitions
 from thalweg.errors import SourceError
 from thalweg.ops.health import State
 

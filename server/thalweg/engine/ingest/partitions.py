@@ -3,7 +3,7 @@ continues its lane.
 
 On assignment a partition is repaired, its coverage read, its epoch known, its resume
 point chosen (the lane wins over a lagging commit) and — for Kafka — the log checked
-(``engine/continuity.py``): a log that starts past the lane's end, or whose record at
+(``engine/ingest/continuity.py``): a log that starts past the lane's end, or whose record at
 the lane's last offset is another record, holds the partition. Every fetched batch is
 admitted here first: an offset below one already ingested holds it too, and records of
 an epoch above 0 get that epoch's ids. A held partition is paused, marked durably and
@@ -11,7 +11,7 @@ named in /health until its epoch is closed (``on_divergence`` or ``twg lane
 new-epoch``); then it starts again, empty, at the broker's log start.
 
 Its length: assignment, resume and log-continuity checks share the per-partition
-state kept here; issue 36 moves it into ``engine/ingest/`` with the rest of one source.
+state kept here (the checks themselves are ``continuity``'s).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.engine.buffer import PartitionBuffer, roll_phase
-from thalweg.engine.checkpoint import Checkpoint
 from thalweg.engine.context import SourceState, new_backoff
-from thalweg.engine.continuity import (
+from thalweg.engine.ingest.buffer import PartitionBuffer, roll_phase
+from thalweg.engine.ingest.checkpoint import Checkpoint
+from thalweg.engine.ingest.continuity import (
     LastRecord,
     check_record,
     check_start,

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from thalweg.codecs.base import DecodeFailure
 from thalweg.config.models import RawLaneConfig
-from thalweg.engine.accumulate import Accumulator, OffsetSpan
+from thalweg.engine.ingest.accumulate import Accumulator, OffsetSpan
 from thalweg.lane.shape import concat_decoded
 from thalweg.records.columns import MetadataColumns
 

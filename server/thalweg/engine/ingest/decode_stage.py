@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from thalweg.codecs.base import DecodeFailure
-from thalweg.engine.budget import SizeEstimator
+from thalweg.engine.ingest.budget import SizeEstimator
 from thalweg.errors import SourceError
 from thalweg.pipeline.decode import decode_batches
 from thalweg.pipeline.decoders import TopicDecoders

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from thalweg.engine.buffer import PartitionBuffer, Pending
 from thalweg.engine.context import RAW_LANE, SourceState, new_backoff
+from thalweg.engine.ingest.buffer import PartitionBuffer, Pending
 from thalweg.errors import InvariantError, LaneError, OwnershipLostError, SourceError, ThalwegError
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.layout import Segment
@@ -53,7 +53,7 @@ class Checkpoint:
         # cores writing (Parquet encodes without the GIL) and the loop responsive.
         self._writing = asyncio.Semaphore(WRITES_IN_FLIGHT)
         # Called with a segment made durable without its decoded twin (a failed write of
-        # it): the runner rebuilds the twin while it runs (engine/rebuilds.py).
+        # it): the runner rebuilds the twin while it runs (engine/ingest/rebuilds.py).
         self.on_decoded_missing: Callable[[PartitionKey, Segment], None] | None = None
 
     def start_due(self, now: float) -> None:

@@ -19,9 +19,6 @@ import time
 import pyarrow as pa
 
 from thalweg.config.models import KafkaSourceConfig
-from thalweg.engine.budget import Budget, SizeEstimator, budget_for
-from thalweg.engine.buffer import PartitionBuffer
-from thalweg.engine.checkpoint import Checkpoint
 from thalweg.engine.context import (
     LOGIN_RETRY_BASE_S,
     LaneContext,
@@ -29,12 +26,15 @@ from thalweg.engine.context import (
     SourceState,
     new_backoff,
 )
-from thalweg.engine.decode_stage import DecodeStage
-from thalweg.engine.fence import OwnershipFence
-from thalweg.engine.partitions import Partitions
-from thalweg.engine.rebuilds import DecodedRebuilds
-from thalweg.engine.throttle import Throttle
-from thalweg.engine.watch import BrokerWatch
+from thalweg.engine.ingest.budget import Budget, SizeEstimator, budget_for
+from thalweg.engine.ingest.buffer import PartitionBuffer
+from thalweg.engine.ingest.checkpoint import Checkpoint
+from thalweg.engine.ingest.decode_stage import DecodeStage
+from thalweg.engine.ingest.fence import OwnershipFence
+from thalweg.engine.ingest.partitions import Partitions
+from thalweg.engine.ingest.rebuilds import DecodedRebuilds
+from thalweg.engine.ingest.throttle import Throttle
+from thalweg.engine.ingest.watch import BrokerWatch
 from thalweg.errors import LoginRefusedError, SourceError
 from thalweg.kafka.clients import security_kwargs
 from thalweg.kafka.dlq import DeadLetterTopic
