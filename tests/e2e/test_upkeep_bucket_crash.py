@@ -46,7 +46,8 @@ from thalweg.lane.objectstore import ObjectStore
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # Merges of four 100-row segments into files of at most ~60 KB, parts deleted 2 s later;
-# at most 150 KB per partition, swept 2 s after the floor rises; orphans swept at once.
+# at most 150 KB per partition, swept 2 s after the floor rises; orphans swept once seen
+# so for 2 s (``orphan_age_s`` below).
 UPKEEP = """
 [compaction]
 enabled = true
@@ -77,6 +78,9 @@ def test_bucket_upkeep_killed_again_and_again_keeps_exactly_the_floor_to_the_end
         "secret_access_key": SECRET_KEY,
         "cache_dir": str(cache),
         "sync_interval_s": 0.3,
+        # A kill between a twin's PUT and its raw one leaves an orphan; at the default
+        # (120 s) the settle wait below could not outlast it.
+        "orphan_age_s": 2.0,
     }
     object_store = "\n".join(f"{k} = {json.dumps(v)}" for k, v in store_keys.items())
     config = tmp_path / "twg.toml"

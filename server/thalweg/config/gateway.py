@@ -57,6 +57,13 @@ class ObjectStoreConfig(_Model):
         description="How often a replica fetches the segments other members wrote (its "
         "reads of their partitions' history are this fresh).",
     )
+    orphan_age_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long a decoded or dead-letter object whose raw object is not in "
+        "the bucket (a publish cut off between its PUTs) is seen so before the owner "
+        "removes it. Longer than any member takes between a twin's PUT and its raw one.",
+    )
 
     @field_validator("url")
     @classmethod

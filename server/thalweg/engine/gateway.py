@@ -93,7 +93,9 @@ def _object_store_mirror(cfg: ThalwegConfig, layout: LaneLayout) -> LaneMirror |
     g = cfg.gateway
     if not g.lanes_in_object_store:
         return None
-    mirror = LaneMirror(layout, ObjectStore(g.object_store))
+    mirror = LaneMirror(
+        layout, ObjectStore(g.object_store), orphan_age_s=g.object_store.orphan_age_s
+    )
     try:
         mirror.sync_floors()
     except LaneError as exc:
