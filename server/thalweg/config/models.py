@@ -182,6 +182,11 @@ class ThalwegConfig(_Model):
                 return s
         return None
 
+    def broker_sources(self) -> list[BrokerSourceConfig]:
+        """The sources a broker holds the topics of (Kafka, Pulsar): ``do_put`` can
+        produce to their topics."""
+        return [s for s in self.sources if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig))]
+
     def secrets(self) -> list[str]:
         """Dotted paths of every configured secret (values never shown)."""
         return secret_paths(self)

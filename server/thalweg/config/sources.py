@@ -135,13 +135,20 @@ class _SourceBase(_Model):
     def cluster_name(self) -> str:
         return self.cluster or self.name
 
+    @property
+    def topic_pattern(self) -> str | None:
+        """The ``topics_pattern`` of a source that has one."""
+        pattern = getattr(self, "topics_pattern", None)
+        return pattern if isinstance(pattern, str) else None
+
     def takes(self, topic: str) -> bool:
         """Whether this source consumes ``topic``: named in ``topics``, or matched whole
         by a ``topics_pattern`` (Kafka and Pulsar sources)."""
         if topic in self.topics:
             return True
-        pattern = getattr(self, "topics_pattern", None)
-        return isinstance(pattern, str) and re.fullmatch(pattern, topic) is not None
+        return (
+            self.topic_pattern is not None and re.fullmatch(self.topic_pattern, topic) is not None
+        )
 
     def _check_common(self) -> None:
         if len(set(self.topics)) != len(self.topics):

@@ -33,7 +33,7 @@ from thalweg.ops.retry import Backoff
 from thalweg.ops.stats import PipelineStats
 from thalweg.ops.tracing import Tracing
 from thalweg.records.columns import MetadataColumns
-from thalweg.sources.base import PartitionKey, Source
+from thalweg.sources.base import PartitionKey, Source, SourceFeatures
 
 RAW_LANE = "raw_lane"  # the health component of the primary raw lane
 RETRY_BASE_S = 0.2
@@ -87,6 +87,7 @@ class SourceState:
     source: Source
     fence: OwnershipFence | None
     component: str
+    features: SourceFeatures = field(default_factory=SourceFeatures)
     parts: dict[PartitionKey, PartitionBuffer] = field(default_factory=dict)
     held: dict[PartitionKey, Divergence] = field(default_factory=dict)
     fatal: BaseException | None = None
@@ -100,10 +101,6 @@ class SourceState:
     def in_doubt(self) -> bool:
         """Ownership of the partitions is in doubt (nothing may be renamed or committed)."""
         return self.fence is not None and self.fence.in_doubt
-
-    @property
-    def kafka(self) -> KafkaSourceConfig | None:
-        return self.cfg if isinstance(self.cfg, KafkaSourceConfig) else None
 
 
 def new_backoff() -> Backoff:

@@ -19,8 +19,6 @@ from thalweg.config.checks import data_dir_error, listen_problem
 from thalweg.config.models import (
     ArrowIpcSourceConfig,
     FlightSourceConfig,
-    KafkaSourceConfig,
-    PulsarSourceConfig,
     SourceConfig,
     ThalwegConfig,
 )
@@ -250,17 +248,8 @@ class Gateway:
                 self.catalog,
                 self.metrics,
                 advertise=g.flight_advertise,
-                sources={
-                    t: s
-                    for s in cfg.sources
-                    if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig))
-                    for t in s.topics
-                },
-                pattern_sources=[
-                    s
-                    for s in cfg.sources
-                    if isinstance(s, (KafkaSourceConfig, PulsarSourceConfig)) and s.topics_pattern
-                ],
+                sources={t: s for s in cfg.broker_sources() for t in s.topics},
+                pattern_sources=[s for s in cfg.broker_sources() if s.topic_pattern],
                 health=self.health.tree,
                 auth=g.auth,
                 tls=g.tls,

@@ -8,6 +8,7 @@ ascending and never repeated) and advances the broker's position only when told 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
@@ -16,12 +17,65 @@ PartitionKey = tuple[str, int]
 RebalanceCallback = Callable[[list[PartitionKey]], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSession:
+    """A consumer-group session: missing heartbeats for ``timeout_ms`` hands this
+    member's partitions to another, so its writes must stop before that (the fence)."""
+
+    timeout_ms: int
+    heartbeat_interval_ms: int
+
+
+class DeadLetterOutlet(Protocol):
+    """Where a source's dead letters are produced besides the ``dlq/`` lane (a Kafka
+    DLQ topic): sent before the commit that passes them."""
+
+    topic: str
+
+    async def send(self, dead: pa.Table) -> int:
+        """Produce every dead letter, waiting for each acknowledgement; the count."""
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFeatures:
+    """What a source can do beyond the protocol: the engine switches its machinery on
+    from these answers, never from the type of the source's config. The defaults are a
+    source with no group, no DLQ topic and no broker to ask about topics.
+
+    Attributes:
+        session: the group session whose expiry fences this member's writes.
+        group_id: the consumer group sharing the partitions (/health says so when this
+            member holds none).
+        dead_letters: the outlet dead letters are produced to before their commit.
+        dead_letters_max_wait_s: how long the commit waits for that outlet (None: until
+            it answers).
+        missing_topic_grace_s: how long a configured topic may be missing on the broker
+            before it gates readiness (None: the broker cannot tell).
+        new_epoch_on_divergence: a log that no longer continues the lane starts a new
+            epoch instead of stopping the partition.
+        login_retry_max_s: the longest wait between refused logins (None: the default).
+    """
+
+    session: GroupSession | None = None
+    group_id: str | None = None
+    dead_letters: DeadLetterOutlet | None = None
+    dead_letters_max_wait_s: float | None = None
+    missing_topic_grace_s: float | None = None
+    new_epoch_on_divergence: bool = False
+    login_retry_max_s: float | None = None
+
+
 class Source(Protocol):
     """One configured source's connection to its broker."""
 
     # True when a partition's positions are broker offsets that only grow and whose log
     # bounds the broker reports (Kafka): the runner then checks log continuity.
     positions_are_offsets: bool
+
+    def features(self) -> SourceFeatures:
+        """What this source can do (asked once, when its runner is made)."""
 
     async def start(self, on_assigned: RebalanceCallback, on_revoked: RebalanceCallback) -> None:
         """Connect; partitions are announced through ``on_assigned`` before any of their
@@ -77,6 +131,9 @@ class Unbrokered:
     Flight): no group to belong to, no generations, positions that start at 0, no
     topics to miss. A subclass that can tell whether its upstream answers overrides
     :meth:`probe`."""
+
+    def features(self) -> SourceFeatures:
+        return SourceFeatures()
 
     async def probe(self, timeout_s: float = 3.0) -> bool:
         return True

@@ -19,14 +19,20 @@ from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import LoginRefusedError, SourceError
 from thalweg.kafka.assignor import owner_assignor
-from thalweg.kafka.clients import new_consumer
+from thalweg.kafka.clients import new_consumer, security_kwargs
 from thalweg.kafka.columnar_fetch import ColumnarFetch
+from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.kafka.login import check_login, refusal
 from thalweg.kafka.unpack import KafkaColumns
 from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import PartitionColumns, raw_batches_from_columns
-from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.base import (
+    GroupSession,
+    PartitionKey,
+    RebalanceCallback,
+    SourceFeatures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,30 @@ class KafkaSource:
         self._joined = False
         # Fetched record batches come as columns (thalweg.kafka.unpack), not records.
         self._columnar = ColumnarFetch()
+
+    def features(self) -> SourceFeatures:
+        """A group session, the group, a DLQ topic when configured, topics the broker
+        can say are missing, and ``on_divergence``."""
+        cfg = self.cfg
+        dead_letters = (
+            DeadLetterTopic(
+                cfg.dlq_bootstrap_servers or cfg.bootstrap_servers,
+                cfg.dlq_topic,
+                self._columns,
+                **security_kwargs(cfg),
+            )
+            if cfg.dlq_topic
+            else None
+        )
+        return SourceFeatures(
+            session=GroupSession(cfg.session_timeout_ms, cfg.heartbeat_interval_ms),
+            group_id=cfg.group_id,
+            dead_letters=dead_letters,
+            dead_letters_max_wait_s=cfg.dlq_topic_max_wait_s,
+            missing_topic_grace_s=cfg.missing_topic_grace_s,
+            new_epoch_on_divergence=cfg.on_divergence == "new_epoch",
+            login_retry_max_s=cfg.login_retry_max_s,
+        )
 
     @property
     def consumer(self) -> AIOKafkaConsumer:

@@ -39,7 +39,7 @@ from thalweg.lane.owners import OwnerDirectory
 from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch
-from thalweg.sources.base import PartitionKey, RebalanceCallback
+from thalweg.sources.base import PartitionKey, RebalanceCallback, SourceFeatures
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,11 @@ class PulsarSource:
         # partition number is learnt from the first message's topic name.
         self._one_topic = cfg.topics_pattern is None and len(cfg.topics) == 1
         self._by_partition: dict[int, PartitionKey] = {}
+
+    def features(self) -> SourceFeatures:
+        """None of the extras: no group session to expire, no DLQ topic, Pulsar creates
+        topics on first use."""
+        return SourceFeatures()
 
     # -- lifecycle -----------------------------------------------------------------
 

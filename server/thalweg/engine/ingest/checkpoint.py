@@ -23,12 +23,11 @@ import pyarrow as pa
 from thalweg.engine.context import RAW_LANE, SourceState, new_backoff
 from thalweg.engine.ingest.buffer import PartitionBuffer, Pending
 from thalweg.errors import InvariantError, LaneError, OwnershipLostError, SourceError, ThalwegError
-from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.layout import Segment
 from thalweg.lane.writer import WrittenSegment
 from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
-from thalweg.sources.base import PartitionKey
+from thalweg.sources.base import DeadLetterOutlet, PartitionKey
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def _unfenced() -> None:
 class Checkpoint:
     """Flushes, writes and commits the partitions of one source."""
 
-    def __init__(self, state: SourceState, dlq_topic: DeadLetterTopic | None) -> None:
+    def __init__(self, state: SourceState, dlq_topic: DeadLetterOutlet | None) -> None:
         self.s = state
         self._dlq_topic = dlq_topic
         self.flushes: dict[PartitionKey, asyncio.Task[None]] = {}
@@ -334,12 +333,10 @@ class Checkpoint:
         letter is never behind the committed position), retried until done — or, with
         ``dlq_topic_max_wait_s``, until that bound: then the letters stay in the durable
         ``dlq/`` lane only, the give-up is counted, and the commit goes on."""
-        dlq, cfg = self._dlq_topic, self.s.kafka
+        dlq = self._dlq_topic
         if dlq is None:
             raise InvariantError("dlq is not set")
-        if cfg is None:
-            raise InvariantError("cfg is not set")
-        bound = cfg.dlq_topic_max_wait_s
+        bound = self.s.features.dead_letters_max_wait_s
         deadline = None if bound is None else time.monotonic() + bound
         backoff = new_backoff()
         while True:

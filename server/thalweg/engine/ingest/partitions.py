@@ -276,7 +276,7 @@ class Partitions:
         """What the source holds, in its /health entry."""
         s = self.s
         held = sorted(f"{t}[{p}]" for t, p in s.parts)
-        group = s.kafka.group_id if s.kafka is not None else None
+        group = s.features.group_id
         note = (
             f"holds {len(held)} partition(s)"
             if held
@@ -414,7 +414,7 @@ class Partitions:
         return f"partition:{self.s.cfg.name}:{key[0]}[{key[1]}]"
 
     def _new_epoch_on_divergence(self) -> bool:
-        return self.s.kafka is not None and self.s.kafka.on_divergence == "new_epoch"
+        return self.s.features.new_epoch_on_divergence
 
     async def _log_start(self, key: PartitionKey) -> int | None:
         if not self.s.source.positions_are_offsets:

@@ -18,7 +18,6 @@ import time
 
 import pyarrow as pa
 
-from thalweg.config.models import KafkaSourceConfig
 from thalweg.engine.context import (
     LOGIN_RETRY_BASE_S,
     LaneContext,
@@ -36,8 +35,6 @@ from thalweg.engine.ingest.rebuilds import DecodedRebuilds
 from thalweg.engine.ingest.throttle import Throttle
 from thalweg.engine.ingest.watch import BrokerWatch
 from thalweg.errors import LoginRefusedError, SourceError
-from thalweg.kafka.clients import security_kwargs
-from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.lane.live import LiveEntry
 from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
@@ -62,25 +59,17 @@ class SourceRunner:
         self.component = f"source:{cfg.name}"
         source: Source = load_source_class(cfg.kind)(cfg, ctx.columns, ctx.owners)
         self.source = source
+        features = source.features()
+        session = features.session
         fence = (
             OwnershipFence.for_session(
-                cfg.session_timeout_ms, cfg.heartbeat_interval_ms, source.membership
+                session.timeout_ms, session.heartbeat_interval_ms, source.membership
             )
-            if isinstance(cfg, KafkaSourceConfig)
+            if session is not None
             else None
         )
-        self.state = SourceState(cfg, ctx, source, fence, self.component)
-        dlq_topic = (
-            DeadLetterTopic(
-                cfg.dlq_bootstrap_servers or cfg.bootstrap_servers,
-                cfg.dlq_topic,
-                ctx.columns,
-                **security_kwargs(cfg),
-            )
-            if isinstance(cfg, KafkaSourceConfig) and cfg.dlq_topic
-            else None
-        )
-        self.checkpoint = Checkpoint(self.state, dlq_topic)
+        self.state = SourceState(cfg, ctx, source, fence, self.component, features)
+        self.checkpoint = Checkpoint(self.state, features.dead_letters)
         ctx.health.register(self.component, "source", gates_readiness=True)
         self.decoders = TopicDecoders(
             cfg,
@@ -171,10 +160,8 @@ class SourceRunner:
         source's ``login_retry_max_s``: clusters lock an account after a few failed
         logins, and a fast retry loop against a wrong secret is exactly that."""
         backoff = new_backoff()
-        kafka = self.state.kafka
-        login_backoff = Backoff(
-            LOGIN_RETRY_BASE_S, kafka.login_retry_max_s if kafka else LOGIN_RETRY_BASE_S * 60
-        )
+        retry_max_s = self.state.features.login_retry_max_s
+        login_backoff = Backoff(LOGIN_RETRY_BASE_S, retry_max_s or LOGIN_RETRY_BASE_S * 60)
         while True:
             try:
                 await self.source.start(self._on_assigned, self._on_revoked)

@@ -61,15 +61,15 @@ class BrokerWatch:
         ``missing_topic_grace_s`` they gate readiness (a typo or a deleted topic would
         otherwise look like a quiet topic)."""
         s = self.s
-        cfg = s.kafka
-        if cfg is None or s.broker_down:
+        grace_s = s.features.missing_topic_grace_s
+        if grace_s is None or s.broker_down:
             return
         try:
             missing = await s.source.missing_topics()
         except SourceError as exc:
             log.debug("topic check skipped: %s", exc)
             return
-        name = f"topics:{cfg.name}"
+        name = f"topics:{s.cfg.name}"
         now = time.monotonic()
         if not missing:
             self._missing_since = None
@@ -78,13 +78,13 @@ class BrokerWatch:
             return
         if self._missing_since is None:
             self._missing_since = now
-            log.warning("source %s: topics not on the broker: %s", cfg.name, missing)
-        if now - self._missing_since < cfg.missing_topic_grace_s:
+            log.warning("source %s: topics not on the broker: %s", s.cfg.name, missing)
+        if now - self._missing_since < grace_s:
             return
         if not self._topics_registered:
             s.ctx.health.register(name, "topics", gates_readiness=True)
             self._topics_registered = True
         detail = f"configured topic(s) not on the broker: {', '.join(missing)}"
         if s.ctx.health.state(name) is not State.DOWN:
-            log.error("source %s: %s", cfg.name, detail)
+            log.error("source %s: %s", s.cfg.name, detail)
         s.ctx.health.set(name, State.DOWN, detail, info={"missing_topics": missing})
