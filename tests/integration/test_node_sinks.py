@@ -158,7 +158,7 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
                 await f.open()
                 rows += (await f.pass_once(final=True)).rows
             finally:
-                await f._shutdown()
+                await f.close()
         return rows
 
     assert asyncio.run(one_pass()) == 0

@@ -67,7 +67,7 @@ def test_an_iceberg_sink_sets_aside_a_value_it_cannot_hold(tmp_path: Path) -> No
             s = await f.pass_once(final=True)
             return s.positions, s.lag_after
         finally:
-            await f._shutdown()
+            await f.close()
 
     assert asyncio.run(one_pass()) == (2000, 0)
     home = (tmp_path / "sinks" / "lake").resolve()

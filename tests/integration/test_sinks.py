@@ -162,7 +162,7 @@ def test_a_second_recovery_pass_writes_nothing_and_the_destination_record_wins(
                 await f.open()
                 out[f.sink.name] = (await f.pass_once(final=True)).rows
             finally:
-                await f._shutdown()
+                await f.close()
         return out
 
     assert asyncio.run(one_pass()) == {"lake": n, "db": n, "files": n}

@@ -70,7 +70,7 @@ def test_a_gap_wider_than_the_window_is_covered_and_metadata_is_matched(tmp_path
             s = await f.pass_once(final=True)
             return s.rows, s.positions, s.lag_after
         finally:
-            await f._shutdown()
+            await f.close()
 
     assert asyncio.run(one_pass()) == (14, 1005, 0)
     assert asyncio.run(one_pass()) == (0, 0, 0)

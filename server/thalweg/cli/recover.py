@@ -69,7 +69,7 @@ def recover(
             await feeder.open()
             return await feeder.pass_once(topic=topic, start=start, end=end, final=True)
         finally:
-            await feeder._shutdown()
+            await feeder.close()
 
     try:
         summary = asyncio.run(one_pass())

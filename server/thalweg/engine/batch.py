@@ -39,14 +39,8 @@ from thalweg.pipeline.decode import decode_batch
 from thalweg.pipeline.decoders import TopicDecoders
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
-from thalweg.sources.files.formats import FileReadError, detect, read_chunks
-from thalweg.sources.files.source import (
-    FileSource,
-    Progress,
-    chunk_batch,
-    csv_options,
-    resolve_inputs,
-)
+from thalweg.sources.files.dry_read import DryRead
+from thalweg.sources.files.source import FileSource, Progress, resolve_inputs
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +143,7 @@ class BatchRun:
         self.columns = MetadataColumns(cfg.gateway.metadata_prefix)
         self.on_progress = on_progress
         self.metrics = Metrics()
+        self.dead_letters: Counter[tuple[str, str]] = Counter()  # (topic, reason) → records
         self.health = Health()
         self.health.register(RAW_LANE, "raw_lane", gates_readiness=True)
 
@@ -182,6 +177,7 @@ class BatchRun:
             health=self.health,
             raw_cfg=self.cfg.raw_lane,
             stats=stats,
+            dead_letters=self.dead_letters,
         )
         runner = SourceRunner(self.source_cfg, ctx)
         source = runner.source
@@ -247,18 +243,16 @@ class BatchRun:
                 await feeder.open()
                 summary = await feeder.pass_once(topic=self.topic, final=True)
             finally:
-                await feeder._shutdown()
+                await feeder.close()
             out[sink.name] = summary.as_dict()
         return out
 
     def _summary(
         self, p: Progress, seconds: float, sinks: dict[str, dict[str, object]]
     ) -> BatchSummary:
-        reasons: Counter[str] = Counter()
-        for metric in self.metrics.decode_failures.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_total") and sample.labels.get("topic") == self.topic:
-                    reasons[sample.labels["reason"]] += int(sample.value)
+        reasons = Counter(
+            {reason: n for (topic, reason), n in self.dead_letters.items() if topic == self.topic}
+        )
         return BatchSummary(
             topic=self.topic,
             dry_run=False,
@@ -303,27 +297,20 @@ class BatchRun:
             raise InvariantError("decoder is not set")
         p = Progress()
         reasons: Counter[str] = Counter()
-        cfg = self.source_cfg
-        opts = csv_options(cfg)
-        inputs = resolve_inputs(cfg.paths)
-        p.files_total = len(inputs)
-        for number, f in enumerate(inputs):
-            fmt = cfg.file_format if cfg.file_format != "auto" else detect(f.path)
-            if fmt is None:
-                p.files_failed += 1
-                p.errors.append({"file": f.uri, "error": "unknown format"})
+        files = DryRead(self.source_cfg, self.columns)
+        p.files_total = len(files.inputs)
+        for step in files:
+            if step.raw is not None:
+                _, result = decode_batch(decoder, step.raw, self.columns)
+                reasons.update(fl.reason.value for fl in result.failures)
+                p.rows += step.raw.num_rows
+                p.bytes_read += step.nbytes
                 continue
-            try:
-                for chunk in read_chunks(f.fs, f.path, fmt, 0, opts):
-                    raw = chunk_batch(chunk, f, self.topic, number, cfg, self.columns)
-                    _, result = decode_batch(decoder, raw, self.columns)
-                    reasons.update(fl.reason.value for fl in result.failures)
-                    p.rows += chunk.num_rows
-                    p.bytes_read += chunk.nbytes
-                p.files_done += 1
-            except FileReadError as exc:
+            if step.error is not None:
                 p.files_failed += 1
-                p.errors.append({"file": f.uri, "error": str(exc)})
+                p.errors.append({"file": step.uri, "error": step.error})
+            else:
+                p.files_done += 1
             if self.on_progress is not None:
                 self.on_progress(p)
         return BatchSummary(

@@ -8,6 +8,7 @@ The state is plain data; each part owns the decisions of its own idea.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from thalweg.config.models import (
@@ -69,6 +70,8 @@ class LaneContext:
     owners: OwnerDirectory = field(default_factory=OwnerDirectory)
     # Lanes in an object store (lane/mirror.py): segments are durable once PUT there.
     mirror: LaneMirror | None = None
+    # Records set aside by decoding, per (topic, reason code): what a run reports.
+    dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)

@@ -191,10 +191,12 @@ class SinkFeeder:
                 self._report(self.sink.health().state, self.sink.health().detail)
                 await _sleep(stop, self.cfg.poll_interval_s)
         finally:
-            await self._shutdown()
+            await self.close()
 
-    async def _shutdown(self) -> None:
-        """Flush what is buffered (bounded: a dead sink must not hold the stop up)."""
+    async def close(self) -> None:
+        """Flush what is buffered (bounded: a dead sink must not hold the stop up),
+        close the sink and release the coverage store. After :meth:`run` ends this has
+        run; a caller of :meth:`open` and :meth:`pass_once` calls it itself."""
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._settle(), timeout=10.0)
         with contextlib.suppress(Exception):

@@ -234,6 +234,7 @@ class SourceRunner:
             buf.add(got.raw, got.decoded, got.failures, got.decoded_bytes, got.raw_bytes)
             for failure in got.failures:
                 ctx.metrics.decode_failures.labels(key[0], failure.reason.value).inc()
+                ctx.dead_letters[(key[0], failure.reason.value)] += 1
             ctx.live.append(key[0], key[1], LiveEntry(got.first, got.last, got.live, got.decoded))
             labels = self.state.labels(key)
             ctx.metrics.records.labels(*labels).inc(got.raw.num_rows)
