@@ -58,11 +58,11 @@ import thalweg_client
 from thalweg.config.models import KafkaSourceConfig, RawLaneConfig
 from thalweg.embedded import TansuBroker
 from thalweg.flight.server import GatewayFlightServer
-from thalweg.lane.cache import SegmentCache
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.ipc_copies import IpcCopies
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.ipc_copies import IpcCopies
+from thalweg.lane.read.live import LiveTail
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns

@@ -51,8 +51,8 @@ from ingest_bench import make_value, produce  # noqa: E402
 from thalweg.config.models import RawLaneConfig  # noqa: E402
 from thalweg.config.retention import CompactionConfig  # noqa: E402
 from thalweg.embedded import TansuBroker, free_port  # noqa: E402
-from thalweg.lane.compaction import merge, plan_runs  # noqa: E402
 from thalweg.lane.layout import Lane, LaneLayout  # noqa: E402
+from thalweg.lane.upkeep.compaction import merge, plan_runs  # noqa: E402
 from thalweg.lane.writer import SegmentWriter  # noqa: E402
 from thalweg.records.columns import MetadataColumns  # noqa: E402
 

@@ -34,9 +34,9 @@ from datafusion import SessionContext
 sys.path.insert(0, str(Path(__file__).parent))
 from flight_bench import TOPIC, write_rows
 from thalweg.flight.server import GatewayFlightServer
-from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveTail
 from thalweg.ops.metrics import Metrics
 from thalweg.records.columns import MetadataColumns
 

@@ -321,7 +321,7 @@ def bucket_offsets(
     import pyarrow.parquet as pq
 
     from thalweg.lane.layout import Lane, LaneLayout
-    from thalweg.lane.mirror import LaneMirror, resolve
+    from thalweg.lane.remote.mirror import LaneMirror, resolve
 
     mirror = LaneMirror(LaneLayout(tmp), store)
     seen: Counter[tuple[int, int]] = Counter()

@@ -53,7 +53,7 @@ class MotoServer:
     def store(self, url: str) -> object:
         """An ``ObjectStore`` on ``url`` of this server (the tests' reading side)."""
         from thalweg.config.models import ObjectStoreConfig
-        from thalweg.lane.objectstore import ObjectStore
+        from thalweg.lane.remote.objectstore import ObjectStore
 
         cfg = ObjectStoreConfig(
             url=url,

@@ -34,7 +34,7 @@ from tests.helpers import assert_verified, committed_offsets, seeded_rng
 from thalweg.config.retention import CompactionConfig
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
-from thalweg.lane.compaction import plan_runs
+from thalweg.lane.upkeep.compaction import plan_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

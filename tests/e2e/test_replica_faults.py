@@ -45,7 +45,7 @@ from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.remote.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

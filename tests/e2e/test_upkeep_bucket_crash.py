@@ -38,10 +38,10 @@ from tests.helpers import assert_verified, bucket_offsets, committed_offsets, se
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.retention import CompactionConfig
 from thalweg.embedded import TansuBroker
-from thalweg.lane.compaction import plan_runs
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.mirror import LaneMirror, resolve
-from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.remote.mirror import LaneMirror, resolve
+from thalweg.lane.remote.objectstore import ObjectStore
+from thalweg.lane.upkeep.compaction import plan_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

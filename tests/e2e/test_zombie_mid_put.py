@@ -41,8 +41,8 @@ from tests.hold_proxy import HoldingProxy
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.remote.mirror import LaneMirror
+from thalweg.lane.remote.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import OwnershipLostError, SegmentConflictError
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.mirror import LaneMirror, LaneObject, object_name, resolve
-from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.remote.mirror import LaneMirror, LaneObject, object_name, resolve
+from thalweg.lane.remote.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration
 

@@ -121,9 +121,9 @@ def test_do_put_into_a_topic_found_by_a_pattern_source(
     from tests.pulsar_lite import drain_subscription
     from thalweg.config.models import PulsarSourceConfig
     from thalweg.flight.server import GatewayFlightServer
-    from thalweg.lane.catalog import LaneCatalog
     from thalweg.lane.layout import LaneLayout
-    from thalweg.lane.live import LiveTail
+    from thalweg.lane.read.catalog import LaneCatalog
+    from thalweg.lane.read.live import LiveTail
     from thalweg.ops.metrics import Metrics
     from thalweg.records import MetadataColumns
 

@@ -1,6 +1,6 @@
 """Retention on a disk full to its last block: raising a floor means writing a small
 file, which such a disk refuses, and nothing may be deleted before the floor rose. The
-retention ballast (lane/ballast.py) is given up to let the floor be written, the old
+retention ballast (lane/upkeep/ballast.py) is given up to let the floor be written, the old
 segments go, and the ballast is laid again at once.
 
 A real full disk: a small tmpfs (the kernel answers ENOSPC) filled to the last byte.
@@ -18,9 +18,9 @@ from tests.helpers import SmallDisk
 from tests.unit.test_retention import T, lane
 from thalweg.config.load import parse_config
 from thalweg.engine.jobs.retention import RetentionJob
-from thalweg.lane.ballast import BALLAST_BYTES
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.retention import raise_floor
+from thalweg.lane.upkeep.ballast import BALLAST_BYTES
+from thalweg.lane.upkeep.retention import raise_floor
 from thalweg.ops.metrics import Metrics
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from thalweg.engine.ingest.fence import OwnershipFence
 from thalweg.errors import SegmentConflictError
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
 from thalweg.lane.epochs import Divergence
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.live import LiveTail
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
 from thalweg.pipeline.decode import decode_batch

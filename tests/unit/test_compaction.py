@@ -18,7 +18,6 @@ import pytest
 
 from thalweg.config.models import RawLaneConfig
 from thalweg.config.retention import CompactionConfig, RetentionConfig
-from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.coverage import is_compacted, repair, scan_coverage
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -28,7 +27,8 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
-from thalweg.lane.retention import decide, newest_at, raise_floor
+from thalweg.lane.upkeep.compaction import files_per_partition, merge, plan_runs, sweep_merged
+from thalweg.lane.upkeep.retention import decide, newest_at, raise_floor
 
 T = "orders"
 NOW = 1_000_000.0
@@ -153,7 +153,7 @@ def test_a_merge_the_disk_refuses_leaves_the_parts_and_no_twin(
     written: the merge raises, its twins are gone (they would hold space the ingest
     needs, and a directory read would see their rows twice), the parts are untouched,
     and the next run merges."""
-    from thalweg.lane import compaction
+    from thalweg.lane.upkeep import compaction
 
     layout = lane(tmp_path)
     before = {ln: rows(layout, ln) for ln in Lane}

@@ -634,7 +634,7 @@ def test_bad_values_in_a_later_piece_fail_alone(tmp_path: Path) -> None:
 
 async def test_a_file_source_reads_again_from_where_it_is_sought(tmp_path: Path) -> None:
     from thalweg.config.models import FilesSourceConfig
-    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.group.owners import OwnerDirectory
     from thalweg.sources.files.source import FileSource
 
     p = tmp_path / "a.parquet"
@@ -669,7 +669,7 @@ async def test_a_new_files_rows_wait_for_its_hash_in_the_manifest(
     import threading
 
     from thalweg.config.models import FilesSourceConfig
-    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.group.owners import OwnerDirectory
     from thalweg.sources.files import source as source_mod
     from thalweg.sources.files.manifest import Manifest
 
@@ -735,7 +735,7 @@ async def test_a_new_files_rows_wait_for_its_hash_in_the_manifest(
 async def ten_rows_source(tmp_path: Path) -> tuple[FileSource, Path]:
     """A started file source of one new ten-row Parquet file; its state directory."""
     from thalweg.config.models import FilesSourceConfig
-    from thalweg.lane.owners import OwnerDirectory
+    from thalweg.group.owners import OwnerDirectory
 
     p = tmp_path / "a.parquet"
     pq.write_table(pa.table({"n": np.arange(10)}), p)

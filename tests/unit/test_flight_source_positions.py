@@ -13,7 +13,7 @@ import pytest
 
 from thalweg.config.models import FlightSourceConfig
 from thalweg.errors import SourceError
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.sources.flight import FlightSource
 

@@ -13,10 +13,10 @@ from thalweg.flight.errors import UnavailableError
 from thalweg.flight.sql.engine import SqlEngine
 from thalweg.flight.sql.handles import Statement
 from thalweg.flight.sql.tables import LaneTables
+from thalweg.group.owners import OwnerDirectory
 from thalweg.lane import LaneLayout, SegmentWriter
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.live import LiveEntry, LiveTail
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveEntry, LiveTail
 
 
 def _lanes(root: Path) -> LaneCatalog:

@@ -21,7 +21,7 @@ from thalweg.flight.sql.messages import M, is_sql, pack, unpack
 from thalweg.flight.sql.placeholders import number_markers
 from thalweg.flight.sql.selection import Selection, row_wise, selections
 from thalweg.flight.sql.tables import _time_span
-from thalweg.lane.reader import leaf_index
+from thalweg.lane.read.reader import leaf_index
 from thalweg.records.columns import MetadataColumns
 from thalweg_client.wire import encode_ticket
 

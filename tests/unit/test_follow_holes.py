@@ -25,9 +25,9 @@ from tests.unit.test_lane import COLS, raw, writer
 from thalweg.flight.read.plan import plan_read
 from thalweg.flight.read.stream import HistoryGapError, read_stream
 from thalweg.flight.read.tickets import parse_ticket
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.elsewhere import record_elsewhere
-from thalweg.lane.live import LiveEntry, LiveTail
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.elsewhere import record_elsewhere
+from thalweg.lane.read.live import LiveEntry, LiveTail
 from thalweg.lane.writer import SegmentWriter
 
 OFF = COLS.position

@@ -10,8 +10,8 @@ import pytest
 
 from tests.unit.test_lane import COLS, raw, writer
 from thalweg.flight.read.stream import FollowLagError, _check_lag
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveTail
 
 STEP = 1 << 13  # one unbatched Pulsar message
 

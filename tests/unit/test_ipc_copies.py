@@ -12,9 +12,9 @@ import pytest
 from tests.unit.test_segment_cache import COLS, segment
 from thalweg.config.models import RawLaneConfig
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
-from thalweg.lane.cache import SegmentCache
-from thalweg.lane.ipc_copies import IPC_DIR, IpcCopies
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.ipc_copies import IPC_DIR, IpcCopies
+from thalweg.lane.read.reader import LaneReader
 
 
 def _write(root: Path, copies: IpcCopies, starts: list[int]) -> list[Path]:
@@ -138,7 +138,7 @@ def test_retention_and_compaction_delete_the_copies_of_what_they_delete(
     """At once, not at the next write: on a full disk the next write may never come,
     and the copies (four times a zstd segment's size) hold the room it needs."""
     from thalweg.lane.coverage import remove_merged
-    from thalweg.lane.retention import raise_floor, sweep
+    from thalweg.lane.upkeep.retention import raise_floor, sweep
 
     copies = IpcCopies(tmp_path, 64 << 20)
     a, b, c = _write(tmp_path, copies, [0, 50, 100])

@@ -16,9 +16,9 @@ from thalweg.flight.server import GatewayFlightServer
 from thalweg.kafka.clients import consumer_kwargs, security_kwargs
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.kafka.tokens import FileToken
-from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveTail
 from thalweg.ops.metrics import Metrics
 from thalweg.records import MetadataColumns
 

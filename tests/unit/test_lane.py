@@ -100,7 +100,7 @@ def test_prefix_change_is_refused(tmp_path: Path) -> None:
 def test_segment_reads_push_projection_and_filter_into_the_scan(tmp_path: Path) -> None:
     import pyarrow.compute as pc
 
-    from thalweg.lane.reader import LaneReader
+    from thalweg.lane.read.reader import LaneReader
 
     layout, w = writer(tmp_path)
     w.write("t", 0, raw(list(range(10))), None, 0, 10)
@@ -209,7 +209,7 @@ def test_the_decoded_schema_follows_a_segment_written_again_under_its_name(
 ) -> None:
     """The reader remembers the decoded lane's schema per newest segment; a new epoch
     writes the same segment names again, with a schema of its own."""
-    from thalweg.lane.reader import LaneReader
+    from thalweg.lane.read.reader import LaneReader
 
     layout, w = writer(tmp_path)
     reader = LaneReader(layout, COLS)
@@ -236,7 +236,7 @@ def test_the_decoded_schema_follows_a_segment_written_again_under_its_name(
 def test_repair_removes_interrupted_writes_beside_the_lanes_too(tmp_path: Path) -> None:
     """A kill -9 inside any durable write of a partition's state leaves ``<name>.tmp-<pid>``
     (a CI run found one beside a retention floor): start-up removes each, and only those."""
-    from thalweg.lane.elsewhere import elsewhere_path
+    from thalweg.lane.read.elsewhere import elsewhere_path
 
     layout, w = writer(tmp_path)
     w.write("t", 0, raw([0, 1]), raw([0, 1]), 0, 2)

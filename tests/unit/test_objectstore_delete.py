@@ -12,7 +12,7 @@ from botocore.stub import Stubber
 
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import LaneError
-from thalweg.lane.objectstore import ObjectStore
+from thalweg.lane.remote.objectstore import ObjectStore
 
 
 def store() -> ObjectStore:

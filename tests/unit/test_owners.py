@@ -15,10 +15,10 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from thalweg.group.owners import OwnerDirectory
 from thalweg.kafka.assignor import PROTOCOL, owner_assignor
-from thalweg.lane.elsewhere import first_gap, held_elsewhere, record_elsewhere
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.lane.read.elsewhere import first_gap, held_elsewhere, record_elsewhere
 from thalweg_client.spread import fit, position_column, relocation
 
 

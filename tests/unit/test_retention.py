@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from thalweg.config.retention import RetentionConfig
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.layout import Lane, LaneLayout, segment_name
-from thalweg.lane.retention import decide, raise_floor, sweep
+from thalweg.lane.upkeep.retention import decide, raise_floor, sweep
 from thalweg.sinks.arrow_ipc import file_name
 
 T = "orders"

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 from thalweg.codecs.json import JsonArrowDecoder
 from thalweg.config.models import RawLaneConfig
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
-from thalweg.lane.cache import SegmentCache
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.reader import LaneReader
 from thalweg.pipeline.decode import decode_batch
 from thalweg.records import MetadataColumns, build_raw_batch
 

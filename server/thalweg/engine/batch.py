@@ -30,7 +30,7 @@ from thalweg.engine.gateway import tune_gc
 from thalweg.engine.ingest.runner import SourceRunner
 from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
+from thalweg.lane.read.live import LiveTail
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics

@@ -22,11 +22,11 @@ from thalweg.config.models import (
 from thalweg.engine.ingest.buffer import PartitionBuffer
 from thalweg.engine.ingest.fence import OwnershipFence
 from thalweg.engine.ingest.lag_gate import LagGate
+from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.epochs import Divergence
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
-from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.lane.read.live import LiveTail
+from thalweg.lane.remote.mirror import LaneMirror
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
@@ -66,9 +66,9 @@ class LaneContext:
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
     # Backpressure through the DAG (recovery.max_lag_records), when configured.
     gate: LagGate | None = None
-    # The group's partition owners (lane/owners.py), published by the Kafka assignor.
+    # The group's partition owners (group/owners.py), published by the Kafka assignor.
     owners: OwnerDirectory = field(default_factory=OwnerDirectory)
-    # Lanes in an object store (lane/mirror.py): segments are durable once PUT there.
+    # Lanes in an object store (lane/remote/mirror.py): segments are durable once PUT there.
     mirror: LaneMirror | None = None
     # Records set aside by decoding, per (topic, reason code): what a run reports.
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -32,14 +32,14 @@ from thalweg.engine.preflight import preflight
 from thalweg.errors import ConfigError, LaneError, ShutdownTimeoutError
 from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
-from thalweg.lane.cache import SegmentCache
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.ipc_copies import IpcCopies
+from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.live import LiveTail
-from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.objectstore import ObjectStore
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.ipc_copies import IpcCopies
+from thalweg.lane.read.live import LiveTail
+from thalweg.lane.remote.mirror import LaneMirror
+from thalweg.lane.remote.objectstore import ObjectStore
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.http import AdminServer

@@ -37,8 +37,8 @@ from thalweg.flight.sql.service import ACTIONS as SQL_ACTIONS
 from thalweg.flight.sql.service import FlightSql
 from thalweg.flight.sql.tables import LaneTables
 from thalweg.flight.tracing import TRACE_KEY, TracingMiddlewareFactory
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
+from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.tracing import Tracing
 from thalweg.recovery.views import NodeViews

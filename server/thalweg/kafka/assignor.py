@@ -36,7 +36,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,6 @@ import pyarrow.parquet as pq
 
 from thalweg.errors import SegmentConflictError
 from thalweg.lane.durable import TMP_MARK, ensure_dir, fsync_dir, remove_interrupted_writes
-from thalweg.lane.elsewhere import elsewhere_path
-from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import (
     _SEGMENT_RE,
     META_COVERS_FROM,
@@ -27,6 +25,8 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
+from thalweg.lane.read.elsewhere import elsewhere_path
+from thalweg.lane.read.ipc_copies import remove_copy
 from thalweg.records.ranges import merge_ranges
 
 QUARANTINE = "quarantine"

@@ -35,7 +35,6 @@ import pyarrow.parquet as pq
 from thalweg.codecs.base import DecodeFailure, DecodeReason
 from thalweg.config.models import RawLaneConfig
 from thalweg.errors import InvariantError, LaneError, SegmentConflictError, UnwritableSegmentError
-from thalweg.lane.cache import SegmentCache
 from thalweg.lane.durable import prepare, publish
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -47,7 +46,8 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
-from thalweg.lane.shape import few_chunks
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import row_bytes
 

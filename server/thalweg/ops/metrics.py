@@ -244,7 +244,7 @@ class Metrics:
         )
 
     def _lane_upkeep(self, r: CollectorRegistry) -> None:
-        """Retention and compaction (lane/retention.py, lane/compaction.py)."""
+        """Retention and compaction (lane/upkeep/retention.py, lane/upkeep/compaction.py)."""
         self.retention_removed_files = Counter(
             "twg_retention_removed_files",
             "Lane files retention deleted (every lane, node lanes included).",

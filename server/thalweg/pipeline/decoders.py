@@ -33,7 +33,7 @@ from thalweg.config.models import SourceConfig, TypedSourceConfig
 from thalweg.contracts import ContractGuard, DataContract, compile_object, load_contract
 from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.reader import LaneReader
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.retry import Backoff

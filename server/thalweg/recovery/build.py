@@ -19,7 +19,7 @@ from thalweg.config.models import ThalwegConfig
 from thalweg.config.pipeline import upstream
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout, Segment
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.reader import LaneReader
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from thalweg.codecs.base import ArrowDecoder
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.layout import Lane, LaneLayout, Segment
-from thalweg.lane.reader import offset_slice
+from thalweg.lane.read.reader import offset_slice
 from thalweg.lane.writer import SegmentWriter
 from thalweg.pipeline.redecode import redecode
 from thalweg.records.columns import MetadataColumns

@@ -22,7 +22,7 @@ from thalweg.config.models import ThalwegConfig
 from thalweg.errors import InvariantError
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout, Segment
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.reader import LaneReader
 from thalweg.pipeline.dag import Chain, Dag
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import configured_udfs

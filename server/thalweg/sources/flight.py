@@ -29,8 +29,8 @@ import pyarrow.flight as fl
 
 from thalweg.config.models import FlightSourceConfig
 from thalweg.errors import InvariantError, SourceError
+from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.durable import remove_interrupted_writes, write_json_durably
-from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch
 from thalweg.sources.base import PartitionKey, RebalanceCallback, Unbrokered

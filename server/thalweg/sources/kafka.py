@@ -18,13 +18,13 @@ from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.errors import LoginRefusedError, SourceError
+from thalweg.group.owners import OwnerDirectory
 from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.clients import new_consumer, security_kwargs
 from thalweg.kafka.columnar_fetch import ColumnarFetch
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.kafka.login import check_login, refusal
 from thalweg.kafka.unpack import KafkaColumns
-from thalweg.lane.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.raw_batch import PartitionColumns, raw_batches_from_columns
 from thalweg.sources.base import (

@@ -35,7 +35,7 @@ from pulsar.exceptions import PulsarException, Timeout
 
 from thalweg.config.models import PulsarSourceConfig
 from thalweg.errors import InvariantError, SourceError
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
 from thalweg.pulsar.client import subscribe
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.pulsar_batch import ReceivedIds, build_pulsar_raw_batch

@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 from thalweg.lane.coverage import is_compacted, scan_coverage
 from thalweg.lane.durable import TMP_MARK
-from thalweg.lane.elsewhere import held_elsewhere
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.lane.read.elsewhere import held_elsewhere
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import subtract_ranges
 from thalweg.verify.report import Report

@@ -128,8 +128,8 @@ def _check_broker(
 
 def _bucket_copy(cfg: ThalwegConfig, root: Path, only: str | None, report: Report) -> LaneLayout:
     """The bucket's lanes as readers resolve them, fetched into ``root``."""
-    from thalweg.lane.mirror import LaneMirror, resolve
-    from thalweg.lane.objectstore import ObjectStore
+    from thalweg.lane.remote.mirror import LaneMirror, resolve
+    from thalweg.lane.remote.objectstore import ObjectStore
 
     layout = LaneLayout(root)
     store = ObjectStore(cfg.gateway.object_store)

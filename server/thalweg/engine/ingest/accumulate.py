@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from thalweg.codecs.base import DecodeFailure
-from thalweg.lane.shape import concat_decoded
+from thalweg.lane.read.shape import concat_decoded
 from thalweg.records.columns import MetadataColumns
 
 

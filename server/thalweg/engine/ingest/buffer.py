@@ -11,7 +11,7 @@ import pyarrow as pa
 from thalweg.codecs.base import DecodeFailure
 from thalweg.config.models import RawLaneConfig
 from thalweg.engine.ingest.accumulate import Accumulator, OffsetSpan
-from thalweg.lane.shape import concat_decoded
+from thalweg.lane.read.shape import concat_decoded
 from thalweg.records.columns import MetadataColumns
 
 

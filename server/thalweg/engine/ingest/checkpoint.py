@@ -179,7 +179,7 @@ class Checkpoint:
                 await self._lane_down(key, exc, "write", backoff)
 
     async def _publish(self, key: PartitionKey, written: WrittenSegment) -> None:
-        """PUT the segment to the object store (lane/mirror.py): it is durable — and its
+        """PUT the segment to the object store (lane/remote/mirror.py): it is durable — and its
         positions committable — only then. Retried like a local write; the fence is asked
         before every PUT and after the last.
 

@@ -36,7 +36,6 @@ from thalweg.engine.ingest.continuity import (
 )
 from thalweg.errors import InvariantError, LaneError, SourceError
 from thalweg.lane.coverage import Coverage, repair, resume_position, scan_coverage
-from thalweg.lane.elsewhere import record_elsewhere
 from thalweg.lane.epochs import (
     Divergence,
     close_epoch,
@@ -44,6 +43,7 @@ from thalweg.lane.epochs import (
     mark_diverged,
     read_divergence,
 )
+from thalweg.lane.read.elsewhere import record_elsewhere
 from thalweg.ops.health import State
 from thalweg.pipeline.decoders import TopicDecoders
 from thalweg.pipeline.redecode import redecode
@@ -172,7 +172,7 @@ class Partitions:
 
     async def _restore(self, key: PartitionKey) -> None:
         """Make the local lane the object store's before anything decides where to
-        resume (lane/mirror.py); retried while the store does not answer (the partition
+        resume (lane/remote/mirror.py); retried while the store does not answer (the partition
         stays paused meanwhile)."""
         mirror = self.s.ctx.mirror
         if mirror is None:
@@ -212,7 +212,7 @@ class Partitions:
         self, key: PartitionKey, cov: Coverage, committed: int, log_start: int | None
     ) -> None:
         """Record, before anything is written, the positions the group committed that
-        this lane does not hold (lane/elsewhere.py): another replica's data_dir has them,
+        this lane does not hold (lane/read/elsewhere.py): another replica's data_dir has them,
         or this data_dir is newer than the group's commits."""
         topic, partition = key
         layout = self.s.ctx.layout

@@ -35,7 +35,7 @@ from thalweg.engine.ingest.rebuilds import DecodedRebuilds
 from thalweg.engine.ingest.throttle import Throttle
 from thalweg.engine.ingest.watch import BrokerWatch
 from thalweg.errors import LoginRefusedError, SourceError
-from thalweg.lane.live import LiveEntry
+from thalweg.lane.read.live import LiveEntry
 from thalweg.ops.health import State
 from thalweg.ops.retry import Backoff
 from thalweg.ops.tracing import links_from_headers

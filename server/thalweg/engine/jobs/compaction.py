@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterable
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.errors import InvariantError
-from thalweg.lane.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.lane.coverage import is_compacted
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.mirror import LaneMirror
+from thalweg.lane.remote.mirror import LaneMirror
+from thalweg.lane.upkeep.compaction import files_per_partition, merge, plan_runs, sweep_merged
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.periodic import run_every
 
@@ -50,7 +50,7 @@ class CompactionJob:
         self.owned = owned
         # With retention by age, a merged file spans at most a quarter of the bound: it
         # goes at most that late, and one absorbing every new segment cannot keep the
-        # floor down for ever (lane/compaction.py, plan_runs).
+        # floor down for ever (lane/upkeep/compaction.py, plan_runs).
         age = cfg.retention.max_age_s if cfg.retention.enabled else None
         self.span_s = age / 4 if age is not None else None
 
@@ -86,7 +86,7 @@ class CompactionJob:
 
     def _publish_merged(self, topic: str, p: int) -> None:
         """Every merged file in the object store before any of its parts leaves it (a
-        merge whose PUT failed is PUT by the next run; lane/mirror.py)."""
+        merge whose PUT failed is PUT by the next run; lane/remote/mirror.py)."""
         if self.mirror is None:
             raise InvariantError("self.mirror is not set")
         stored = {o.name for o in self.mirror.objects(Lane.RAW, topic, p)}

@@ -1,7 +1,7 @@
 """Every replica's copy of the partitions it does not own, from the object store —
 and, for the partitions it owns, the sweep of orphaned twin objects.
 
-With lanes in an object store (lane/mirror.py), the partition's owner writes and PUTs
+With lanes in an object store (lane/remote/mirror.py), the partition's owner writes and PUTs
 its segments; every other replica fetches them into its cache here, every
 ``object_store.sync_interval_s``, so any replica serves every partition's durable
 history (the live tail stays with the owner: docs/lanes.md, "Many gateways").
@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
+from thalweg.lane.remote.mirror import LaneMirror
 from thalweg.sources.base import PartitionKey
 
 log = logging.getLogger(__name__)
 
-PARTITIONS_AT_ONCE = 4  # each with lane/mirror.py's own fetchers: within ObjectStore.POOL
+PARTITIONS_AT_ONCE = 4  # each with lane/remote/mirror.py's own fetchers: within ObjectStore.POOL
 
 
 class LaneSync:

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from thalweg.config.models import ThalwegConfig
-from thalweg.lane.ballast import Ballast
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
-from thalweg.lane.mirror import LaneMirror
-from thalweg.lane.retention import decide, raise_floor, sweep, upkeep_lock
+from thalweg.lane.remote.mirror import LaneMirror
+from thalweg.lane.upkeep.ballast import Ballast
+from thalweg.lane.upkeep.retention import decide, raise_floor, sweep, upkeep_lock
 from thalweg.ops.metrics import Metrics
 from thalweg.ops.periodic import run_every
 from thalweg.pipeline.dag import Dag
@@ -43,7 +43,7 @@ class RetentionJob:
         self.retention = cfg.retention
         self.layout = layout
         self.metrics = metrics
-        # Room kept so that a floor can be raised on a full disk (lane/ballast.py).
+        # Room kept so that a floor can be raised on a full disk (lane/upkeep/ballast.py).
         self.ballast = Ballast(layout.root)
         dag = Dag.of(cfg.pipeline)
         # Every destination fed from the lanes, with the topics it reads.

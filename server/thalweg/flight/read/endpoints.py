@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from thalweg.errors import InvariantError
 from thalweg.flight.read.plan import PartitionRange, ReadPlan
 from thalweg.flight.read.tickets import OffsetPosition, ReadTicket
-from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane, Segment
+from thalweg.lane.read.catalog import LaneCatalog
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,10 @@ import pyarrow.compute as pc
 
 from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.elsewhere import first_gap
 from thalweg.lane.layout import Lane
-from thalweg.lane.shape import decoded_schema
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.elsewhere import first_gap
+from thalweg.lane.read.shape import decoded_schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ def _check_retained(catalog: LaneCatalog, topic: str, p: int, offset: int) -> No
 
 def _check_held(catalog: LaneCatalog, topic: str, p: int, start: int, end: int | None) -> None:
     """Refuse a range that crosses positions another replica's ``data_dir`` holds
-    (lane/elsewhere.py): answering around them would be a silently partial read.
+    (lane/read/elsewhere.py): answering around them would be a silently partial read.
 
     Raises:
         TicketError: naming the skipped offsets and where this lane resumes.

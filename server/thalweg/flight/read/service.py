@@ -25,8 +25,8 @@ from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
 from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import MAX_TICKET_BYTES, OffsetPosition, ReadTicket, parse_ticket
-from thalweg.lane.catalog import LaneCatalog
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
+from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
 
 

@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 from thalweg.errors import InvariantError, PartitionElsewhereError, ThalwegError
 from thalweg.flight.read.plan import ReadPlan, start_of_new_partition
 from thalweg.flight.read.prefetch import prefetched
-from thalweg.lane.catalog import LaneCatalog
 from thalweg.lane.layout import Lane
-from thalweg.lane.live import LiveEntry
-from thalweg.lane.reader import offset_slice, rebatch
-from thalweg.lane.shape import concat_decoded, fit_stream_schema, shape_decoded
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveEntry
+from thalweg.lane.read.reader import offset_slice, rebatch
+from thalweg.lane.read.shape import concat_decoded, fit_stream_schema, shape_decoded
 from thalweg.records.columns import MetadataPolicy
 
 _WAIT_S = 0.2
@@ -51,7 +51,7 @@ class _Holes:
     A hole may fill: a replica syncing an object store fetches segments in any order,
     and a member that returns to a partition restores what another member wrote. So a
     read waits for it, up to ``_GAP_WAIT_S``; a hole another replica's ``data_dir``
-    holds for good (``lane/elsewhere.py``) ends the read at once.
+    holds for good (``lane/read/elsewhere.py``) ends the read at once.
     """
 
     def __init__(self, catalog: LaneCatalog, topic: str) -> None:

@@ -39,10 +39,10 @@ from thalweg.flight.read.stream import shape_live
 from thalweg.flight.read.tickets import ReadTicket
 from thalweg.flight.sql.metadata import TableEntry
 from thalweg.flight.sql.selection import EVERYTHING, Selection
-from thalweg.lane.catalog import LaneCatalog
+from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.layout import SQL_SNAPSHOTS_DIR, Lane, Segment
-from thalweg.lane.owners import OwnerDirectory
-from thalweg.lane.reader import leaf_index, offset_slice
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.reader import leaf_index, offset_slice
 from thalweg.records.columns import MetadataPolicy
 from thalweg.recovery.views import NodeViews
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from thalweg.config.models import ArrowIpcSourceConfig
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
 from thalweg.records.columns import MetadataColumns
 from thalweg.sources.base import PartitionKey, RebalanceCallback
 from thalweg.sources.files.source import FileSource, InputFile, _file_uri

@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 
 from thalweg.config.models import FilesSourceConfig, TypedSourceConfig
 from thalweg.errors import ConfigError, InvariantError, SourceError
-from thalweg.lane.owners import OwnerDirectory
+from thalweg.group.owners import OwnerDirectory
 from thalweg.ops.retry import Backoff
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.file_rows import file_rows_batch

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-POOL = 32  # connections: the partitions of a sync fetch side by side (lane/mirror.py)
+POOL = 32  # connections: the partitions of a sync fetch side by side (lane/remote/mirror.py)
 _CHUNK = 1 << 20
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thalweg.lane.cache import SegmentCache
 from thalweg.lane.coverage import scan_coverage
-from thalweg.lane.elsewhere import first_gap
 from thalweg.lane.epochs import closed_epochs, current_epoch, epoch_layout
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.live import LiveTail
-from thalweg.lane.reader import LaneReader
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.elsewhere import first_gap
+from thalweg.lane.read.live import LiveTail
+from thalweg.lane.read.reader import LaneReader
 from thalweg.records.columns import MetadataColumns
 
 _DISK_TTL_S = 1.0
@@ -69,7 +69,7 @@ class LaneCatalog:
         self._payload_schemas = payload_schemas or (lambda _t: None)
         self._decoded_topics = decoded_topics or set
         self._configured = configured_topics or list
-        # Partitions other members of the consumer group ingest (lane/owners.py): known
+        # Partitions other members of the consumer group ingest (group/owners.py): known
         # here so a read can be sent to their owner, though nothing of them is local.
         self._group_partitions = group_partitions or (lambda _t: [])
         self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
@@ -128,7 +128,7 @@ class LaneCatalog:
         A read of history checks this before moving its cursor: the durable end says
         what was written, not that this lane holds every position below it. A member
         that returns to a partition another member ingested meanwhile resumes past this
-        lane's end; the positions between are the other member's (``lane/elsewhere.py``)
+        lane's end; the positions between are the other member's (``lane/read/elsewhere.py``)
         or, with an object store, arrive with the restore.
         """
         held = first_gap(self.layout, topic, partition, position, position + 1)

@@ -12,9 +12,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.errors import InvariantError
-from thalweg.lane.cache import SegmentCache
 from thalweg.lane.layout import Lane, LaneLayout, Segment
-from thalweg.lane.shape import few_chunks
+from thalweg.lane.read.cache import SegmentCache
+from thalweg.lane.read.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
 
 BATCH_ROWS = 64 * 1024  # Flight is fastest at about 64k-row batches (PERFORMANCE-NOTES)

@@ -41,8 +41,8 @@ from urllib.parse import quote, unquote
 from thalweg.errors import SegmentConflictError
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.layout import Lane, LaneLayout
-from thalweg.lane.objectstore import ObjectStore
-from thalweg.lane.retention import raise_floor
+from thalweg.lane.remote.objectstore import ObjectStore
+from thalweg.lane.upkeep.retention import raise_floor
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class LaneMirror:
     # -- retention and compaction (the owner) ---------------------------------------
 
     def publish_floor(self, topic: str, partition: int) -> None:
-        """Put the partition's retention floor (lane/retention.py) where every replica's
+        """Put the partition's retention floor (lane/upkeep/retention.py) where every replica's
         sync finds it, before anything below it is deleted from the store."""
         path = self.layout.floor_path(topic, partition)
         if path.exists():

@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 
 from thalweg.config.retention import RetentionConfig
 from thalweg.lane.durable import ensure_dir, fsync_dir, write_json_durably
-from thalweg.lane.ipc_copies import remove_copy
 from thalweg.lane.layout import _SEGMENT_RE, Lane, LaneLayout, Segment
+from thalweg.lane.read.ipc_copies import remove_copy
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from thalweg.lane.ipc_copies import IpcCopies
+from thalweg.lane.read.ipc_copies import IpcCopies
 
 
 class SegmentCache:

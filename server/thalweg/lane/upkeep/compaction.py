@@ -48,7 +48,7 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
-from thalweg.lane.retention import (
+from thalweg.lane.upkeep.retention import (
     META_NEWEST_AT,
     META_OLDEST_AT,
     lane_bytes,
