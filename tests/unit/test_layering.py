@@ -311,3 +311,16 @@ def test_no_assert_statement_in_the_server() -> None:
         if isinstance(node, ast.Assert)
     ]
     assert not found, "assert statements: " + ", ".join(found)
+
+
+def test_the_read_side_asks_the_catalog_not_its_parts() -> None:
+    """``flight/`` reads the lanes through ``LaneCatalog``'s questions only: reaching
+    into its layout, reader or live tail ties the serving code to how lanes are stored."""
+    reach = re.compile(r"\bcatalog\.(layout|reader|live)\b")
+    found = [
+        f"{f.relative_to(ROOT)}:{n}"
+        for f in sorted((ROOT / "flight").rglob("*.py"))
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if reach.search(line)
+    ]
+    assert not found, "reaches into the catalog: " + ", ".join(found)

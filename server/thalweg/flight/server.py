@@ -24,13 +24,14 @@ from thalweg.config.models import (
     FlightServingConfig,
     FlightTlsConfig,
 )
-from thalweg.errors import TicketError
+from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.auth import MIDDLEWARE_KEY, HandshakeOnly, TokenAuthFactory
 from thalweg.flight.errors import UnimplementedError, install, refusals
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.put.service import Puts
-from thalweg.flight.read.nodes import NodeReads
+from thalweg.flight.read.nodes import NodeReads, NodeTicket
 from thalweg.flight.read.service import Reads
+from thalweg.flight.read.tickets import ReadTicket, read_ticket, ticket_body
 from thalweg.flight.sql.engine import SqlEngine
 from thalweg.flight.sql.messages import is_sql
 from thalweg.flight.sql.service import ACTIONS as SQL_ACTIONS
@@ -136,6 +137,17 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
             raise UnimplementedError("Flight SQL is off on this gateway (gateway.flight.sql)")
         return self.sql
 
+    def _read_of(self, descriptor: fl.FlightDescriptor) -> NodeTicket | ReadTicket:
+        """What a descriptor asks to read — a pipeline node's rows, else a lane — with
+        its command decoded once."""
+        is_cmd = descriptor.descriptor_type == fl.DescriptorType.CMD
+        body = ticket_body(descriptor.command) if is_cmd else None
+        if self.nodes is not None:
+            node = self.nodes.descriptor_ticket(descriptor, body)
+            if node is not None:
+                return node
+        return self.reads.ticket_of(descriptor, body)
+
     @staticmethod
     def _command(descriptor: fl.FlightDescriptor) -> bytes:
         return descriptor.command if descriptor.descriptor_type == fl.DescriptorType.CMD else b""
@@ -159,9 +171,12 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         sql = self._sql(self._command(descriptor))
         if sql is not None:
             return sql.get_flight_info(context, descriptor)
-        if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
-            return self.nodes.get_flight_info(context, descriptor)
-        return self.reads.get_flight_info(context, descriptor)
+        read = self._read_of(descriptor)
+        if isinstance(read, NodeTicket) and self.nodes is not None:
+            return self.nodes.get_flight_info(context, read)
+        if not isinstance(read, ReadTicket):
+            raise InvariantError("a node read without node reads")
+        return self.reads.get_flight_info(context, descriptor, read)
 
     @refusals
     def get_schema(
@@ -171,9 +186,12 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         sql = self._sql(self._command(descriptor))
         if sql is not None:
             return sql.get_schema(context, descriptor)
-        if self.nodes is not None and self.nodes.is_node_descriptor(descriptor):
-            return self.nodes.get_schema(context, descriptor)
-        return self.reads.get_schema(context, descriptor)
+        read = self._read_of(descriptor)
+        if isinstance(read, NodeTicket) and self.nodes is not None:
+            return self.nodes.get_schema(context, read)
+        if not isinstance(read, ReadTicket):
+            raise InvariantError("a node read without node reads")
+        return self.reads.get_schema(context, read)
 
     @refusals
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
@@ -181,9 +199,11 @@ class GatewayFlightServer(fl.FlightServerBase):  # type: ignore[misc]
         sql = self._sql(ticket.ticket)
         if sql is not None:
             return sql.do_get(context, ticket.ticket)
-        if self.nodes is not None and self.nodes.is_node_ticket(ticket.ticket):
-            return self.nodes.do_get(context, ticket.ticket)
-        return self.reads.do_get(context, ticket)
+        body = ticket_body(ticket.ticket)  # the one parse of the ticket's bytes
+        node = self.nodes.ticket_of(body) if self.nodes is not None else None
+        if node is not None and self.nodes is not None:
+            return self.nodes.do_get(context, node)
+        return self.reads.do_get(context, read_ticket(body))
 
     # -- writes ----------------------------------------------------------------------
 

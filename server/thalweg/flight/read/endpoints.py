@@ -47,7 +47,7 @@ def _slices(
     if r.end is None:
         raise InvariantError("r.end is not set")
     topic = plan.ticket.topic
-    segments = catalog.reader.segments_between(topic, r.partition, r.start, r.end)
+    segments = catalog.segments_between(topic, r.partition, r.start, r.end)
     if r.end <= r.start or not segments:
         return [EndpointPlan(_ticket(plan.ticket, r.partition, r.start, r.end), 0, 0)]
     groups: list[list[Segment]] = [[]]
@@ -68,10 +68,7 @@ def _slices(
         if whole and plan.ticket.filter is None:
             rows, nbytes = 0, 0
             for seg in group:
-                path = seg.path
-                if decoded:
-                    twin = catalog.layout.partition_dir(Lane.DECODED, topic, r.partition)
-                    path = twin / seg.path.name
+                path = catalog.twin(Lane.DECODED, topic, r.partition, seg) if decoded else seg.path
                 try:
                     n, b = catalog.segment_stats(path)
                 except OSError:  # a twin removed by repair while we looked

@@ -32,7 +32,7 @@ from thalweg.flight.auth import caller_key, principal_of
 from thalweg.flight.descriptors import text
 from thalweg.flight.errors import refusing
 from thalweg.flight.limits import StreamLimiter
-from thalweg.flight.read.tickets import MAX_TICKET_BYTES
+from thalweg.flight.read.tickets import TicketBody
 from thalweg.ops.metrics import Metrics
 from thalweg.recovery.views import NodeInfo, NodeView, NodeViews
 
@@ -47,19 +47,14 @@ class NodeTicket:
     follow: bool
 
 
-def node_ticket(raw: bytes, nodes: dict[str, NodeInfo]) -> NodeTicket | None:
-    """The node read ``raw`` asks for, or None when it is not a node read.
+def node_ticket(ticket: TicketBody, nodes: dict[str, NodeInfo]) -> NodeTicket | None:
+    """The node read a decoded ticket asks for, or None when it is not a node read.
 
     Raises:
         TicketError: a node read with options a node does not take.
     """
-    if not raw.startswith(b"{") or len(raw) > MAX_TICKET_BYTES:
-        return None
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(body, dict):
+    body = ticket.fields
+    if not ticket.json or not isinstance(body, dict):
         return None
     lane = body.get("lane")
     if "node" in body:
@@ -116,16 +111,23 @@ class NodeReads:
         """Ends follow streams (the server is shutting down)."""
         self._closing = True
 
-    def is_node_ticket(self, raw: bytes) -> bool:
-        try:
-            return node_ticket(raw, self._views.nodes()) is not None
-        except TicketError:
-            return True  # a node read, refused when it is served
+    def ticket_of(self, ticket: TicketBody) -> NodeTicket | None:
+        """The node read ``ticket`` asks for, or None (a lane read)."""
+        return node_ticket(ticket, self._views.nodes())
 
-    def is_node_descriptor(self, descriptor: fl.FlightDescriptor) -> bool:
+    def descriptor_ticket(
+        self, descriptor: fl.FlightDescriptor, body: TicketBody | None
+    ) -> NodeTicket | None:
+        """The node read a descriptor names (``["nodes", <node>]``, or a node ticket as
+        its command, decoded once as ``body``), or None (a lane read)."""
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
-            return len(descriptor.path) >= 1 and text(descriptor.path[0]) == "nodes"
-        return self.is_node_ticket(descriptor.command)
+            path = [text(p) for p in descriptor.path]
+            if not path or path[0] != "nodes":
+                return None
+            if len(path) != 2 or not path[1]:
+                raise TicketError(f"unknown descriptor path {path!r}; use ['nodes', <node>]")
+            return NodeTicket(str(path[1]), None, False)
+        return None if body is None else self.ticket_of(body)
 
     def list_flights(self, context: fl.ServerCallContext) -> Iterator[fl.FlightInfo]:
         caller = principal_of(context)
@@ -133,21 +135,14 @@ class NodeReads:
             if caller.may("read", info.topic):
                 yield self._info(NodeTicket(name, None, False))
 
-    def get_flight_info(
-        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
-    ) -> fl.FlightInfo:
-        return self._info(self._readable(context, self._ticket_of(descriptor)))
+    def get_flight_info(self, context: fl.ServerCallContext, read: NodeTicket) -> fl.FlightInfo:
+        return self._info(self._readable(context, read))
 
-    def get_schema(
-        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
-    ) -> fl.SchemaResult:
-        read = self._readable(context, self._ticket_of(descriptor))
+    def get_schema(self, context: fl.ServerCallContext, read: NodeTicket) -> fl.SchemaResult:
+        read = self._readable(context, read)
         return fl.SchemaResult(self._views.open(read.name).schema() or pa.schema([]))
 
-    def do_get(self, context: fl.ServerCallContext, raw: bytes) -> fl.FlightDataStream:
-        read = node_ticket(raw, self._views.nodes())
-        if read is None:  # is_node_ticket said it was
-            raise TicketError("not a node ticket")
+    def do_get(self, context: fl.ServerCallContext, read: NodeTicket) -> fl.FlightDataStream:
         read = self._readable(context, read)
         view = self._views.open(read.name)
 
@@ -186,17 +181,6 @@ class NodeReads:
         gen = batches()
         weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
         return fl.GeneratorStream(schema, refusing(gen, "do_get"))
-
-    def _ticket_of(self, descriptor: fl.FlightDescriptor) -> NodeTicket:
-        if descriptor.descriptor_type == fl.DescriptorType.PATH:
-            path = [text(p) for p in descriptor.path]
-            if len(path) != 2 or path[0] != "nodes" or not path[1]:
-                raise TicketError(f"unknown descriptor path {path!r}; use ['nodes', <node>]")
-            return NodeTicket(str(path[1]), None, False)
-        read = node_ticket(descriptor.command, self._views.nodes())
-        if read is None:
-            raise TicketError("not a node read")
-        return read
 
     def _readable(self, context: fl.ServerCallContext, read: NodeTicket) -> NodeTicket:
         info = self._views.nodes().get(read.name)

@@ -12,7 +12,6 @@ from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
 from thalweg.lane.layout import Lane
 from thalweg.lane.read.catalog import LaneCatalog
-from thalweg.lane.read.elsewhere import first_gap
 from thalweg.lane.read.shape import decoded_schema
 
 
@@ -162,7 +161,7 @@ def start_of_new_partition(catalog: LaneCatalog, ticket: ReadTicket, p: int) -> 
 
 def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int) -> int:
     if start == "earliest":
-        return catalog.layout.floor(topic, p)  # what retention keeps
+        return catalog.earliest(topic, p)  # what retention keeps
     if start == "latest":
         return catalog.high_water(topic, p)
     if isinstance(start, OffsetPosition):
@@ -170,7 +169,7 @@ def _start(catalog: LaneCatalog, topic: str, p: int, start: Start, durable: int)
         return start.offset
     if not isinstance(start, TimestampPosition):
         raise InvariantError("start is not a TimestampPosition")
-    found = catalog.reader.offset_for_timestamp(topic, p, start.timestamp_ms, durable)
+    found = catalog.position_at(topic, p, start.timestamp_ms, durable)
     return durable if found is None else found
 
 
@@ -182,18 +181,10 @@ def _check_retained(catalog: LaneCatalog, topic: str, p: int, offset: int) -> No
     Raises:
         TicketError: the offset's segment was removed by retention.
     """
-    floor = catalog.layout.floor(topic, p)
-    if offset >= floor:
-        return
-    below = [
-        s
-        for s in catalog.layout.segments(Lane.RAW, topic, p, retained=False)
-        if s.first < floor and s.last >= offset
-    ]
-    if not below or below[0].first > offset:
+    if not catalog.still_held(topic, p, offset):
         raise TicketError(
             f"{topic}[{p}]: offset {offset} was removed by retention; the earliest "
-            f"available is {floor}"
+            f"available is {catalog.earliest(topic, p)}"
         )
 
 
@@ -206,7 +197,7 @@ def _check_held(catalog: LaneCatalog, topic: str, p: int, start: int, end: int |
     """
     if end is not None and end <= start:
         return
-    gap = first_gap(catalog.layout, topic, p, start, end)
+    gap = catalog.held_elsewhere(topic, p, start, end)
     if gap is None:
         return
     lo, hi = gap
@@ -228,5 +219,5 @@ def _end(catalog: LaneCatalog, topic: str, p: int, end: End, durable: int) -> in
         return min(end.offset, catalog.high_water(topic, p))
     if not isinstance(end, TimestampPosition):
         raise InvariantError("end is not a TimestampPosition")
-    found = catalog.reader.offset_for_timestamp(topic, p, end.timestamp_ms, durable)
+    found = catalog.position_at(topic, p, end.timestamp_ms, durable)
     return durable if found is None else found

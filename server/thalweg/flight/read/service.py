@@ -24,7 +24,13 @@ from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
 from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
-from thalweg.flight.read.tickets import MAX_TICKET_BYTES, OffsetPosition, ReadTicket, parse_ticket
+from thalweg.flight.read.tickets import (
+    MAX_TICKET_BYTES,
+    OffsetPosition,
+    ReadTicket,
+    TicketBody,
+    read_ticket,
+)
 from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.ops.metrics import Metrics
@@ -81,14 +87,12 @@ class Reads:
                     yield self._info(descriptor, ReadTicket(topic=topic, lane="raw"))
 
     def get_flight_info(
-        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor, read: ReadTicket
     ) -> fl.FlightInfo:
-        return self._info(descriptor, self._readable(context, self._ticket_of(descriptor)))
+        return self._info(descriptor, self._readable(context, read))
 
-    def get_schema(
-        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
-    ) -> fl.SchemaResult:
-        ticket = self._readable(context, self._ticket_of(descriptor))
+    def get_schema(self, context: fl.ServerCallContext, read: ReadTicket) -> fl.SchemaResult:
+        ticket = self._readable(context, read)
         return fl.SchemaResult(plan_read(self._catalog_for(ticket), ticket).schema)
 
     def describe(self, context: fl.ServerCallContext, raw: bytes) -> bytes:
@@ -108,8 +112,8 @@ class Reads:
 
     # -- do_get --------------------------------------------------------------------
 
-    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
-        read = self._readable(context, parse_ticket(ticket.ticket))
+    def do_get(self, context: fl.ServerCallContext, read: ReadTicket) -> fl.FlightDataStream:
+        read = self._readable(context, read)
         catalog = self._catalog_for(read)
         plan = plan_read(catalog, read, lambda p: self._elsewhere(read, p) is not None)
         self._refuse_elsewhere(plan)
@@ -190,10 +194,13 @@ class Reads:
         """The current lane, or the closed epoch the ticket names."""
         return self._catalog if ticket.epoch is None else self._catalog.for_epoch(ticket.epoch)
 
-    def _ticket_of(self, descriptor: fl.FlightDescriptor) -> ReadTicket:
-        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+    @staticmethod
+    def ticket_of(descriptor: fl.FlightDescriptor, body: TicketBody | None) -> ReadTicket:
+        """The lane read a descriptor names: a path's topic, or its command's ticket
+        (``body``, decoded once by the server)."""
+        if descriptor.descriptor_type == fl.DescriptorType.PATH or body is None:
             return ReadTicket(topic=path_topic(descriptor))
-        return parse_ticket(descriptor.command)
+        return read_ticket(body)
 
     def _info(self, descriptor: fl.FlightDescriptor, ticket: ReadTicket) -> fl.FlightInfo:
         """Endpoints of the read; each carries ``{"partition", "start", "end", "rows",

@@ -126,7 +126,7 @@ def read_stream(
     holes = _Holes(catalog, topic)
     next_scan = time.monotonic() + _DISCOVER_EVERY_S
     while active or discover:
-        seen = catalog.live.version()
+        seen = catalog.live_version()
         if discover and time.monotonic() >= next_scan:
             next_scan = time.monotonic() + _DISCOVER_EVERY_S
             _discover(catalog, plan, cursors, ends, active)
@@ -155,7 +155,7 @@ def read_stream(
                 cursors[p] = upto
                 progressed = True
                 continue
-            live = catalog.live.entries_from(topic, p, pos)
+            live = catalog.live_from(topic, p, pos)
             for entry in live:
                 lo, hi = offset_slice(entry.raw, off, pos, end)
                 taken.add(
@@ -170,7 +170,7 @@ def read_stream(
         if not progressed and (active or discover):
             if cancelled():
                 return
-            catalog.live.wait(seen, _WAIT_S)
+            catalog.wait_live(seen, _WAIT_S)
 
 
 def _discover(
@@ -239,7 +239,7 @@ def _history(
     segment, read ahead (``prefetch``); with each, the position after its last row."""
     decoded = plan.ticket.lane is Lane.DECODED
     wanted, pushed = pushdown
-    pairs = catalog.reader.read_pairs(
+    pairs = catalog.read_pairs(
         plan.ticket.topic,
         p,
         pos,
@@ -297,12 +297,7 @@ def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBat
     sink = plan.ticket.sink
     for r in plan.ranges:
         end = r.end if r.end is not None else catalog.durable_end(plan.ticket.topic, r.partition)
-        if sink is None:
-            segs = catalog.layout.segments(Lane.DLQ, plan.ticket.topic, r.partition, retained=False)
-        else:  # a sink's own dead letters (recovery.refused), named by what they hold
-            segs = catalog.layout.refused(sink).segments(
-                Lane.DLQ, plan.ticket.topic, r.partition, retained=False, contained=True
-            )
+        segs = catalog.dead_letter_segments(plan.ticket.topic, r.partition, sink)
         for seg in segs:
             if seg.last < r.start or seg.first >= end:
                 continue

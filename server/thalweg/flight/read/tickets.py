@@ -10,6 +10,7 @@ something it did not ask for.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -126,28 +127,49 @@ class ReadTicket(_Model):
         return self.model_dump_json(exclude_defaults=False).encode()
 
 
-def parse_ticket(data: bytes) -> ReadTicket:
-    """Parse a JSON or binary ticket; raises :class:`TicketError` saying exactly what is
-    wrong, naming the field. Tickets over :data:`MAX_TICKET_BYTES` and JSON nested too
-    deep to parse are refused too."""
+@dataclass(frozen=True, slots=True)
+class TicketBody:
+    """A ticket decoded once, before anyone reads it: its fields, and whether it came as
+    JSON (only a JSON ticket can name a pipeline node)."""
+
+    fields: Any
+    json: bool
+
+
+def ticket_body(data: bytes) -> TicketBody:
+    """Decode a JSON or binary ticket — the one parse of a ticket's bytes; raises
+    :class:`TicketError` for a ticket over :data:`MAX_TICKET_BYTES`, JSON nested too deep
+    to parse, or bytes that are neither."""
     if len(data) > MAX_TICKET_BYTES:
         raise TicketError(
             f"ticket is {len(data)} bytes; tickets are limited to {MAX_TICKET_BYTES} bytes"
         )
     if not is_json_ticket(data):
         try:
-            obj: Any = decode_ticket(data)
+            return TicketBody(decode_ticket(data), json=False)
         except WireError as exc:
             raise TicketError(str(exc)) from exc
-    else:
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TicketError(f"ticket is not a JSON object: {exc}") from exc
-        except RecursionError as exc:
-            raise TicketError("ticket JSON is nested too deeply") from exc
-        if not isinstance(obj, dict):
-            raise TicketError("ticket is not a JSON object")
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TicketError(f"ticket is not a JSON object: {exc}") from exc
+    except RecursionError as exc:
+        raise TicketError("ticket JSON is nested too deeply") from exc
+    if not isinstance(obj, dict):
+        raise TicketError("ticket is not a JSON object")
+    return TicketBody(obj, json=True)
+
+
+def parse_ticket(data: bytes) -> ReadTicket:
+    """Parse a JSON or binary ticket; raises :class:`TicketError` saying exactly what is
+    wrong, naming the field."""
+    return read_ticket(ticket_body(data))
+
+
+def read_ticket(body: TicketBody) -> ReadTicket:
+    """The lane read a decoded ticket asks for; raises :class:`TicketError` naming the
+    field that is wrong."""
+    obj = body.fields
     try:
         return ReadTicket.model_validate(obj)
     except ValidationError as exc:

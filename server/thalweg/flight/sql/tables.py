@@ -67,7 +67,7 @@ class LaneTables:
         self._owners = owners
         self._nodes = nodes
         self.columns = catalog.columns
-        self.scratch = catalog.layout.root / SQL_SNAPSHOTS_DIR
+        self.scratch = catalog.scratch_root / SQL_SNAPSHOTS_DIR
         self._lock = threading.Lock()
         self._entries: tuple[float, list[TableEntry]] | None = None
 
@@ -166,12 +166,12 @@ class Snapshot:
                 continue
             self._check_here(topic, p)
             if lane is Lane.DLQ:  # dead letters are history only, as in do_get
-                dead = catalog.layout.segments(Lane.DLQ, topic, p)
+                dead = catalog.segments(Lane.DLQ, topic, p)
                 files += [s.path for s in self._selected(dead, selection)]
                 continue
-            entries = catalog.live.entries(topic, p)  # first: see the module doc
+            entries = catalog.live_entries(topic, p)  # first: see the module doc
             durable = catalog.durable_end(topic, p)
-            segments = [s for s in catalog.layout.segments(Lane.RAW, topic, p) if s.first < durable]
+            segments = [s for s in catalog.segments(Lane.RAW, topic, p) if s.first < durable]
             start = max([durable, *(s.last + 1 for s in segments)])
             files += _lane_files(catalog, lane, topic, p, self._selected(segments, selection))
             for entry in entries:
@@ -289,5 +289,4 @@ def _lane_files(
     """The files of ``segments`` in ``lane``: a decoded file has its raw twin's name."""
     if lane is Lane.RAW:
         return [s.path for s in segments]
-    directory = catalog.layout.partition_dir(Lane.DECODED, topic, partition)
-    return [directory / s.path.name for s in segments]
+    return [catalog.twin(lane, topic, partition, s) for s in segments]

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.lane.coverage import scan_coverage
 from thalweg.lane.epochs import closed_epochs, current_epoch, epoch_layout
-from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.lane.read.cache import SegmentCache
 from thalweg.lane.read.elsewhere import first_gap
-from thalweg.lane.read.live import LiveTail
+from thalweg.lane.read.live import LiveEntry, LiveTail
 from thalweg.lane.read.reader import LaneReader
 from thalweg.records.columns import MetadataColumns
 
@@ -205,6 +206,106 @@ class LaneCatalog:
         the rows of the first segment below ``start`` too many."""
         segments = self.reader.segments_between(topic, partition, start, end)
         return sum(self.segment_stats(s.path)[0] for s in segments)
+
+    # -- the questions of a read (flight/read, flight/sql): nothing else of the lane's
+    # layout, reader or live tail is reached from there (tests/unit/test_layering.py).
+
+    def earliest(self, topic: str, partition: int) -> int:
+        """The first position retention keeps (the partition's floor)."""
+        return self.layout.floor(topic, partition)
+
+    def still_held(self, topic: str, partition: int, position: int) -> bool:
+        """Whether ``position`` can still be read: at or above the floor, or below it in
+        a segment retention has not removed yet (an endpoint planned before the floor
+        rose is still answered while its file is on disk)."""
+        floor = self.layout.floor(topic, partition)
+        if position >= floor:
+            return True
+        below = [
+            s
+            for s in self.layout.segments(Lane.RAW, topic, partition, retained=False)
+            if s.first < floor and s.last >= position
+        ]
+        return bool(below) and below[0].first <= position
+
+    def held_elsewhere(
+        self, topic: str, partition: int, start: int, end: int | None
+    ) -> tuple[int, int] | None:
+        """The first range of ``[start, end)`` another replica's ``data_dir`` holds
+        (``lane/read/elsewhere.py``), or None."""
+        return first_gap(self.layout, topic, partition, start, end)
+
+    def position_at(self, topic: str, partition: int, timestamp_ms: int, end: int) -> int | None:
+        """The first durable position below ``end`` at or after ``timestamp_ms``."""
+        return self.reader.offset_for_timestamp(topic, partition, timestamp_ms, end)
+
+    def segments(self, lane: Lane, topic: str, partition: int) -> list[Segment]:
+        """The partition's retained segments of ``lane``, in position order."""
+        return self.layout.segments(lane, topic, partition)
+
+    def segments_between(self, topic: str, partition: int, start: int, end: int) -> list[Segment]:
+        """The raw segments holding any of ``[start, end)``."""
+        return self.reader.segments_between(topic, partition, start, end)
+
+    def twin(self, lane: Lane, topic: str, partition: int, segment: Segment) -> Path:
+        """The path of ``segment``'s twin in ``lane`` (the same name, the same rows)."""
+        return self.layout.partition_dir(lane, topic, partition) / segment.path.name
+
+    def dead_letter_segments(self, topic: str, partition: int, sink: str | None) -> list[Segment]:
+        """The partition's dead letters: decoding's (``sink`` None), or a sink's own —
+        the records it refused (``recovery.refused``), every file, named by what it holds."""
+        if sink is None:
+            return self.layout.segments(Lane.DLQ, topic, partition, retained=False)
+        return self.layout.refused(sink).segments(
+            Lane.DLQ, topic, partition, retained=False, contained=True
+        )
+
+    def read_pairs(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        *,
+        decoded: bool,
+        with_raw: bool,
+        wanted: set[str] | None = None,
+        predicate: pc.Expression | None = None,
+    ) -> Iterator[tuple[pa.Table | None, pa.Table | None]]:
+        """``(raw, decoded)`` tables of ``[start, end)``, segment by segment
+        (:meth:`LaneReader.read_pairs`)."""
+        return self.reader.read_pairs(
+            topic,
+            partition,
+            start,
+            end,
+            decoded=decoded,
+            with_raw=with_raw,
+            wanted=wanted,
+            predicate=predicate,
+        )
+
+    def live_version(self) -> int:
+        """The live tail's version: it changes whenever an entry is appended."""
+        return self.live.version()
+
+    def wait_live(self, seen_version: int, timeout: float) -> int:
+        """Block until the live tail's version passes ``seen_version`` or ``timeout``."""
+        return self.live.wait(seen_version, timeout)
+
+    def live_from(self, topic: str, partition: int, position: int) -> list[LiveEntry]:
+        """The live entries holding ``position`` and after (none when the oldest held
+        starts past it: history first)."""
+        return self.live.entries_from(topic, partition, position)
+
+    def live_entries(self, topic: str, partition: int) -> list[LiveEntry]:
+        """Every live entry of the partition, oldest first."""
+        return self.live.entries(topic, partition)
+
+    @property
+    def scratch_root(self) -> Path:
+        """The lane root, under which a reader may keep scratch files of its own."""
+        return self.layout.root
 
     def segment_stats(self, path: Path) -> tuple[int, int]:
         """``(rows, uncompressed bytes)`` of one segment, from its footer.
