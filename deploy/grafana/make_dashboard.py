@@ -1,5 +1,5 @@
 """Write thalweg-dashboard.json (Grafana 10+, Prometheus data source) from the panel list
-below. Rerun after changing a panel; tests/unit/test_dashboard.py checks that every
+below. Rerun after changing a panel; tests/unit/ops/test_dashboard.py checks that every
 metric the dashboard queries is one the gateway exports."""
 
 from __future__ import annotations

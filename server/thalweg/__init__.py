@@ -1,6 +1,6 @@
 """Thalweg: an Arrow Flight gateway for Kafka and Pulsar streams.
 
-Layers, lowest first (imports only point downwards; ``tests/unit/test_layering.py``
+Layers, lowest first (imports only point downwards; ``tests/unit/house/test_layering.py``
 enforces it):
 
 ``records``, ``codecs``

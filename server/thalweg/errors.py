@@ -4,7 +4,7 @@ Library exceptions are wrapped where they cross into Thalweg (``raise SourceErro
 from exc``) so callers handle one tree, and the ``retriable`` flag says whether trying
 the same thing again can help (a broker restart: yes; a malformed ticket: no).
 
-The tree (``tests/unit/test_errors_tree.py`` checks it against the classes: each
+The tree (``tests/unit/house/test_errors_tree.py`` checks it against the classes: each
 subclass of :class:`ThalwegError` in the package appears once, under its parent; a
 class defined outside this module names its module in parentheses)::
 

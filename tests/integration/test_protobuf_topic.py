@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 import thalweg_client
 from tests.conftest import RunningGateway
 from tests.registry_server import FakeRegistry
-from tests.unit.test_protobuf import frame
+from tests.unit.codecs.test_protobuf import frame
 from thalweg.codecs.protobuf import ProtoSchema
 from thalweg.registry.protoc import compile_proto
 

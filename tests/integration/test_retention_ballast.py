@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import SmallDisk
-from tests.unit.test_retention import T, lane
+from tests.unit.lane.test_retention import T, lane
 from thalweg.config.load import parse_config
 from thalweg.engine.jobs.retention import RetentionJob
 from thalweg.lane.layout import Lane, LaneLayout

@@ -1,7 +1,7 @@
 """Between the raw-lane Arrow form and :class:`RawRecord` / Value dicts.
 
 The raw lane is the source of truth; these conversions are exact inverses for every
-field a :class:`RawRecord` carries (``tests/unit/test_record_model.py`` checks both the
+field a :class:`RawRecord` carries (``tests/unit/records/test_record_model.py`` checks both the
 round trip and that no column is left without a field).
 """
 

@@ -208,7 +208,7 @@ class LaneCatalog:
         return sum(self.segment_stats(s.path)[0] for s in segments)
 
     # -- the questions of a read (flight/read, flight/sql): nothing else of the lane's
-    # layout, reader or live tail is reached from there (tests/unit/test_layering.py).
+    # layout, reader or live tail is reached from there (tests/unit/house/test_layering.py).
 
     def earliest(self, topic: str, partition: int) -> int:
         """The first position retention keeps (the partition's floor)."""

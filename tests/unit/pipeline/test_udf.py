@@ -17,7 +17,7 @@ from thalweg.pipeline.dag import SqlNode
 from thalweg.pipeline.udf import CHUNK, UdfExhaustedError, WasmUdf
 from thalweg.records.columns import MetadataColumns
 
-WAT = Path(__file__).resolve().parents[1] / "data" / "udfs"
+WAT = Path(__file__).resolve().parents[2] / "data" / "udfs"
 COLS = MetadataColumns("_twg_")
 
 

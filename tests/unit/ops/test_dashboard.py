@@ -8,7 +8,7 @@ from pathlib import Path
 
 from thalweg.ops.metrics import Metrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "thalweg-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "thalweg-dashboard.json"
 
 
 def test_every_dashboard_metric_is_exported() -> None:

@@ -200,7 +200,7 @@ def test_every_key_of_a_broker_source_is_in_the_configuration_reference() -> Non
     from thalweg.config.kafka_security import SaslOAuthConfig
     from thalweg.config.models import PulsarSourceConfig
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
     for model in (KafkaSourceConfig, SaslOAuthConfig, PulsarSourceConfig):
         missing = [f for f in model.model_fields if f"`{f}`" not in doc]
         assert not missing, f"{model.__name__}: {missing}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_lane import COLS, raw, writer
+from tests.unit.lane.test_lane import COLS, raw, writer
 from thalweg.flight.read.stream import FollowLagError, _check_lag
 from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.lane.read.live import LiveTail

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tests.unit.test_avro import ALL_TYPES, frame, record
+from tests.unit.codecs.test_avro import ALL_TYPES, frame, record
 from thalweg.codecs import JsonArrowDecoder
 from thalweg.codecs.avro import AvroArrowDecoder, StaticSchemas
 from thalweg.codecs.encode import AvroEncoder, JsonEncoder

@@ -18,7 +18,7 @@ import yaml
 from thalweg.config import load_config
 from thalweg.errors import ConfigError
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 BASE = DEPLOY / "kubernetes" / "base"
 ADMIN_PATHS = {"/live", "/ready", "/health", "/metrics", "/stats"}
 
@@ -95,7 +95,7 @@ def test_ports_probes_and_the_drain_match_the_configuration(
 
 
 def test_the_admin_server_answers_the_probe_paths() -> None:
-    source = (Path(__file__).resolve().parents[2] / "server/thalweg/ops/http.py").read_text()
+    source = (Path(__file__).resolve().parents[3] / "server/thalweg/ops/http.py").read_text()
     for path in ("/live", "/ready"):
         assert f'path == "{path}"' in source
 

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tests.unit.test_segment_cache import COLS, segment
+from tests.unit.lane.test_segment_cache import COLS, segment
 from thalweg.config.models import RawLaneConfig
 from thalweg.lane import Lane, LaneLayout, SegmentWriter
 from thalweg.lane.read.cache import SegmentCache

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.unit.test_segment_cache import COLS, segment
+from tests.unit.lane.test_segment_cache import COLS, segment
 from thalweg.config.models import FlightSqlConfig, RawLaneConfig
 from thalweg.flight.errors import UnavailableError
 from thalweg.flight.sql.engine import SqlEngine

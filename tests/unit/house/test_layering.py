@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "server" / "thalweg"
+ROOT = Path(__file__).resolve().parents[3] / "server" / "thalweg"
 FORBIDDEN_EXTERNAL = {
     "aiokafka",
     "confluent_kafka",
@@ -147,7 +147,7 @@ def test_pure_modules_import_only_what_they_name(module: str) -> None:
 
 
 def test_client_depends_on_pyarrow_only() -> None:
-    client = Path(__file__).resolve().parents[2] / "client" / "thalweg_client"
+    client = Path(__file__).resolve().parents[3] / "client" / "thalweg_client"
     for f in client.rglob("*.py"):
         for name in imports_of(f):
             top = name.split(".")[0]
@@ -254,7 +254,7 @@ CLIENT_EXTRAS = {"pandas", "polars", "pyspark"}  # its extras, imported inside f
 def test_client_imports_what_its_distribution_declares() -> None:
     """Module-level imports of ``thalweg_client`` are the standard library, itself and its
     required dependencies; an extra is imported only inside the function needing it."""
-    client = Path(__file__).resolve().parents[2] / "client" / "thalweg_client"
+    client = Path(__file__).resolve().parents[3] / "client" / "thalweg_client"
     allowed = set(sys.stdlib_module_names) | {"thalweg_client"} | CLIENT_REQUIRES
     for f in sorted(client.rglob("*.py")):
         tree = ast.parse(f.read_text(encoding="utf-8"))
@@ -273,7 +273,7 @@ def test_client_imports_what_its_distribution_declares() -> None:
 
 def test_the_client_distribution_requires_pyarrow_and_protobuf_only() -> None:
     project = tomllib.loads(
-        (Path(__file__).resolve().parents[2] / "client" / "pyproject.toml").read_text("utf-8")
+        (Path(__file__).resolve().parents[3] / "client" / "pyproject.toml").read_text("utf-8")
     )["project"]
 
     def names(requirements: list[str]) -> set[str]:

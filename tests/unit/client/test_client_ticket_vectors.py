@@ -15,7 +15,7 @@ import pytest
 from thalweg_client import ticket as make_ticket
 from thalweg_client.wire import WireError, decode_ticket, encode_ticket, is_json_ticket
 
-VECTORS = Path(__file__).resolve().parents[2] / "flight-tickets" / "vectors"
+VECTORS = Path(__file__).resolve().parents[3] / "flight-tickets" / "vectors"
 BINARY = json.loads((VECTORS / "binary.json").read_text())
 DEFAULTS = {
     "v": 1,

@@ -25,7 +25,7 @@ from thalweg.lane.read.reader import leaf_index
 from thalweg.records.columns import MetadataColumns
 from thalweg_client.wire import encode_ticket
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_shipped_descriptor_set_is_compiled_from_the_proto(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.dead_letters import NodeDeadLetters
 
 COLS = MetadataColumns("_twg_")
-WAT = Path(__file__).resolve().parents[1] / "data" / "udfs" / "math.wat"
+WAT = Path(__file__).resolve().parents[2] / "data" / "udfs" / "math.wat"
 
 
 def chain(*nodes: dict[str, Any], udfs: list[WasmUdf] = ()) -> Chain:  # type: ignore[assignment]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.soak import FAULT_TESTS
 
-E2E = Path(__file__).resolve().parent.parent / "e2e"
+E2E = Path(__file__).resolve().parents[2] / "e2e"
 
 
 def test_every_fault_test_is_soaked() -> None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 import thalweg.flight.read.stream as stream_mod
-from tests.unit.test_lane import COLS, raw, writer
+from tests.unit.lane.test_lane import COLS, raw, writer
 from thalweg.flight.read.plan import plan_read
 from thalweg.flight.read.stream import HistoryGapError, read_stream
 from thalweg.flight.read.tickets import parse_ticket

@@ -17,7 +17,7 @@ from tests.helpers import compiled_descriptor
 from thalweg.errors import TicketError
 from thalweg.flight.read.tickets import ReadTicket, parse_ticket
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TICKETS = ROOT / "flight-tickets"
 VECTORS = TICKETS / "vectors"
 BINARY = json.loads((VECTORS / "binary.json").read_text())
