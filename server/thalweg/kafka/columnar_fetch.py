@@ -13,7 +13,7 @@ there.
 
 This leans on two names inside ``aiokafka.consumer.fetcher`` (``PartitionRecords`` and
 ``MemoryRecords``), so the aiokafka version is pinned to the minor release it was
-written against, and ``tests/unit/test_columnar_fetch.py`` fails if the shape changes.
+written against, and ``tests/integration/test_columnar_fetch.py`` fails if the shape changes.
 """
 
 from __future__ import annotations
