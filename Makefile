@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test unit lint bench soak proto mutate clean
+.PHONY: quickstart test unit coverage lint bench soak proto mutate clean
 
 # The client is its own distribution (client/, ADR 0019). The server depends on it by
 # path, which installs a copy; the second step makes that copy an editable install so
@@ -25,6 +25,13 @@ test: $(BIN)/twg
 # The everyday loop: the unit tests only (no brokers; under a minute on two cores).
 unit: $(BIN)/twg
 	$(BIN)/pytest -q tests/unit
+
+# The unit tests under coverage: fails below pyproject's floor, or when a commit lowered
+# the floor (.ci/coverage_floor.py). About a minute.
+coverage: $(BIN)/twg
+	$(BIN)/python .ci/coverage_floor.py
+	$(BIN)/coverage run -m pytest -q -p no:randomly tests/unit
+	$(BIN)/coverage report --format=total
 
 lint: $(BIN)/twg
 	$(BIN)/ruff check server client tests load-tests flight-tickets deploy examples
