@@ -35,7 +35,7 @@ from thalweg.flight.server import GatewayFlightServer
 from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.read.cache import SegmentCache
-from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.catalog import Ingesting, LaneCatalog
 from thalweg.lane.read.ipc_copies import IpcCopies
 from thalweg.lane.read.live import LiveTail
 from thalweg.lane.remote.mirror import LaneMirror
@@ -107,6 +107,34 @@ def _with_state_dir(source: SourceConfig, data_dir: Path) -> SourceConfig:
     if isinstance(source, (ArrowIpcSourceConfig, FlightSourceConfig)) and source.state_dir is None:
         return source.model_copy(update={"state_dir": data_dir / "sources" / source.name})
     return source
+
+
+class _GatewayIngesting(Ingesting):
+    """What the read side hears from this gateway's runners, configuration, group and
+    lane sync (``lane.read.catalog.Ingesting``)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._g = gateway
+
+    def payload_schema(self, topic: str) -> pa.Schema | None:
+        for r in self._g.runners:
+            schema = r.payload_schema(topic)
+            if schema is not None:
+                return schema
+        return None
+
+    def decoded_topics(self) -> set[str]:
+        return set().union(*(r.decoded_topics() for r in self._g.runners))
+
+    def configured_topics(self) -> list[str]:
+        return [t for s in self._g.cfg.sources for t in s.topics]
+
+    def group_partitions(self, topic: str) -> list[int]:
+        return self._g.owners.partitions(topic)
+
+    def read_through(self, topic: str) -> None:
+        if self._g.sync is not None:
+            self._g.sync.warm(topic)
 
 
 class Gateway:
@@ -205,11 +233,7 @@ class Gateway:
             self.columns,
             self.live,
             cache=self.segment_cache,
-            payload_schemas=self._payload_schema,
-            decoded_topics=self._decoded_topics,
-            configured_topics=self._configured_topics,
-            group_partitions=self.owners.partitions,
-            read_through=self.sync.warm if self.sync is not None else None,
+            ingesting=_GatewayIngesting(self),
         )
         if self.sync is not None:
             self.sync.synced = self.catalog.refresh
@@ -276,13 +300,6 @@ class Gateway:
     def admin_url(self) -> str:
         return self.admin.url
 
-    def _payload_schema(self, topic: str) -> pa.Schema | None:
-        for r in self.runners:
-            schema = r.payload_schema(topic)
-            if schema is not None:
-                return schema
-        return None
-
     def _gauge_owners(self, owners: OwnerDirectory) -> None:
         """``twg_partition_owned``: 1 for this gateway's partitions, 0 for the others'."""
         for topic, parts in owners.owners().items():
@@ -307,9 +324,6 @@ class Gateway:
             if decoder is not None:
                 return decoder
         return None
-
-    def _decoded_topics(self) -> set[str]:
-        return set().union(*(r.decoded_topics() for r in self.runners))
 
     def _configured_topics(self) -> list[str]:
         return [t for s in self.cfg.sources for t in s.topics]

@@ -15,8 +15,13 @@ from thalweg.flight.sql.handles import Statement
 from thalweg.flight.sql.tables import LaneTables
 from thalweg.group.owners import OwnerDirectory
 from thalweg.lane import LaneLayout, SegmentWriter
-from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.catalog import Ingesting, LaneCatalog
 from thalweg.lane.read.live import LiveEntry, LiveTail
+
+
+class _DecodedT(Ingesting):
+    def decoded_topics(self) -> set[str]:
+        return {"t"}
 
 
 def _lanes(root: Path) -> LaneCatalog:
@@ -30,7 +35,7 @@ def _lanes(root: Path) -> LaneCatalog:
             pa.array([p] * n, pa.int32()),
         )
         writer.write("t", p, raw, dec, 0, n)
-    return LaneCatalog(LaneLayout(root), COLS, LiveTail(), decoded_topics=lambda: {"t"})
+    return LaneCatalog(LaneLayout(root), COLS, LiveTail(), ingesting=_DecodedT())
 
 
 def _query(engine: SqlEngine, sql: str) -> pa.Table:

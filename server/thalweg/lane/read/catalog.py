@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,33 @@ class Run:
     held: bool = False  # the gap is another replica's for good (never fills here)
 
 
+class Ingesting:
+    """What the running gateway knows that the lane's files do not yet say — the one
+    seam through which the read side hears from the engine. This base answers for a
+    lane nobody ingests (a closed epoch, a test, a tool reading a data_dir)."""
+
+    def payload_schema(self, topic: str) -> pa.Schema | None:
+        """The topic's current decoded schema (None: take it from the files)."""
+        return None
+
+    def decoded_topics(self) -> set[str]:
+        """Topics that have a decoded lane, even before its first file."""
+        return set()
+
+    def configured_topics(self) -> list[str]:
+        """Topics the configuration names, even before their first record."""
+        return []
+
+    def group_partitions(self, topic: str) -> list[int]:
+        """Partitions other members of the consumer group ingest (``group/owners.py``):
+        listed so a read is sent to their owner, though nothing of them is local."""
+        return []
+
+    def read_through(self, topic: str) -> None:
+        """Before a read of ``topic`` is planned: with lanes in an object store, fetch a
+        topic this replica has nothing of yet."""
+
+
 class LaneCatalog:
     """Read-side view of the lanes, safe to use from Flight's threads."""
 
@@ -56,31 +83,19 @@ class LaneCatalog:
         columns: MetadataColumns,
         live: LiveTail,
         *,
-        payload_schemas: Callable[[str], pa.Schema | None] | None = None,
-        decoded_topics: Callable[[], set[str]] | None = None,
-        configured_topics: Callable[[], list[str]] | None = None,
-        group_partitions: Callable[[str], list[int]] | None = None,
+        ingesting: Ingesting | None = None,
         cache: SegmentCache | None = None,
-        read_through: Callable[[str], None] | None = None,
     ) -> None:
         self.layout = layout
         self.columns = columns
         self.live = live
         self.reader = LaneReader(layout, columns, cache)
-        self._payload_schemas = payload_schemas or (lambda _t: None)
-        self._decoded_topics = decoded_topics or set
-        self._configured = configured_topics or list
-        # Partitions other members of the consumer group ingest (group/owners.py): known
-        # here so a read can be sent to their owner, though nothing of them is local.
-        self._group_partitions = group_partitions or (lambda _t: [])
+        self._ingesting = ingesting or Ingesting()
         self._disk_cache: dict[tuple[str, int], tuple[float, int]] = {}
         self._stats_cache: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
         self._epochs: dict[int, LaneCatalog] = {}
         self._cache = cache
-        # Lanes in an object store: fetch a topic this replica has nothing of yet before
-        # planning a read of it (engine/jobs/lane_sync.py, LaneSync.warm).
-        self._read_through = read_through or (lambda _topic: None)
 
     def for_epoch(self, epoch: int) -> LaneCatalog:
         """A read-only view of closed epoch ``epoch`` (docs/lanes.md): its own lane root,
@@ -95,17 +110,21 @@ class LaneCatalog:
             return found
 
     def topics(self) -> list[str]:
-        return sorted(set(self.layout.topics()) | set(self.live.topics()) | set(self._configured()))
+        return sorted(
+            set(self.layout.topics())
+            | set(self.live.topics())
+            | set(self._ingesting.configured_topics())
+        )
 
     def partitions(self, topic: str) -> list[int]:
         return sorted(
             set(self.layout.partitions(topic))
             | set(self.live.partitions(topic))
-            | set(self._group_partitions(topic))
+            | set(self._ingesting.group_partitions(topic))
         )
 
     def has_decoded(self, topic: str) -> bool:
-        return topic in self._decoded_topics() or self.layout.has_decoded(topic)
+        return topic in self._ingesting.decoded_topics() or self.layout.has_decoded(topic)
 
     def durable_end(self, topic: str, partition: int) -> int:
         """Exclusive end of the partition's durable lane (0 when empty)."""
@@ -151,7 +170,7 @@ class LaneCatalog:
     def prepare(self, topic: str) -> None:
         """Before a read of ``topic`` is planned: with lanes in an object store, a topic
         this replica has nothing of yet is fetched first (read-through)."""
-        self._read_through(topic)
+        self._ingesting.read_through(topic)
 
     def refresh(self, topic: str, partition: int) -> None:
         """The partition's files changed behind this gateway's back (a replica's sync
@@ -169,7 +188,7 @@ class LaneCatalog:
 
     def payload_schema(self, topic: str) -> pa.Schema:
         """Payload columns of the decoded lane (no metadata columns)."""
-        schema = self._payload_schemas(topic) or self.reader.decoded_schema(topic)
+        schema = self._ingesting.payload_schema(topic) or self.reader.decoded_schema(topic)
         if schema is None:
             return pa.schema([])
         return pa.schema([f for f in schema if not self.columns.is_reserved(f.name)])
