@@ -41,6 +41,7 @@ class DecodeReason(StrEnum):
     CONTRACT = "contract"  # decoded, but breaks the data contract's schema (ODCS)
     QUALITY = "quality"  # decoded, but breaks one of the contract's quality rules
     SCHEMA_LIMIT = "schema_limit"  # would take the lane schema past a SchemaLimits bound
+    ENVELOPE = "envelope"  # a change event (envelope = "debezium") that names no row
 
     @property
     def stage(self) -> str:

@@ -89,6 +89,12 @@ class _SourceBase(_Model):
         description="For format = 'json': a JSON Schema file that fixes the decoded columns "
         "(wins over inference; fields it does not name are ignored).",
     )
+    envelope: Literal["none", "debezium"] = Field(
+        "none",
+        description="'debezium': values are Debezium change events (JSON, with or without "
+        "the schema/payload wrapper, or Avro); the decoded lane holds the row each names "
+        "with __op, __deleted, __source and __ts_ms (docs/cdc.md).",
+    )
     cluster: str | None = Field(
         None, description="Cluster name stamped in the lane and record ids; defaults to name."
     )
@@ -158,6 +164,12 @@ class _SourceBase(_Model):
                 raise ValueError(f"topics: {topic!r} is not a usable topic name")
         if self.json_schema is not None and self.format != "json":
             raise ValueError("json_schema applies to format = 'json' only")
+        if self.envelope == "debezium" and self.format not in ("json", "avro"):
+            raise ValueError("envelope = 'debezium' reads JSON or Avro events: set format")
+        if self.envelope == "debezium" and self.json_schema is not None:
+            raise ValueError(
+                "envelope = 'debezium' infers the row from the events (no json_schema)"
+            )
         if self.contract is not None and self.format == "none":
             raise ValueError("contract needs a decoded lane: set format (json, avro, protobuf)")
         if self.format == "avro" and self.registry is None:
@@ -343,6 +355,8 @@ class TypedSourceConfig(_SourceBase):
             )
         if self.registry is not None or self.json_schema is not None:
             raise ValueError("sources of files take their schema from the files (no registry)")
+        if self.envelope != "none":
+            raise ValueError("sources of files read rows, not change events (no envelope)")
         self._check_common()
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from thalweg.codecs.avro import AvroArrowDecoder
 from thalweg.codecs.base import ArrowDecoder
+from thalweg.codecs.envelope import DebeziumEnvelope
 from thalweg.codecs.framing import peel
 from thalweg.codecs.guard import SchemaGate, SizeGuard
 from thalweg.codecs.json import JsonArrowDecoder
@@ -121,7 +122,11 @@ class TopicDecoders:
             if pinned is not None:
                 keep = [f for f in pinned if not self._columns.is_reserved(f.name)]
                 pinned = pa.schema(keep)
-            decoder = self._decoder(pinned)
+            if self.cfg.envelope == "debezium":
+                # The format's decoder reads envelopes, whose schema is not the lane's.
+                decoder = DebeziumEnvelope(self._decoder(None), pinned)
+            else:
+                decoder = self._decoder(pinned)
             if self.cfg.max_record_bytes is not None and not isinstance(
                 self.cfg, TypedSourceConfig
             ):

@@ -28,6 +28,12 @@ def config(**source: Any) -> dict[str, Any]:
         ({"kind": "files", "csv_quote": "ab"}, "at most 1"),
         ({"kind": "files", "csv_quote": "\t"}, "tab"),
         ({"kind": "files", "csv_quote": "é"}, "ASCII"),
+        ({"kind": "files", "envelope": "debezium"}, "no envelope"),
+        (
+            {"kind": "kafka", "bootstrap_servers": "b:1", "envelope": "debezium", "format": "none"},
+            "JSON or Avro",
+        ),
+        ({"kind": "kafka", "envelope": "cloudevents"}, "envelope"),
     ],
 )
 def test_typed_sources_refuse_what_does_not_apply(source: dict[str, Any], message: str) -> None:
