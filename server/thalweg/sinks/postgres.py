@@ -7,8 +7,14 @@ transaction. So a record is in the table once however often it is replayed, and 
 coverage table (trusted over the coverage store on open) never claims a row the
 transaction did not commit: exactly-once (ADR 0023).
 
+With ``mode = "upsert"`` the table holds one row per ``key`` instead (docs/cdc.md): the
+staged rows are folded to each key's newest (by lane position), deletes (``__deleted``)
+remove the key's row, the rest insert or update it — never over a row of a newer
+position — and the coverage rows go in the same transaction.
+
 Types: the staging table is created by ADBC from the Arrow schema (its type map, in
-docs/sinks.md), and the target table ``LIKE`` it, with the record id as primary key.
+docs/sinks.md), and the target table ``LIKE`` it, with the record id (upsert: the key)
+as primary key.
 Nested columns (structs, maps, lists of structs) go in as JSON text. New columns are
 added with ``ALTER TABLE``; a column whose type changed is a :class:`SinkSchemaError`.
 """
@@ -41,6 +47,8 @@ from thalweg.sinks.base import (
 log = logging.getLogger(__name__)
 
 COVERAGE_TABLE = "_thalweg_coverage"
+POSITION = "_twg_position"
+DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 # A node's derived rows (docs/pipeline.md): the index of a row among its record's rows.
 DERIVED_INDEX = "_twg_derived_index"
 
@@ -57,6 +65,8 @@ class PostgresSink(BufferedSink):
         super().__init__(cfg, data_dir)
         self._conn: Any = None
         self._record_id = "_twg_record_id"
+        self._upsert = getattr(cfg, "mode", "append") == "upsert"
+        self._key: list[str] = list(getattr(cfg, "key", []))
         # Per table, the schema of rows a staged load took (this transaction / committed).
         self._staged: dict[str, pa.Schema] = {}
         self._direct: dict[str, pa.Schema] = {}
@@ -182,7 +192,9 @@ class PostgresSink(BufferedSink):
         self._staged = {}
         with conn.cursor() as cur:
             for topic, data in tables.items():
-                if staged or not self._load_direct(cur, topic, data):
+                if self._upsert:
+                    self._load_upserts(cur, topic, data)
+                elif staged or not self._load_direct(cur, topic, data):
                     self._load(cur, topic, data)
             for key, rs in covered.items():
                 self._cover(cur, key, rs)
@@ -223,6 +235,64 @@ class PostgresSink(BufferedSink):
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
         if exact:
             self._staged[self.table_name(topic)] = data.schema
+
+    def _load_upserts(self, cur: Any, topic: str, data: pa.Table) -> None:
+        """Fold the rows into the table by ``key``: each key's newest row (lane position)
+        of this flush deletes the key's row (``__deleted``) or inserts or updates it;
+        neither touches a row the table holds from a newer position. Rows without every
+        key column (a tombstone with no image: its delete came as an event before it)
+        change nothing."""
+        missing = [c for c in [*self._key, POSITION] if c not in data.column_names]
+        if missing and _only_deletes(data):
+            return  # tombstones with no image: no key known, nothing to fold
+        if missing:
+            raise SinkSchemaError(
+                f"postgres sink {self.name!r}: mode = 'upsert' needs the column(s) {missing} "
+                f"in the rows of {topic!r}"
+            )
+        stage = "_thalweg_stage"
+        cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
+        cur.adbc_ingest(stage, data, mode="create", temporary=True)
+        name = self.table_name(topic)
+        target = self._qualified(name)
+        if not self._exists(cur, name) and self._claims(cur, topic):
+            raise SinkUnavailableError(
+                f"postgres sink {self.name!r}: table {target} is missing while its coverage "
+                "claims positions; reopening to rebuild it from the lane"
+            )
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
+        self._ensure_key(cur, target, self._key)
+        self._evolve(cur, topic, stage)
+        keys = ", ".join(quote_ident(k) for k in self._key)
+        known = " AND ".join(f"{quote_ident(k)} IS NOT NULL" for k in self._key)
+        cur.execute("DROP TABLE IF EXISTS pg_temp._thalweg_newest")
+        cur.execute(
+            f"CREATE TEMPORARY TABLE _thalweg_newest AS SELECT DISTINCT ON ({keys}) * "
+            f"FROM pg_temp.{quote_ident(stage)} WHERE {known} "
+            f"ORDER BY {keys}, {quote_ident(POSITION)} DESC"
+        )
+        same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
+        older = f"t.{quote_ident(POSITION)} < n.{quote_ident(POSITION)}"
+        deleted = f"n.{quote_ident(DELETED)}" if DELETED in data.column_names else "false"
+        cur.execute(
+            f"DELETE FROM {target} t USING pg_temp._thalweg_newest n "
+            f"WHERE {deleted} AND {same} AND {older}"
+        )
+        cols = ", ".join(quote_ident(n) for n in data.column_names)
+        sets = ", ".join(
+            f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}"
+            for c in data.column_names
+            if c not in self._key
+        )
+        kept = f"NOT coalesce({deleted.removeprefix('n.')}, false)"
+        newer = f"{target}.{quote_ident(POSITION)} < EXCLUDED.{quote_ident(POSITION)}"
+        update = f"UPDATE SET {sets} WHERE {newer}" if sets else "NOTHING"
+        cur.execute(
+            f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp._thalweg_newest "
+            f"WHERE {kept} ON CONFLICT ({keys}) DO {update}"
+        )
+        cur.execute("DROP TABLE pg_temp._thalweg_newest")
+        cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
 
     def _claims(self, cur: Any, topic: str) -> bool:
         cur.execute(
@@ -313,6 +383,14 @@ class PostgresSink(BufferedSink):
 
 # Widening ladders: a type fits every type to its right.
 _LADDERS = (("smallint", "integer", "bigint", "numeric"), ("real", "double precision"))
+
+
+def _only_deletes(data: pa.Table) -> bool:
+    """Every row is a change event's delete (``__deleted``)."""
+    if DELETED not in data.column_names:
+        return False
+    flags = data.column(DELETED)
+    return flags.null_count == 0 and all(flags.to_pylist())
 
 
 def _fits(narrow: str, wide: str) -> bool:

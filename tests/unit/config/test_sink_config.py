@@ -42,6 +42,9 @@ def test_a_sink_without_recovery_is_refused() -> None:
     assert parse_config(cfg([], recovery={"enabled": False})).sinks == []
 
 
+DB = {"name": "db", "kind": "postgres", "topics": ["orders"], "dsn": "postgresql://h/d"}
+
+
 @pytest.mark.parametrize(
     ("sinks", "message"),
     [
@@ -56,6 +59,10 @@ def test_a_sink_without_recovery_is_refused() -> None:
         ),
         ([{"name": "db", "kind": "postgres", "topics": ["orders"]}], "dsn"),
         ([{**LAKE, "commit_interval_s": 0}], "commit_interval_s"),
+        ([{**DB, "mode": "upsert"}], "needs key"),
+        ([{**DB, "key": ["id"]}], "key applies to mode = 'upsert' only"),
+        ([{**DB, "mode": "upsert", "key": ["id", "id"]}], "twice"),
+        ([{**DB, "mode": "merge"}], "mode"),
     ],
 )
 def test_bad_sinks_are_refused_naming_the_problem(
