@@ -1,6 +1,6 @@
-"""A Postgres sink in ``mode = "upsert"`` fed Debezium change events: the table equals
-the fold of the topic (per key the newest event by lane position, deleted keys absent),
-and a recovery pass over positions already landed changes nothing."""
+"""Postgres and Iceberg sinks in ``mode = "upsert"`` fed Debezium change events: each
+table equals the fold of the topic (per key the newest event by lane position, deleted
+keys absent), and a recovery pass over positions already landed changes nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway
 from tests.helpers import wait_until
@@ -58,9 +59,39 @@ def change_stream(seed: int) -> tuple[list[tuple[int, bytes | None]], dict[int, 
     return out, table
 
 
+def fold_of(events: list[tuple[int, bytes | None]]) -> dict[int, dict[str, Any]]:
+    """The table the events describe: per key the last event's row, deleted keys absent."""
+    table: dict[int, dict[str, Any]] = {}
+    for key, value in events:
+        if value is None:
+            continue  # a tombstone: its delete event came just before it
+        event = json.loads(value)
+        if event["op"] == "d":
+            table.pop(key, None)
+        else:
+            table[key] = event["after"]
+    return table
+
+
 def rows(pg: PostgresServer, schema: str, table: str) -> dict[int, dict[str, Any]]:
     got = pg.query(f'SELECT "id", "email", "version" FROM "{schema}"."{table}"')
     return {int(i): {"id": int(i), "email": e, "version": int(v)} for i, e, v in got}
+
+
+def iceberg_rows(data_dir: Path) -> dict[int, dict[str, Any]]:
+    home = (data_dir / "sinks" / "lake").resolve()
+    catalog = load_catalog(
+        "lake",
+        **{
+            "type": "sql",
+            "uri": f"sqlite:///{home / 'catalog.db'}",
+            "warehouse": (home / "warehouse").as_uri(),
+        },
+    )
+    table = catalog.load_table("thalweg.customers").scan().to_arrow()
+    got = table.select(["id", "email", "version"]).to_pylist()
+    assert len(got) == len({r["id"] for r in got}), "a key twice in the Iceberg table"
+    return {int(r["id"]): r for r in got}
 
 
 def lag(rg: RunningGateway, sink: str) -> float:
@@ -80,9 +111,7 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
 ) -> None:
     topic = topic_factory(PARTITIONS)
     events, fold = change_stream(seed=37)
-    for key, value in events:
-        producer.produce(topic, value, key=json.dumps({"id": key}).encode(), partition=key % 2)
-    producer.flush(10)
+    assert fold_of(events) == fold
     schema = f"s_{topic.replace('-', '_')}"
     sink = {
         "name": "db",
@@ -94,23 +123,32 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
         "mode": "upsert",
         "key": ["id"],
         "commit_interval_s": 0.3,
-        "max_buffered_rows": 500,  # several flushes: a key's events span them
     }
+    lake = {**sink, "name": "lake", "kind": "iceberg"}
+    del lake["dsn"], lake["schema_name"]
     data = tmp_path / "lane"
-    rg = gateway_factory([topic], data_dir=data, envelope="debezium", sinks=[sink])
-    per_partition = {p: sum(1 for k, _ in events if k % 2 == p) for p in range(PARTITIONS)}
-    rg.wait_durable(topic, per_partition)
-
-    def caught_up() -> bool:
-        try:
-            return len(rows(postgres, schema, "customers")) == len(fold) and lag(rg, "db") == 0
-        except Exception:  # the table is made by the first flush
-            return False
-
+    rg = gateway_factory([topic], data_dir=data, envelope="debezium", sinks=[sink, lake])
     health = f"{rg.admin_url}/health"
-    wait_until(caught_up, 60, lambda: urllib.request.urlopen(health).read().decode()[-3000:])
+    # In three waves, each landed before the next is sent: the later waves update and
+    # delete rows the tables already hold from earlier flushes.
+    for wave in (1, 2, 3):
+        sent = events[: len(events) * wave // 3]
+        for key, value in events[len(events) * (wave - 1) // 3 : len(sent)]:
+            producer.produce(topic, value, key=json.dumps({"id": key}).encode(), partition=key % 2)
+        producer.flush(10)
+        rg.wait_durable(topic, {p: sum(1 for k, _ in sent if k % 2 == p) for p in (0, 1)})
+        want = fold_of(sent)
+
+        def caught_up(want: dict[int, dict[str, Any]] = want) -> bool:
+            try:
+                done = lag(rg, "db") == 0 and lag(rg, "lake") == 0
+                return done and rows(postgres, schema, "customers") == want
+            except Exception:  # the table is made by the first flush
+                return False
+
+        wait_until(caught_up, 60, lambda: urllib.request.urlopen(health).read().decode()[-3000:])
+        assert iceberg_rows(data) == want, f"wave {wave}"
     assert fold, "the stream deleted every key: nothing to compare"
-    assert rows(postgres, schema, "customers") == fold
     rg.stop()
 
     # A recovery pass over every position again (the coverage rows forgotten): the
@@ -128,7 +166,7 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
                     "envelope": "debezium",
                 },
             ],
-            "sinks": [sink],
+            "sinks": [sink, lake],
         }
     )
 

@@ -83,7 +83,33 @@ class IcebergCatalogConfig(_Model):
     )
 
 
-class IcebergSinkConfig(_SinkBase):
+class _Upserts(_SinkBase):
+    """``mode`` and ``key``: the sinks that can keep one row per key (docs/cdc.md)."""
+
+    mode: Literal["append", "upsert"] = Field(
+        "append",
+        description="'append': every record a row. 'upsert': one row per key, the newest "
+        "by lane position; a change event's delete (__deleted) removes it (docs/cdc.md).",
+    )
+    key: list[str] = Field(
+        default_factory=list, description="The columns naming a row (mode = 'upsert')."
+    )
+
+    @model_validator(mode="after")
+    def _upsert_has_a_key(self) -> _Upserts:
+        if self.mode == "upsert" and not self.key:
+            raise ValueError(
+                f"sinks.{self.name}: mode = 'upsert' needs key = [...], the columns naming a "
+                "row (taken from the record key is not built yet)"
+            )
+        if self.key and self.mode != "upsert":
+            raise ValueError(f"sinks.{self.name}: key applies to mode = 'upsert' only")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError(f"sinks.{self.name}: key names a column twice")
+        return self
+
+
+class IcebergSinkConfig(_Upserts):
     kind: Literal["iceberg"]
     catalog: IcebergCatalogConfig = Field(default_factory=IcebergCatalogConfig)
     namespace: str = Field("thalweg", min_length=1)
@@ -116,32 +142,11 @@ class IcebergSinkConfig(_SinkBase):
         return value
 
 
-class PostgresSinkConfig(_SinkBase):
+class PostgresSinkConfig(_Upserts):
     kind: Literal["postgres"]
     dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
     schema_name: str = Field("public", min_length=1)
     table: str = Field("{topic}", description="Table name; {topic} is replaced.")
-    mode: Literal["append", "upsert"] = Field(
-        "append",
-        description="'append': every record a row. 'upsert': one row per key, the newest "
-        "by lane position; a change event's delete (__deleted) removes it (docs/cdc.md).",
-    )
-    key: list[str] = Field(
-        default_factory=list, description="The columns naming a row (mode = 'upsert')."
-    )
-
-    @model_validator(mode="after")
-    def _upsert_has_a_key(self) -> PostgresSinkConfig:
-        if self.mode == "upsert" and not self.key:
-            raise ValueError(
-                f"sinks.{self.name}: mode = 'upsert' needs key = [...], the columns naming a "
-                "row (taken from the record key is not built yet)"
-            )
-        if self.key and self.mode != "upsert":
-            raise ValueError(f"sinks.{self.name}: key applies to mode = 'upsert' only")
-        if len(set(self.key)) != len(self.key):
-            raise ValueError(f"sinks.{self.name}: key names a column twice")
-        return self
 
 
 class ArrowIpcSinkConfig(_SinkBase):

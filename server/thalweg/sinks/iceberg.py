@@ -9,6 +9,11 @@ coverage store, so a crash between the Iceberg commit and the store's write repl
 nothing (ADR 0022). The key names the sink, so two sinks writing one table, or another
 writer's commits, never stand in for this sink's coverage.
 
+With ``mode = "upsert"`` the table holds one row per ``key`` (docs/cdc.md): each flush
+folds its rows to each key's newest (lane position), leaves out keys the table holds from
+a newer position, and in one transaction deletes the keys' rows (copy-on-write) and
+appends the newest rows that are not deletes — the coverage in the same commits.
+
 Schema: the table is created from the first rows (decoded columns and the ``_twg_``
 columns); later rows may add columns or widen types (int → long, float → double), which
 ``union_by_name`` applies before the append; anything else is a
@@ -20,6 +25,7 @@ unsigned integers to the next signed width.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -41,6 +48,7 @@ from pyiceberg.io.pyarrow import (  # the two steps of Table.append, taken apart
 )
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -80,6 +88,8 @@ class IcebergSink(BufferedSink):
     def __init__(self, cfg: Any, data_dir: Path) -> None:
         super().__init__(cfg, data_dir)
         self._catalog: Catalog | None = None
+        self._upsert = getattr(cfg, "mode", "append") == "upsert"
+        self._key: list[str] = list(getattr(cfg, "key", []))
 
     # -- catalog and tables ------------------------------------------------------------
 
@@ -168,6 +178,9 @@ class IcebergSink(BufferedSink):
             if data is None:
                 return  # nothing to create a table from; the spans had no rows
             table = self._create(topic, data.schema)
+        if self._upsert:
+            self._fold(topic, table, data, covered)
+            return
         files: list[DataFile] = []
         if data is not None:
             self._evolve(table, data.schema, topic)
@@ -198,6 +211,38 @@ class IcebergSink(BufferedSink):
                     # The files were laid out for another spec or schema: write again.
                     self._evolve(table, data.schema, topic)
                     files = self._write_files(table, data)
+
+    def _fold(self, topic: str, table: Table, data: pa.Table | None, covered: Ranges) -> None:
+        """``mode = "upsert"``: one transaction that deletes the rows of every key this
+        flush's newest rows name, appends those that are not deletes, and records the
+        coverage; retried whole when another writer committed first."""
+        newest = None if data is None else newest_per_key(data, self._key, topic, self.name)
+        if newest is not None:
+            self._evolve(table, newest.schema, topic)
+        for attempt in range(_COMMIT_TRIES):
+            merged = table_coverage(table, self.name)
+            for key, rs in covered.items():
+                merged[key] = merge_ranges([*merged.get(key, []), *rs])
+            record = {COVERAGE_PREFIX + self.name: encode_coverage(merged)}
+            fresh, replaced = (
+                (None, None) if newest is None else _newer_than_held(table, newest, self._key)
+            )
+            kept = None if fresh is None else fresh.filter(pc.invert(_deleted(fresh)))
+            try:
+                with table.transaction() as tx:
+                    tx.set_properties(record)
+                    if replaced is not None and replaced.num_rows:
+                        gone = create_match_filter(replaced, self._key)
+                        tx.delete(gone, snapshot_properties=record)
+                    if kept is not None and kept.num_rows:
+                        tx.append(kept, snapshot_properties=record)
+                    else:  # the coverage still moves on, in a commit of its own
+                        tx.update_snapshot(snapshot_properties=record).fast_append().commit()
+                return
+            except CommitFailedException:
+                if attempt == _COMMIT_TRIES - 1:
+                    raise
+                table = self._connect().load_table(self.identifier(topic))
 
     def _write_files(self, table: Table, data: pa.Table) -> list[DataFile]:
         try:
@@ -248,6 +293,75 @@ class IcebergSink(BufferedSink):
 
     def _close(self) -> None:
         self._catalog = None
+
+
+POSITION = "_twg_position"
+DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
+
+
+def newest_per_key(data: pa.Table, key: list[str], topic: str, sink: str) -> pa.Table:
+    """Each key's row of the highest lane position; rows without every key column (a
+    tombstone with no image) are left out.
+
+    Raises:
+        SinkSchemaError: the rows lack a key column or the position.
+    """
+    missing = [c for c in [*key, POSITION] if c not in data.column_names]
+    if missing and DELETED in data.column_names and pc.all(data.column(DELETED)).as_py():
+        return data.slice(0, 0)  # tombstones only: no key known, nothing to fold
+    if missing:
+        raise SinkSchemaError(
+            f"iceberg sink {sink!r}: mode = 'upsert' needs the column(s) {missing} in the "
+            f"rows of {topic!r}"
+        )
+    known = functools.reduce(pc.and_, [pc.is_valid(data.column(k)) for k in key])
+    data = data.filter(known)
+    top = data.group_by(key).aggregate([(POSITION, "max")])
+    top = top.rename_columns([*key, POSITION])  # the keys, then the aggregate
+    # Joined on a slim table (Arrow joins no struct columns), then taken whole.
+    rows = _numbered(data, key).join(top, [*key, POSITION], join_type="inner")
+    return _taken(data, rows.column(_ROW))
+
+
+def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The rows of ``newest`` whose key the table holds from no newer position, and of
+    those, the ones whose key the table holds (their old rows are to be deleted)."""
+    if not newest.num_rows or table.current_snapshot() is None:
+        return newest, newest.slice(0, 0)
+    held = table.scan(
+        row_filter=create_match_filter(newest, key), selected_fields=(*key, POSITION)
+    ).to_arrow()
+    if not held.num_rows:
+        return newest, newest.slice(0, 0)
+    held = held.rename_columns([*key, "_held"]).cast(
+        pa.schema([*(newest.schema.field(k) for k in key), pa.field("_held", pa.int64())])
+    )
+    joined = _numbered(newest, key).join(held, key, join_type="left outer")
+    held_at = joined.column("_held")
+    newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(POSITION), held_at))
+    fresh = joined.filter(newer)
+    replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
+    return _taken(newest, fresh.column(_ROW)), _taken(newest, replaced.column(_ROW))
+
+
+def _taken(data: pa.Table, rows: pa.ChunkedArray) -> pa.Table:
+    """The rows of ``data`` at ``rows``, in lane order."""
+    return data.take(pc.take(rows, pc.sort_indices(rows)))
+
+
+_ROW = "_thalweg_row"
+
+
+def _numbered(data: pa.Table, key: list[str]) -> pa.Table:
+    """The key columns and the position of ``data``, with each row's index."""
+    slim = data.select([*key, POSITION])
+    return slim.append_column(_ROW, pa.array(range(data.num_rows), pa.int64()))
+
+
+def _deleted(rows: pa.Table) -> pa.Array:
+    if DELETED not in rows.column_names:
+        return pa.array([False] * rows.num_rows)
+    return pc.fill_null(rows.column(DELETED), False)
 
 
 def table_coverage(table: Table, sink: str) -> Ranges:
