@@ -36,6 +36,18 @@ class _SinkBase(_Model):
     max_buffered_rows: int = Field(
         500_000, gt=0, description="Flush earlier once this many rows wait in memory."
     )
+    commit_rows: int | None = Field(
+        None,
+        gt=0,
+        description="Commit once this many rows wait, before commit_interval_s (fewer, "
+        "larger files from a busy topic). Unset: only the interval and max_buffered_rows.",
+    )
+    commit_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Commit once the waiting rows hold this many bytes (Arrow), whichever "
+        "of the interval, commit_rows and commit_bytes comes first.",
+    )
     metadata: list[str] = Field(
         default_factory=lambda: ["source_timestamp", "source_key", "ingest_ts"],
         description="Raw-lane metadata columns (without the prefix) added to decoded rows, "

@@ -131,6 +131,7 @@ class SinkFeeder:
         self.refused = SinkDeadLetters(layout, sink.name, columns, metrics)
         self.refused_records = 0  # set aside since start (for /health)
         self._buffered = 0
+        self._buffered_bytes = 0
         self._last_flush = time.monotonic()
         self._opened = False
         self._inflight: asyncio.Task[None] | None = None
@@ -244,6 +245,7 @@ class SinkFeeder:
                         self._written.append((rows, span))
                         self._pending.setdefault(key, Coverage()).add(span.start, span.end)
                         self._buffered += rows.num_rows
+                        self._buffered_bytes += rows.nbytes
                         summary.rows += rows.num_rows
                         summary.positions += span.end - span.start
                     if reached <= pos:  # nothing readable here yet
@@ -331,10 +333,15 @@ class SinkFeeder:
     # -- flushing ----------------------------------------------------------------------
 
     async def _flush_if_due(self, *, behind: bool = False) -> bool:
-        """Flush when the interval passed or the buffer is full; with ``behind``, the
+        """Flush when the interval passed, the buffer is full, or ``commit_rows`` or
+        ``commit_bytes`` are waiting (whichever comes first); with ``behind``, the
         commit runs while the next window is read (one commit in flight at most)."""
-        due = time.monotonic() - self._last_flush >= self.sink.cfg.commit_interval_s
-        if self._pending and (due or self._buffered >= self.sink.cfg.max_buffered_rows):
+        cfg = self.sink.cfg
+        due = time.monotonic() - self._last_flush >= cfg.commit_interval_s
+        full = self._buffered >= cfg.max_buffered_rows
+        by_rows = cfg.commit_rows is not None and self._buffered >= cfg.commit_rows
+        by_bytes = cfg.commit_bytes is not None and self._buffered_bytes >= cfg.commit_bytes
+        if self._pending and (due or full or by_rows or by_bytes):
             await self._settle()
             if behind:
                 self._inflight = asyncio.create_task(self.flush())
@@ -357,6 +364,7 @@ class SinkFeeder:
         stay gaps and are read again."""
         started = time.monotonic()
         rows, self._buffered = self._buffered, 0
+        self._buffered_bytes = 0
         items, self._written = self._written, []
         self._pending = {}
         self._last_flush = time.monotonic()
@@ -413,6 +421,7 @@ class SinkFeeder:
         self._pending.clear()
         self._written = []
         self._buffered = 0
+        self._buffered_bytes = 0
         self._opened = False  # re-open: the destination's own record is trusted again
         if self.metrics is not None:
             self.metrics.sink_errors.labels(self.sink.name, reason).inc()

@@ -5,6 +5,7 @@ position (a dead-lettered record in between), and a second pass writes nothing."
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 
 TS = pa.timestamp("ms", tz="UTC")
+SOURCE = {"name": "s", "kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topics": ["t"]}
 
 
 def write_segment(
@@ -86,3 +88,49 @@ def test_a_gap_wider_than_the_window_is_covered_and_metadata_is_matched(tmp_path
     assert "_twg_decode_error" not in table.column_names
     stamps = table.column("_twg_source_timestamp").cast(pa.int64()).to_pylist()
     assert stamps == [1_000 * p for p in positions]
+
+
+def test_commit_rows_and_commit_bytes_commit_before_the_interval(tmp_path: Path) -> None:
+    """A long ``commit_interval_s`` alone commits once, at the end of the pass; with
+    ``commit_rows`` or ``commit_bytes`` a commit lands whenever that much waits."""
+    layout = LaneLayout(tmp_path)
+    for i in range(10):
+        positions = list(range(10 * i, 10 * i + 10))
+        write_segment(layout, positions, positions, covers_from=10 * i)
+
+    def flushes(**sink: object) -> int:
+        cfg = parse_config(
+            {
+                "gateway": {"data_dir": str(tmp_path)},
+                "sources": [
+                    {
+                        "name": "s",
+                        "kind": "kafka",
+                        "bootstrap_servers": "127.0.0.1:1",
+                        "topics": ["t"],
+                    }
+                ],
+                "sinks": [
+                    {"name": "f", "kind": "arrow_ipc", "topics": ["t"], "commit_interval_s": 3600}
+                    | sink
+                ],
+                "recovery": {"window_records": 10},
+            }
+        )
+
+        async def one_pass() -> int:
+            [f] = build_feeders(cfg, LaneLayout(tmp_path), MetadataColumns("_twg_"))
+            try:
+                await f.open()
+                return (await f.pass_once(final=True)).flushes
+            finally:
+                await f.close()
+
+        for written in (tmp_path / "sinks" / "f", tmp_path / "coverage"):  # a fresh sink
+            shutil.rmtree(written, ignore_errors=True)
+        return asyncio.run(one_pass())
+
+    assert flushes() == 1
+    assert flushes(commit_rows=25) == 4  # 30, 30, 30 rows, then the last 10
+    row_bytes = pa.table({"n": pa.array([1], pa.int64())}).nbytes
+    assert flushes(commit_bytes=row_bytes) == 10  # every window
