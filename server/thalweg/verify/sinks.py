@@ -9,7 +9,9 @@ themselves. Per partition of its topics, in the current epoch:
   data a sink keeps) and the store never claims what the destination does not;
 * inside the coverage, above the floor, the destination holds each position the lane
   says it should exactly once — a decoded sink the rows that decoded, a raw sink every
-  row — and nothing else (a dropped table shows as every position missing).
+  row, an upsert sink (``mode = "upsert"``) each key's newest row that is not a delete
+  (the fold of the lane, docs/cdc.md) — and nothing else (a dropped table shows as every
+  position missing).
 
 Nothing here writes: no table or namespace is created, no temp file removed (a feeder
 may be running), the feeder lock is not taken. Sinks fed through a pipeline node hold
@@ -29,9 +31,10 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from thalweg.config.models import ThalwegConfig
-from thalweg.lane.layout import LaneLayout
+from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
@@ -40,6 +43,7 @@ from thalweg.sinks.base import Ranges
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
 
+DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _IPC_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
 
 
@@ -113,6 +117,9 @@ def audit_sink(
         want = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
         want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
         refused += set_aside
+        upsert_key: list[str] = getattr(sink_cfg, "key", [])
+        if upsert_key:  # mode = "upsert" (a key is refused in any other mode)
+            want = _folded(cfg, upsert_key, columns, topic, p, want)
         counts = _check_rows(table, want, window, columns, p, where, report)
         checked, missing, twice, extra = (
             x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
@@ -161,6 +168,45 @@ def _without_refused(
             f"positions {', '.join(map(str, twice[:5]))})",
         )
     return np.setdiff1d(want, unique, assume_unique=True), len(unique)
+
+
+def _folded(
+    cfg: ThalwegConfig,
+    key: list[str],
+    columns: MetadataColumns,
+    topic: str,
+    partition: int,
+    want: np.ndarray,
+) -> np.ndarray:
+    """Of the positions ``want`` (the decoded rows inside the coverage), those an upsert
+    sink keeps: per key the newest, unless it is a delete (``__deleted``); rows without
+    every key column change nothing."""
+    layout = LaneLayout(Path(cfg.gateway.data_dir))
+    wanted = [*key, columns.position, DELETED]
+    parts = []
+    for seg in layout.segments(Lane.RAW, topic, partition):
+        twin = layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
+        if not twin.exists():
+            continue
+        names = set(pq.read_schema(twin).names)
+        if not all(k in names for k in key):
+            continue  # no row of it names a key (tombstones only)
+        parts.append(pq.read_table(twin, columns=[c for c in wanted if c in names]))
+    if not parts:
+        return np.zeros(0, np.int64)
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    positions = rows.column(columns.position).to_numpy(zero_copy_only=False)
+    rows = rows.filter(pa.array(np.isin(positions, want)))
+    for k in key:
+        rows = rows.filter(pc.is_valid(rows.column(k)))
+    if not rows.num_rows:
+        return np.zeros(0, np.int64)
+    top = rows.group_by(key).aggregate([(columns.position, "max")])
+    newest = top.column(top.num_columns - 1).to_numpy(zero_copy_only=False)
+    if DELETED in rows.column_names:
+        gone = rows.filter(pc.fill_null(rows.column(DELETED), False)).column(columns.position)
+        newest = np.setdiff1d(newest, gone.to_numpy(zero_copy_only=False))
+    return np.sort(newest.astype(np.int64))
 
 
 def _check_rows(
