@@ -32,14 +32,16 @@ EVENTS = 3000
 PARTITIONS = 2
 
 
-def change_stream(seed: int) -> tuple[list[tuple[int, bytes | None]], dict[int, dict[str, Any]]]:
-    """``EVENTS`` Debezium events over ``KEYS`` keys — creates, updates, deletes (each
+def change_stream(
+    seed: int, keys: int = KEYS, events: int = EVENTS
+) -> tuple[list[tuple[int, bytes | None]], dict[int, dict[str, Any]]]:
+    """``events`` Debezium events over ``keys`` keys — creates, updates, deletes (each
     followed by its tombstone), keys deleted and created again — and their fold."""
     rng = random.Random(seed)
     table: dict[int, dict[str, Any]] = {}
     out: list[tuple[int, bytes | None]] = []
-    while len(out) < EVENTS:
-        key = rng.randrange(KEYS)
+    while len(out) < events:
+        key = rng.randrange(keys)
         row = table.get(key)
         version = rng.randrange(1_000_000)
         if row is None:
