@@ -32,6 +32,7 @@ def ticket(
     columns: list[str] | None = None,
     filter: list[dict[str, Any]] | None = None,
     epoch: int | None = None,
+    view: str = "all",
 ) -> dict[str, Any]:
     """The JSON ticket for a read (the same object any language can send).
 
@@ -49,6 +50,8 @@ def ticket(
         epoch: a closed epoch of the topic's lane (``describe()`` lists them); the
             current one when None. A partition's epoch closes when its broker log stopped
             continuing the lane (docs/lanes.md).
+        view: ``"latest"``: one row per record key, the newest, deleted keys absent
+            (docs/cdc.md; JSON tickets only so far); ``"all"``: every record.
     """
     out: dict[str, Any] = {
         "topic": topic,
@@ -65,6 +68,8 @@ def ticket(
         out["filter"] = [dict(c) for c in filter]
     if epoch is not None:
         out["epoch"] = epoch
+    if view != "all":
+        out["view"] = view
     return out
 
 

@@ -8,6 +8,7 @@ choice of catalog (the current lane, or the closed epoch the ticket names).
 from __future__ import annotations
 
 import json
+import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +23,7 @@ from thalweg.flight.descriptors import path_topic
 from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
+from thalweg.flight.read.latest import fold_latest
 from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import (
@@ -33,7 +35,9 @@ from thalweg.flight.read.tickets import (
 )
 from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.shape import fit_stream_schema
 from thalweg.ops.metrics import Metrics
+from thalweg.records.columns import MetadataColumns, MetadataPolicy
 
 
 class Reads:
@@ -115,8 +119,16 @@ class Reads:
     def do_get(self, context: fl.ServerCallContext, read: ReadTicket) -> fl.FlightDataStream:
         read = self._readable(context, read)
         catalog = self._catalog_for(read)
-        plan = plan_read(catalog, read, lambda p: self._elsewhere(read, p) is not None)
+        latest = read.view == "latest"
+        # The latest view reads every row with its key and value, and folds them.
+        asked = (
+            read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": None})
+            if latest
+            else read
+        )
+        plan = plan_read(catalog, asked, lambda p: self._elsewhere(read, p) is not None)
         self._refuse_elsewhere(plan)
+        schema = plan_read(catalog, read).schema if latest else plan.schema
         streams = self._metrics.flight_active_streams
         slot = self._streams.acquire(caller_key(context), on_release=streams.dec)
         streams.inc()
@@ -126,13 +138,16 @@ class Reads:
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
-                for batch in read_stream(
+                stream = read_stream(
                     catalog,
                     plan,
                     stopped,
                     max_lag=self._limits.follow_max_lag_records,
                     moved=lambda p: self._elsewhere(read, p),
-                ):
+                )
+                if latest:
+                    stream = _folded(stream, catalog.columns, schema)
+                for batch in stream:
                     self._metrics.flight_rows.labels("do_get").inc(batch.num_rows)
                     self._metrics.flight_bytes.labels("do_get").inc(batch.nbytes)
                     yield batch
@@ -145,7 +160,7 @@ class Reads:
 
         gen = batches()
         weakref.finalize(gen, slot.release)  # a stream cancelled before its first batch
-        return fl.GeneratorStream(plan.schema, refusing(gen, "do_get"))
+        return fl.GeneratorStream(schema, refusing(gen, "do_get"))
 
     # -- owners --------------------------------------------------------------------
 
@@ -211,7 +226,9 @@ class Reads:
         plan = plan_read(catalog, ticket, lambda p: self._elsewhere(ticket, p) is not None)
         away = {r.partition: self._elsewhere(ticket, r.partition) for r in plan.ranges}
         here = replace(plan, ranges=tuple(r for r in plan.ranges if away[r.partition] is None))
-        parts = [(p, self._url) for p in plan_endpoints(catalog, here, self._limits.slice_rows)]
+        # A latest view folds a partition whole: one endpoint per partition.
+        slice_rows = sys.maxsize if ticket.view == "latest" else self._limits.slice_rows
+        parts = [(p, self._url) for p in plan_endpoints(catalog, here, slice_rows)]
         for r in plan.ranges:
             owner = away[r.partition]
             if owner is not None:
@@ -238,6 +255,16 @@ class Reads:
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
+
+
+def _folded(
+    stream: Iterator[pa.RecordBatch], columns: MetadataColumns, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """The latest view of ``stream``: folded (``flight/read/latest.py``), then given the
+    ticket's schema (its metadata policy and columns)."""
+    table = fold_latest(stream, columns)
+    if table is not None:
+        yield from fit_stream_schema(table, schema).to_batches(max_chunksize=65_536)
 
 
 def _offset(position: object) -> int | None:

@@ -102,11 +102,22 @@ class ReadTicket(_Model):
         description="With lane 'dlq': the records this sink's destination refused "
         "(docs/sinks.md); the topic's decode failures: omit.",
     )
+    view: Literal["all", "latest"] = Field(
+        "all",
+        description="'latest': one row per record key, the newest by position, deleted "
+        "keys absent (docs/cdc.md); 'all': every record.",
+    )
 
     @model_validator(mode="after")
     def _start_not_after_end(self) -> ReadTicket:
         if self.sink is not None and self.lane is not Lane.DLQ:
             raise ValueError("'sink' names a sink's dead letters: it needs lane 'dlq'")
+        if self.view == "latest" and self.lane is not Lane.DECODED:
+            raise ValueError("view 'latest' folds the decoded lane: lane must be 'decoded'")
+        if self.view == "latest" and self.end == "follow":
+            raise ValueError("view 'latest' is a table as of its end: end 'follow' cannot be one")
+        if self.view == "latest" and self.filter is not None:
+            raise ValueError("view 'latest' takes no filter yet: filter the rows it returns")
         if self.epoch is not None and self.end == "follow":
             raise ValueError("a closed epoch does not grow: end 'follow' cannot read one")
         s, e = self.start, self.end

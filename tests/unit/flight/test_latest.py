@@ -1,0 +1,84 @@
+"""The latest view's fold (``flight/read/latest.py``): per (partition, record key) the
+row of the highest position; tombstones, change-event deletes, keyless rows and records
+that failed to decode leave nothing; folding as rows arrive gives what one fold would."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from thalweg.flight.read import latest
+from thalweg.flight.read.latest import fold_latest
+from thalweg.records.columns import MetadataColumns
+
+COLS = MetadataColumns()
+
+
+def batch(rows: list[tuple[int, int, bytes | None, bytes | None, int | None]]) -> pa.RecordBatch:
+    """Rows of (partition, position, key, value, v), decoded with every metadata column
+    the fold reads."""
+    return pa.RecordBatch.from_pydict(
+        {
+            "v": pa.array([r[4] for r in rows], pa.int64()),
+            COLS.partition: pa.array([r[0] for r in rows], pa.int32()),
+            COLS.position: pa.array([r[1] for r in rows], pa.int64()),
+            COLS.source("key"): pa.array([r[2] for r in rows], pa.binary()),
+            COLS.value: pa.array([r[3] for r in rows], pa.binary()),
+            COLS.decode_error: pa.array(
+                [None if r[4] is not None or r[3] is None else "syntax: x" for r in rows],
+                pa.string(),
+            ),
+        }
+    )
+
+
+def test_each_key_keeps_its_newest_row_and_deletes_leave_nothing() -> None:
+    got = fold_latest(
+        [
+            batch([(0, 0, b"a", b"1", 1), (0, 1, b"b", b"2", 2), (1, 0, b"a", b"9", 9)]),
+            batch([(0, 2, b"a", b"3", 3), (0, 3, b"b", None, None), (0, 4, None, b"5", 5)]),
+            batch([(0, 5, b"c", b"bad", None), (1, 1, b"c", b"7", 7)]),
+        ],
+        COLS,
+    )
+    assert got is not None
+    # a@0 is 3, b@0 was deleted by a tombstone, the keyless row and the poison are out;
+    # partition 1 keeps its own a and c.
+    assert got.select(["v", COLS.partition]).to_pylist() == [
+        {"v": 3, COLS.partition: 0},
+        {"v": 9, COLS.partition: 1},
+        {"v": 7, COLS.partition: 1},
+    ]
+
+
+def test_a_change_event_delete_removes_its_key() -> None:
+    rows = batch([(0, 0, b"a", b"{}", 1), (0, 1, b"a", b"{}", 1)])
+    table = pa.Table.from_batches([rows]).append_column("__deleted", pa.array([False, True]))
+    assert fold_latest(table.to_batches(), COLS).num_rows == 0  # type: ignore[union-attr]
+
+
+def test_folding_as_rows_arrive_is_one_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(7)
+    rows = []
+    for pos in range(2000):
+        key = rng.randrange(150)
+        value = None if rng.random() < 0.1 else b"x"
+        rows.append((key % 2, pos, b"k%d" % key, value, pos if value else None))
+    batches = [batch(rows[i : i + 97]) for i in range(0, len(rows), 97)]
+    whole = fold_latest(batches, COLS)
+    monkeypatch.setattr(latest, "FOLD_ROWS", 100)  # a fold after every batch or two
+    stepwise = fold_latest(batches, COLS)
+    assert whole is not None and stepwise is not None
+    assert whole.equals(stepwise)
+    newest: dict[tuple[int, bytes], tuple[int, bytes | None]] = {}
+    for p, pos, key, value, _ in rows:
+        newest[(p, key)] = (pos, value)
+    want = sorted((p, pos) for (p, _), (pos, value) in newest.items() if value is not None)
+    got = zip(whole[COLS.partition].to_pylist(), whole[COLS.position].to_pylist(), strict=True)
+    assert sorted(got) == want
+
+
+def test_no_batches_is_no_table() -> None:
+    assert fold_latest([], COLS) is None
