@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import adbc_driver_flightsql.dbapi as flight_sql
 import pytest
 from confluent_kafka import Producer
 from pyiceberg.catalog import load_catalog
@@ -162,6 +163,11 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
     got = view.select(["id", "email", "version"]).to_pylist()
     assert len(got) == len(fold) and {r["id"]: r for r in got} == fold
     assert not any(view["__deleted"].to_pylist())
+    # And the Flight SQL schema "latest": the same fold, deleted keys absent.
+    with flight_sql.connect(rg.flight_url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f'SELECT id, email, version FROM latest."{topic}"')
+        table = cur.fetch_arrow_table()
+    assert {r["id"]: r for r in table.to_pylist()} == fold and table.num_rows == len(fold)
     rg.stop()
 
     # A recovery pass over every position again (the coverage rows forgotten): the

@@ -124,8 +124,9 @@ def test_get_objects_lists_topics_and_columns(orders: tuple[RunningGateway, str]
         schema = conn.adbc_get_table_schema(topic, db_schema_filter="raw")
     assert [c["catalog_name"] for c in objects] == ["thalweg"]
     schemas = {s["db_schema_name"]: s["db_schema_tables"] for s in objects[0]["catalog_db_schemas"]}
-    assert set(schemas) == {"decoded", "raw", "dlq"}
+    assert set(schemas) == {"decoded", "raw", "dlq", "latest"}
     decoded = {t["table_name"]: t for t in schemas["decoded"]}
+    assert [t["table_name"] for t in schemas["latest"]] == [topic]  # a keyed view of it
     columns = [c["column_name"] for c in decoded[topic]["table_columns"]]
     assert columns[:3] == ["customer", "amount", "note"]
     assert "_twg_source_partition" in columns and "_twg_source_offset" in columns

@@ -43,7 +43,7 @@ from thalweg.flight.sql.handles import Statement
 from thalweg.flight.sql.metadata import CATALOG, DEFAULT_SCHEMA, TableEntry
 from thalweg.flight.sql.placeholders import number_markers
 from thalweg.flight.sql.selection import EVERYTHING, Selection, row_wise, selections
-from thalweg.flight.sql.tables import LANES, NODES, LaneTables
+from thalweg.flight.sql.tables import LANES, LATEST, NODES, LaneTables
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +171,12 @@ class SqlEngine:
                     sel = query.selections.get((name, topic), EVERYTHING)
                     if share is not None:
                         sel = sel.only(frozenset(share))
-                    frame = (
-                        snapshot.node_frame(ctx, topic, schema, sel)
-                        if name == NODES
-                        else snapshot.frame(ctx, LANES[name], topic, schema, sel)
-                    )
+                    if name == NODES:
+                        frame = snapshot.node_frame(ctx, topic, schema, sel)
+                    elif name == LATEST:
+                        frame = snapshot.latest_frame(ctx, topic, schema, sel)
+                    else:
+                        frame = snapshot.frame(ctx, LANES[name], topic, schema, sel)
                     ctx.catalog(CATALOG).schema(name).register_table(topic, Table(frame))
                 with self._lock:
                     self.segments_read += snapshot.segments_read

@@ -1,4 +1,5 @@
-"""The lanes as SQL tables: schema ``decoded``, ``raw`` or ``dlq``, one table per topic.
+"""The lanes as SQL tables: schema ``decoded``, ``raw`` or ``dlq``, one table per topic,
+and ``latest``: each topic's decoded rows folded to one per record key (docs/cdc.md).
 
 A query reads a *snapshot* of each table it names, taken when it starts:
 
@@ -33,9 +34,10 @@ from datafusion import DataFrame, SessionContext
 
 from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.errors import UnavailableError
+from thalweg.flight.read.latest import fold_latest
 from thalweg.flight.read.nodes import node_rows, shaped
-from thalweg.flight.read.plan import ReadPlan, output_schema
-from thalweg.flight.read.stream import shape_live
+from thalweg.flight.read.plan import ReadPlan, output_schema, plan_read
+from thalweg.flight.read.stream import read_stream, shape_live
 from thalweg.flight.read.tickets import ReadTicket
 from thalweg.flight.sql.metadata import TableEntry
 from thalweg.flight.sql.selection import EVERYTHING, Selection
@@ -43,12 +45,14 @@ from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.layout import SQL_SNAPSHOTS_DIR, Lane, Segment
 from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.lane.read.reader import leaf_index, offset_slice
+from thalweg.lane.read.shape import fit_stream_schema
 from thalweg.records.columns import MetadataPolicy
 from thalweg.recovery.views import NodeViews
 
 LANES: dict[str, Lane] = {"decoded": Lane.DECODED, "raw": Lane.RAW, "dlq": Lane.DLQ}
 """SQL schema name → lane."""
 NODES = "nodes"  # the pipeline's nodes, one table each
+LATEST = "latest"  # per topic, the newest decoded row of each record key
 
 STALE_SNAPSHOT_S = 24 * 3600.0
 SCHEMA_TTL_S = 1.0
@@ -80,7 +84,7 @@ class LaneTables:
 
     def schema_names(self) -> list[str]:
         """The SQL schemas: the lanes, and ``nodes`` when the pipeline has nodes."""
-        return [*LANES, NODES] if self._nodes is not None else list(LANES)
+        return [*LANES, LATEST, *([NODES] if self._nodes is not None else [])]
 
     def _all_entries(self) -> list[TableEntry]:
         """Every table, remembered for :data:`SCHEMA_TTL_S`: a query is planned two or
@@ -96,6 +100,8 @@ class LaneTables:
                 schema = self.schema(lane, topic)
                 if schema is not None:
                     out.append(TableEntry(name, topic, schema))
+                    if lane is Lane.DECODED:
+                        out.append(TableEntry(LATEST, topic, schema))
         for node, info in (self._nodes.nodes() if self._nodes is not None else {}).items():
             schema = self._nodes.open(node).schema() if self._nodes is not None else None
             if schema is not None:  # a sidecar's output is known from its answers only
@@ -192,6 +198,25 @@ class Snapshot:
         for more in frames[1:]:
             out = out.union(more)
         return out
+
+    def latest_frame(
+        self, ctx: SessionContext, topic: str, schema: pa.Schema, selection: Selection
+    ) -> DataFrame:
+        """The topic's latest view (``flight/read/latest.py``): its decoded rows up to
+        the durable end and the live tail folded to each record key's newest, deleted
+        keys absent; held in memory for the query (about one row per key)."""
+        catalog = self._catalog
+        parts = [p for p in catalog.partitions(topic) if selection.keeps_partition(p)]
+        for p in parts:
+            self._check_here(topic, p)
+        if not parts:
+            return ctx.from_arrow(schema.empty_table())
+        ticket = ReadTicket(topic=topic, partitions=parts, metadata=MetadataPolicy.ALL)
+        rows = fold_latest(
+            read_stream(catalog, plan_read(catalog, ticket), lambda: False), self._catalog.columns
+        )
+        table = schema.empty_table() if rows is None else fit_stream_schema(rows, schema)
+        return ctx.from_arrow(table)
 
     def node_frame(
         self, ctx: SessionContext, node: str, schema: pa.Schema, selection: Selection
