@@ -34,7 +34,8 @@ def main() -> None:
     bad_start = ReadTicketPb(version=1, topic="o")
     bad_start.start.SetInParent()  # a Position with nothing set
     invalid = [
-        ("unknown top-level field 11", base + _tag(11, 0) + b"\x01", "ticket"),
+        ("unknown top-level field 12", base + _tag(12, 0) + b"\x01", "ticket"),
+        ("unknown view number", base + _tag(11, 0) + b"\x07", "view"),
         (
             "unknown field 9 inside start",
             base + _tag(5, 2) + b"\x02" + _tag(9, 0) + b"\x01",

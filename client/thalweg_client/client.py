@@ -51,7 +51,7 @@ def ticket(
             current one when None. A partition's epoch closes when its broker log stopped
             continuing the lane (docs/lanes.md).
         view: ``"latest"``: one row per record key, the newest, deleted keys absent
-            (docs/cdc.md; JSON tickets only so far); ``"all"``: every record.
+            (docs/cdc.md); ``"all"``: every record.
     """
     out: dict[str, Any] = {
         "topic": topic,

@@ -52,6 +52,7 @@ ReadTicketPb: Any = _CLASSES["ReadTicket"]
 _LANES = {1: "decoded", 2: "raw", 3: "dlq"}
 _POLICIES = {1: "none", 2: "locator", 3: "all"}
 _ANCHORS = {1: "earliest", 2: "latest", 3: "now", 4: "follow"}
+_VIEWS = {1: "all", 2: "latest"}
 
 
 def is_json_ticket(data: bytes) -> bool:
@@ -93,6 +94,8 @@ def decode_ticket(data: bytes) -> dict[str, Any]:
         out["filter"] = [_condition(c) for c in msg.filter]
     if msg.HasField("epoch"):
         out["epoch"] = msg.epoch
+    if msg.view:
+        out["view"] = _enum(_VIEWS, msg.view, "view")
     return out
 
 
@@ -153,7 +156,9 @@ def encode_ticket(obj: dict[str, Any]) -> bytes:
     Raises :class:`WireError` for fields the binary form has no place for; value checks
     (ranges, which anchors a start may use) are left to the gateway, as for JSON.
     """
-    allowed = {"v", "topic", "lane", "partitions", "start", "end", "metadata", "columns", "epoch"}
+    allowed = {
+        "v", "topic", "lane", "partitions", "start", "end", "metadata", "columns", "epoch", "view",
+    }  # fmt: skip
     unknown = sorted(set(obj) - allowed - {"filter"})
     if unknown:
         raise WireError(unknown[0], "not a ticket field")
@@ -171,6 +176,8 @@ def encode_ticket(obj: dict[str, Any]) -> bytes:
         msg.columns.extend(str(c) for c in obj["columns"])
     if obj.get("epoch") is not None:
         msg.epoch = int(obj["epoch"])
+    if obj.get("view") is not None:
+        msg.view = _number(_VIEWS, obj["view"], "view")
     for cond in obj.get("filter") or []:
         c = msg.filter.add(column=str(cond.get("column", "")), op=str(cond.get("op", "")))
         if cond.get("value") is not None:

@@ -28,7 +28,7 @@ DEFAULTS = {
     "filter": None,
     "epoch": None,
     "sink": None,  # JSON tickets only (a sink's dead letters): no binary field
-    "view": "all",  # JSON tickets only so far (the latest view): no binary field yet
+    "view": "all",
 }
 
 
