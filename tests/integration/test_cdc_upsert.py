@@ -158,11 +158,12 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
         )
     assert fold, "the stream deleted every key: nothing to compare"
     # The latest view over do_get folds the lane the same way (keyed by the record key).
-    with thalweg_client.connect(rg.flight_url) as client:
-        view = client.read(topic, view="latest", metadata="none")
-    got = view.select(["id", "email", "version"]).to_pylist()
-    assert len(got) == len(fold) and {r["id"]: r for r in got} == fold
-    assert not any(view["__deleted"].to_pylist())
+    for encoding in ("json", "protobuf"):
+        with thalweg_client.connect(rg.flight_url, ticket_encoding=encoding) as client:
+            view = client.read(topic, view="latest", metadata="none")
+        got = view.select(["id", "email", "version"]).to_pylist()
+        assert len(got) == len(fold) and {r["id"]: r for r in got} == fold, encoding
+        assert not any(view["__deleted"].to_pylist())
     # And the Flight SQL schema "latest": the same fold, deleted keys absent.
     with flight_sql.connect(rg.flight_url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f'SELECT id, email, version FROM latest."{topic}"')
