@@ -474,3 +474,46 @@ def assert_verified(config: Any, *, broker: bool = True, sink: str | None = None
     cfg = load_config(config) if isinstance(config, Path) else config
     report = verify(cfg, broker=broker, sink=sink)
     assert report.ok, report.as_text()
+
+
+def feeder_pass(cfg: Any, sink: str, **options: Any) -> Any:
+    """One recovery pass of sink ``sink`` over the lanes of ``cfg``'s data_dir, as
+    ``twg recover`` runs it (opened, ``pass_once(final=True, **options)``, closed): its
+    ``PassSummary``."""
+    import asyncio
+
+    from thalweg.lane import LaneLayout
+    from thalweg.records.columns import MetadataColumns
+    from thalweg.recovery.build import build_feeders
+
+    async def run() -> Any:
+        [feeder] = build_feeders(
+            cfg,
+            LaneLayout(cfg.gateway.data_dir),
+            MetadataColumns(cfg.gateway.metadata_prefix),
+            only=sink,
+        )
+        try:
+            await feeder.open()
+            return await feeder.pass_once(final=True, **options)
+        finally:
+            await feeder.close()
+
+    return asyncio.run(run())
+
+
+def iceberg_table(data_dir: Path, sink: str, identifier: str) -> Any:
+    """A table of the embedded Iceberg catalog of sink ``sink`` (SQLite + a local
+    warehouse under ``data_dir/sinks/<sink>``), loaded now."""
+    from pyiceberg.catalog import load_catalog
+
+    home = (data_dir / "sinks" / sink).resolve()
+    catalog = load_catalog(
+        sink,  # a SQL catalog keeps tables per catalog name: the sink's name
+        **{
+            "type": "sql",
+            "uri": f"sqlite:///{home / 'catalog.db'}",
+            "warehouse": (home / "warehouse").as_uri(),
+        },
+    )
+    return catalog.load_table(identifier)

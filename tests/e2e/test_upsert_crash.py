@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from pyiceberg.catalog import load_catalog
 
 from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
 from tests.e2e.test_sink_recovery import make_topic
 from tests.helpers import assert_verified, seeded_rng, wait_until
-from tests.integration.test_cdc_upsert import change_stream, fold_of
+from tests.integration.test_cdc_upsert import change_stream, fold_of, iceberg_rows, rows
 from tests.postgres_server import PostgresServer
 from thalweg.embedded import TansuBroker
 
@@ -31,30 +30,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = 3
 
 
-def pg_fold(pg: PostgresServer) -> dict[int, dict[str, Any]]:
-    got = pg.query('SELECT "id", "email", "version" FROM public."customers"')
-    return {int(i): {"id": int(i), "email": e, "version": int(v)} for i, e, v in got}
-
-
-def iceberg_fold(data: Path) -> dict[int, dict[str, Any]]:
-    home = (data / "sinks" / "lake").resolve()
-    catalog = load_catalog(
-        "lake",
-        **{
-            "type": "sql",
-            "uri": f"sqlite:///{home / 'catalog.db'}",
-            "warehouse": (home / "warehouse").as_uri(),
-        },
-    )
-    rows = catalog.load_table("thalweg.customers").scan().to_arrow()
-    got = rows.select(["id", "email", "version"]).to_pylist()
-    assert len(got) == len({r["id"] for r in got}), "a key twice in the Iceberg table"
-    return {int(r["id"]): r for r in got}
-
-
 def settled(pg: PostgresServer, data: Path, want: dict[int, dict[str, Any]]) -> bool:
     try:
-        return pg_fold(pg) == want == iceberg_fold(data)
+        return rows(pg, "public", "customers") == want == iceberg_rows(data)
     except Exception:  # a table not made yet, Postgres starting
         return False
 
@@ -138,7 +116,7 @@ dsn = "{pg.dsn}"
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert pg_fold(pg) == fold == iceberg_fold(data)
+        assert rows(pg, "public", "customers") == fold == iceberg_rows(data)
         assert_verified(config)
     finally:
         if proc.poll() is None:

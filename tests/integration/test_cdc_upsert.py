@@ -4,7 +4,6 @@ keys absent), and a recovery pass over positions already landed changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import urllib.request
@@ -15,16 +14,13 @@ from typing import Any
 import adbc_driver_flightsql.dbapi as flight_sql
 import pytest
 from confluent_kafka import Producer
-from pyiceberg.catalog import load_catalog
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import assert_verified, wait_until
+from tests.helpers import assert_verified, feeder_pass, iceberg_table, wait_until
+from tests.integration.test_sinks import lag
 from tests.postgres_server import PostgresServer
 from thalweg.config import parse_config
-from thalweg.lane import LaneLayout
-from thalweg.records.columns import MetadataColumns
-from thalweg.recovery.build import build_feeders
 from thalweg.verify import verify
 
 pytestmark = pytest.mark.integration
@@ -84,27 +80,10 @@ def rows(pg: PostgresServer, schema: str, table: str) -> dict[int, dict[str, Any
 
 
 def iceberg_rows(data_dir: Path) -> dict[int, dict[str, Any]]:
-    home = (data_dir / "sinks" / "lake").resolve()
-    catalog = load_catalog(
-        "lake",
-        **{
-            "type": "sql",
-            "uri": f"sqlite:///{home / 'catalog.db'}",
-            "warehouse": (home / "warehouse").as_uri(),
-        },
-    )
-    table = catalog.load_table("thalweg.customers").scan().to_arrow()
+    table = iceberg_table(data_dir, "lake", "thalweg.customers").scan().to_arrow()
     got = table.select(["id", "email", "version"]).to_pylist()
     assert len(got) == len({r["id"] for r in got}), "a key twice in the Iceberg table"
     return {int(r["id"]): r for r in got}
-
-
-def lag(rg: RunningGateway, sink: str) -> float:
-    text = urllib.request.urlopen(f"{rg.admin_url}/metrics").read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'twg_sink_lag_records{{sink="{sink}"}}'):
-            return float(line.split()[-1])
-    return float("nan")
 
 
 def test_an_upsert_table_equals_the_fold_of_the_change_stream(
@@ -190,16 +169,7 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
         }
     )
 
-    async def replay() -> int:
-        [feeder] = build_feeders(cfg, LaneLayout(data), MetadataColumns(), only="db")
-        try:
-            await feeder.open()
-            summary = await feeder.pass_once(topic=topic, final=True)
-        finally:
-            await feeder.close()
-        return summary.rows
-
-    assert asyncio.run(replay()) > 0  # it did write again
+    assert feeder_pass(cfg, "db", topic=topic).rows > 0  # it did write again
     assert rows(postgres, schema, "customers") == fold
     # twg verify folds the lane the same way: each key's newest row, no deletes.
     assert_verified(cfg, broker=False)

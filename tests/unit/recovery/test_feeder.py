@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.helpers import feeder_pass
 from thalweg.config import parse_config
 from thalweg.lane.layout import META_COVERS_FROM, Lane, LaneLayout, segment_name
 from thalweg.records.columns import MetadataColumns
@@ -118,17 +119,9 @@ def test_commit_rows_and_commit_bytes_commit_before_the_interval(tmp_path: Path)
             }
         )
 
-        async def one_pass() -> int:
-            [f] = build_feeders(cfg, LaneLayout(tmp_path), MetadataColumns("_twg_"))
-            try:
-                await f.open()
-                return (await f.pass_once(final=True)).flushes
-            finally:
-                await f.close()
-
         for written in (tmp_path / "sinks" / "f", tmp_path / "coverage"):  # a fresh sink
             shutil.rmtree(written, ignore_errors=True)
-        return asyncio.run(one_pass())
+        return int(feeder_pass(cfg, "f").flushes)
 
     assert flushes() == 1
     assert flushes(commit_rows=25) == 4  # 30, 30, 30 rows, then the last 10
