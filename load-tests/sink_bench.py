@@ -179,7 +179,7 @@ def gateway_sink(data: Path, sink: dict[str, object], commit_rows: int) -> tuple
             await feeder.open()
             return (await feeder.pass_once(final=True)).rows
         finally:
-            await feeder._shutdown()
+            await feeder.close()
 
     t0 = time.perf_counter()
     rows = asyncio.run(run())
