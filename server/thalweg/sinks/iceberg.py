@@ -25,7 +25,6 @@ unsigned integers to the next signed width.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import re
@@ -68,6 +67,7 @@ from thalweg.sinks.base import (
     SinkSchemaError,
     SinkUnavailableError,
 )
+from thalweg.sinks.fold import POSITION, ROW, deleted, newest_per_key, numbered, taken
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class IcebergSink(BufferedSink):
             fresh, replaced = (
                 (None, None) if newest is None else _newer_than_held(table, newest, self._key)
             )
-            kept = None if fresh is None else fresh.filter(pc.invert(_deleted(fresh)))
+            kept = None if fresh is None else fresh.filter(pc.invert(deleted(fresh)))
             try:
                 with table.transaction() as tx:
                     tx.set_properties(record)
@@ -295,34 +295,6 @@ class IcebergSink(BufferedSink):
         self._catalog = None
 
 
-POSITION = "_twg_position"
-DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
-
-
-def newest_per_key(data: pa.Table, key: list[str], topic: str, sink: str) -> pa.Table:
-    """Each key's row of the highest lane position; rows without every key column (a
-    tombstone with no image) are left out.
-
-    Raises:
-        SinkSchemaError: the rows lack a key column or the position.
-    """
-    missing = [c for c in [*key, POSITION] if c not in data.column_names]
-    if missing and DELETED in data.column_names and pc.all(data.column(DELETED)).as_py():
-        return data.slice(0, 0)  # tombstones only: no key known, nothing to fold
-    if missing:
-        raise SinkSchemaError(
-            f"iceberg sink {sink!r}: mode = 'upsert' needs the column(s) {missing} in the "
-            f"rows of {topic!r}"
-        )
-    known = functools.reduce(pc.and_, [pc.is_valid(data.column(k)) for k in key])
-    data = data.filter(known)
-    top = data.group_by(key).aggregate([(POSITION, "max")])
-    top = top.rename_columns([*key, POSITION])  # the keys, then the aggregate
-    # Joined on a slim table (Arrow joins no struct columns), then taken whole.
-    rows = _numbered(data, key).join(top, [*key, POSITION], join_type="inner")
-    return _taken(data, rows.column(_ROW))
-
-
 def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
     """The rows of ``newest`` whose key the table holds from no newer position, and of
     those, the ones whose key the table holds (their old rows are to be deleted)."""
@@ -336,32 +308,12 @@ def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa
     held = held.rename_columns([*key, "_held"]).cast(
         pa.schema([*(newest.schema.field(k) for k in key), pa.field("_held", pa.int64())])
     )
-    joined = _numbered(newest, key).join(held, key, join_type="left outer")
+    joined = numbered(newest, key).join(held, key, join_type="left outer")
     held_at = joined.column("_held")
     newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(POSITION), held_at))
     fresh = joined.filter(newer)
     replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
-    return _taken(newest, fresh.column(_ROW)), _taken(newest, replaced.column(_ROW))
-
-
-def _taken(data: pa.Table, rows: pa.ChunkedArray) -> pa.Table:
-    """The rows of ``data`` at ``rows``, in lane order."""
-    return data.take(pc.take(rows, pc.sort_indices(rows)))
-
-
-_ROW = "_thalweg_row"
-
-
-def _numbered(data: pa.Table, key: list[str]) -> pa.Table:
-    """The key columns and the position of ``data``, with each row's index."""
-    slim = data.select([*key, POSITION])
-    return slim.append_column(_ROW, pa.array(range(data.num_rows), pa.int64()))
-
-
-def _deleted(rows: pa.Table) -> pa.Array:
-    if DELETED not in rows.column_names:
-        return pa.array([False] * rows.num_rows)
-    return pc.fill_null(rows.column(DELETED), False)
+    return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))
 
 
 def table_coverage(table: Table, sink: str) -> Ranges:
