@@ -28,8 +28,7 @@ def newest_per_key(data: pa.Table, key: list[str], topic: str, sink: str) -> pa.
         return data.slice(0, 0)  # tombstones only: no key known, nothing to fold
     if missing:
         raise SinkSchemaError(
-            f"sink {sink!r}: mode = 'upsert' needs the column(s) {missing} in the "
-            f"rows of {topic!r}"
+            f"sink {sink!r}: mode = 'upsert' needs the column(s) {missing} in the rows of {topic!r}"
         )
     known = functools.reduce(pc.and_, [pc.is_valid(data.column(k)) for k in key])
     data = data.filter(known)

@@ -43,12 +43,11 @@ from thalweg.sinks.base import (
     SinkSchemaError,
     SinkUnavailableError,
 )
+from thalweg.sinks.fold import DELETED, POSITION, newest_per_key
 
 log = logging.getLogger(__name__)
 
 COVERAGE_TABLE = "_thalweg_coverage"
-POSITION = "_twg_position"
-DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 # A node's derived rows (docs/pipeline.md): the index of a row among its record's rows.
 DERIVED_INDEX = "_twg_derived_index"
 
@@ -242,14 +241,10 @@ class PostgresSink(BufferedSink):
         neither touches a row the table holds from a newer position. Rows without every
         key column (a tombstone with no image: its delete came as an event before it)
         change nothing."""
-        missing = [c for c in [*self._key, POSITION] if c not in data.column_names]
-        if missing and _only_deletes(data):
-            return  # tombstones with no image: no key known, nothing to fold
-        if missing:
-            raise SinkSchemaError(
-                f"postgres sink {self.name!r}: mode = 'upsert' needs the column(s) {missing} "
-                f"in the rows of {topic!r}"
-            )
+        # Folded here, in Arrow: the table is sent at most one row per key.
+        data = newest_per_key(data, self._key, topic, self.name)
+        if not data.num_rows:
+            return
         stage = "_thalweg_stage"
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
@@ -264,18 +259,11 @@ class PostgresSink(BufferedSink):
         self._ensure_key(cur, target, self._key)
         self._evolve(cur, topic, stage)
         keys = ", ".join(quote_ident(k) for k in self._key)
-        known = " AND ".join(f"{quote_ident(k)} IS NOT NULL" for k in self._key)
-        cur.execute("DROP TABLE IF EXISTS pg_temp._thalweg_newest")
-        cur.execute(
-            f"CREATE TEMPORARY TABLE _thalweg_newest AS SELECT DISTINCT ON ({keys}) * "
-            f"FROM pg_temp.{quote_ident(stage)} WHERE {known} "
-            f"ORDER BY {keys}, {quote_ident(POSITION)} DESC"
-        )
         same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
         older = f"t.{quote_ident(POSITION)} < n.{quote_ident(POSITION)}"
         deleted = f"n.{quote_ident(DELETED)}" if DELETED in data.column_names else "false"
         cur.execute(
-            f"DELETE FROM {target} t USING pg_temp._thalweg_newest n "
+            f"DELETE FROM {target} t USING pg_temp.{quote_ident(stage)} n "
             f"WHERE {deleted} AND {same} AND {older}"
         )
         cols = ", ".join(quote_ident(n) for n in data.column_names)
@@ -288,10 +276,9 @@ class PostgresSink(BufferedSink):
         newer = f"{target}.{quote_ident(POSITION)} < EXCLUDED.{quote_ident(POSITION)}"
         update = f"UPDATE SET {sets} WHERE {newer}" if sets else "NOTHING"
         cur.execute(
-            f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp._thalweg_newest "
+            f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
             f"WHERE {kept} ON CONFLICT ({keys}) DO {update}"
         )
-        cur.execute("DROP TABLE pg_temp._thalweg_newest")
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
 
     def _claims(self, cur: Any, topic: str) -> bool:
@@ -383,14 +370,6 @@ class PostgresSink(BufferedSink):
 
 # Widening ladders: a type fits every type to its right.
 _LADDERS = (("smallint", "integer", "bigint", "numeric"), ("real", "double precision"))
-
-
-def _only_deletes(data: pa.Table) -> bool:
-    """Every row is a change event's delete (``__deleted``)."""
-    if DELETED not in data.column_names:
-        return False
-    flags = data.column(DELETED)
-    return flags.null_count == 0 and all(flags.to_pylist())
 
 
 def _fits(narrow: str, wide: str) -> bool:
