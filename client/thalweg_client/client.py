@@ -33,6 +33,7 @@ def ticket(
     filter: list[dict[str, Any]] | None = None,
     epoch: int | None = None,
     view: str = "all",
+    sink: str | None = None,
 ) -> dict[str, Any]:
     """The JSON ticket for a read (the same object any language can send).
 
@@ -52,6 +53,8 @@ def ticket(
             continuing the lane (docs/lanes.md).
         view: ``"latest"``: one row per record key, the newest, deleted keys absent
             (docs/cdc.md); ``"all"``: every record.
+        sink: with ``lane="dlq"``, the records that sink's destination refused
+            (docs/sinks.md) instead of the topic's decode failures (JSON tickets only).
     """
     out: dict[str, Any] = {
         "topic": topic,
@@ -70,6 +73,8 @@ def ticket(
         out["epoch"] = epoch
     if view != "all":
         out["view"] = view
+    if sink is not None:
+        out["sink"] = sink
     return out
 
 

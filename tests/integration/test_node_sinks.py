@@ -117,7 +117,7 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
         schemas = conn.adbc_get_objects(depth="db_schemas").read_all().to_pylist()
     assert sorted((r["order_id"], r["line"]) for r in sql_pairs) == sorted(want)
     listed = {s["db_schema_name"] for s in schemas[0]["catalog_db_schemas"]}
-    assert listed == {"decoded", "raw", "dlq", "nodes"}
+    assert listed == {"decoded", "raw", "dlq", "latest", "nodes"}
     ticket = json.dumps({"topic": topic, "lane": "node:lines", "partitions": [0]}).encode()
     assert gw._flight.do_get(flight.Ticket(ticket)).read_all().num_rows == len(want)
     with pytest.raises(pa.ArrowInvalid, match="unknown node 'nope'"):

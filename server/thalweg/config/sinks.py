@@ -8,6 +8,7 @@ recovery switched off. Each kind's options are its own model (``kind`` selects i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +19,10 @@ _NAME = r"^[A-Za-z0-9_.-]+$"
 _TRANSFORM = (
     r"^(day|hour|month|year|identity)\(\s*\w+\s*\)$|^(bucket|truncate)\(\s*\d+\s*,\s*\w+\s*\)$"
 )
+
+
+# A {name} in a sink's table name: the topic, or a column of each row.
+TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class _Model(BaseModel):
@@ -158,7 +163,27 @@ class PostgresSinkConfig(_Upserts):
     kind: Literal["postgres"]
     dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
     schema_name: str = Field("public", min_length=1)
-    table: str = Field("{topic}", description="Table name; {topic} is replaced.")
+    table: str = Field(
+        "{topic}",
+        description="Table name; {topic} is replaced, and {field} by each row's value of "
+        "that column ('{tenant}_orders': a table per tenant, made on first sight).",
+    )
+    max_tables: int = Field(
+        100,
+        gt=0,
+        description="With a {field} in table: at most this many tables; rows for one more "
+        "are refused into the sink's dead-letter lane (reason named).",
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        fields = TEMPLATE_FIELD.findall(value)
+        if not TEMPLATE_FIELD.sub("", value).replace("{", "").replace("}", "") and not fields:
+            raise ValueError("table is empty")
+        if value.count("{") != len(fields) or value.count("}") != len(fields):
+            raise ValueError(f"table {value!r}: a brace that names no field")
+        return value
 
 
 class ArrowIpcSinkConfig(_SinkBase):

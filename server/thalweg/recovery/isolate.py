@@ -15,10 +15,12 @@ refused cover the flush's positions exactly once between them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.base import BufferedSink, Landed, SinkRefusedError, Span
@@ -55,6 +57,17 @@ async def isolate(
             the destination with its coverage, the rest is a gap read again.
     """
     out = Isolated()
+    if first.records is not None:  # the destination named them: no search
+        items, named = split_named(items, first.records, position)
+        if named:
+            out.refused.append((named, str(first)))
+        if not any(t.num_rows for t, _ in items):
+            return out
+        try:
+            out.add(await sink.land(items))
+            return out
+        except SinkRefusedError as exc:
+            first = exc
     queue: deque[tuple[list[Item], str]] = deque()
     halves = halve(items, position)
     if halves is None:
@@ -79,6 +92,27 @@ async def isolate(
             else:
                 queue.extendleft((h, str(exc)) for h in reversed(halves))
     return out
+
+
+def split_named(
+    items: list[Item], records: Mapping[tuple[str, int], Collection[int]], position: str
+) -> tuple[list[Item], list[Item]]:
+    """``items`` without the rows of ``records`` (positions per topic and partition),
+    and those rows; each keeps its span (what lands and what is set aside are covered
+    alike)."""
+    kept: list[Item] = []
+    named: list[Item] = []
+    for table, span in items:
+        refused = records.get((span.topic, span.partition))
+        if not refused or position not in table.column_names:
+            kept.append((table, span))
+            continue
+        mask = pa.array(
+            np.isin(table.column(position).to_numpy(zero_copy_only=False), list(refused))
+        )
+        kept.append((table.filter(pc.invert(mask)), span))
+        named.append((table.filter(mask), span))
+    return kept, named
 
 
 def halve(items: list[Item], position: str) -> list[list[Item]] | None:

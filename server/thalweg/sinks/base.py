@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -79,6 +79,14 @@ class SinkRefusedError(SinkSchemaError):
     aside in the sink's dead-letter lane; with ``"stop"`` the sink is ``degraded``."""
 
     reason = "refused"
+
+    def __init__(
+        self, message: str, *, records: Mapping[tuple[str, int], Collection[int]] | None = None
+    ) -> None:
+        """``records``: when the destination can name them, the refused records'
+        positions per (topic, partition) — set aside at once, without a search."""
+        super().__init__(message)
+        self.records = records
 
 
 class SinkStoppedError(SinkSchemaError):

@@ -85,5 +85,7 @@ def node_lane_config(
         path=None,
         commit_interval_s=commit_interval_s,
         max_buffered_rows=500_000,
+        commit_rows=None,
+        commit_bytes=None,
         metadata=sorted({*DEFAULT_METADATA, *(metadata or [])}),
     )

@@ -15,6 +15,10 @@ position — and the coverage rows go in the same transaction.
 Types: the staging table is created by ADBC from the Arrow schema (its type map, in
 docs/sinks.md), and the target table ``LIKE`` it, with the record id (upsert: the key)
 as primary key.
+
+Its length: one flush is one transaction, and its steps — route, stage, evolve, key,
+load or upsert, cover — share the cursor, the tables known and the schemas staged; apart,
+each would need all of them.
 Nested columns (structs, maps, lists of structs) go in as JSON text. New columns are
 added with ``ALTER TABLE``; a column whose type changed is a :class:`SinkSchemaError`.
 """
@@ -24,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ import pyarrow as pa
 
 from thalweg.records.columns import RECORD_ID_TYPE
 from thalweg.records.ranges import merge_ranges
+from thalweg.sinks import routes
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -65,13 +69,30 @@ class PostgresSink(BufferedSink):
         self._conn: Any = None
         self._record_id = "_twg_record_id"
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
+        # A table per value of a row's field ("{tenant}_orders", sinks/routes.py): the
+        # tables made so far, counted against max_tables.
+        self._routed = routes.routed(cfg.table)
+        self._tables: set[str] = set()
         self._key: list[str] = list(getattr(cfg, "key", []))
         # Per table, the schema of rows a staged load took (this transaction / committed).
         self._staged: dict[str, pa.Schema] = {}
         self._direct: dict[str, pa.Schema] = {}
 
     def table_name(self, topic: str) -> str:
-        return re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))
+        """The table of ``topic`` (a table template naming no column)."""
+        return routes.safe_name(self.cfg.table.replace("{topic}", topic))
+
+    def tables_of(self, cur: Any, topic: str) -> list[str]:
+        """The tables of ``topic`` in the schema: its one table, or with a routed
+        template every table the template can name."""
+        if not self._routed:
+            return [self.table_name(topic)]
+        cur.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+            parameters=(self.cfg.schema_name,),
+        )
+        like = routes.pattern(self.cfg.table, topic)
+        return sorted(str(r[0]) for r in cur.fetchall() if like.match(str(r[0])))
 
     def _qualified(self, name: str) -> str:
         return f"{quote_ident(self.cfg.schema_name)}.{quote_ident(name)}"
@@ -108,7 +129,10 @@ class PostgresSink(BufferedSink):
                     parameters=(self.name,),
                 )
                 found = cur.fetchall()
-                lost = self._lost_tables(cur, {str(row[0]) for row in found})
+                self._tables = {t for topic in self.cfg.topics for t in self.tables_of(cur, topic)}
+                # A routed sink's tables are made on first sight: a missing one is new.
+                topics = set() if self._routed else {str(row[0]) for row in found}
+                lost = self._lost_tables(cur, topics)
                 found = [row for row in found if row[0] not in lost]
             conn.commit()
         except pg.Error as exc:
@@ -149,10 +173,12 @@ class PostgresSink(BufferedSink):
         return lost
 
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
-        tables = {
-            t: _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
-            for t, parts in rows.items()
-        }
+        tables = self._routes(
+            {
+                t: _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
+                for t, parts in rows.items()
+            }
+        )
         try:
             try:
                 self._transaction(tables, covered, staged=False)
@@ -176,8 +202,46 @@ class PostgresSink(BufferedSink):
             self._drop()
             raise SinkUnavailableError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
 
+    def _routes(self, by_topic: Mapping[str, pa.Table]) -> dict[str, tuple[str, pa.Table]]:
+        """Each table's rows (and their topic): one table per topic, or with a routed
+        template a table per value of the rows' fields, at most ``max_tables`` of them.
+
+        Raises:
+            SinkRefusedError: naming the records that name no table (a field missing or
+                null) or one past ``max_tables``: the feeder sets exactly those aside in
+                the sink's dead-letter lane and lands the rest.
+        """
+        if not self._routed:
+            return {self.table_name(t): (t, data) for t, data in by_topic.items()}
+        out: dict[str, tuple[str, pa.Table]] = {}
+        refused: dict[tuple[str, int], set[int]] = {}
+        why: list[str] = []
+        for topic, data in by_topic.items():
+            parts, unnamed, unrouted = routes.split(data, self.cfg.table, topic)
+            if unrouted is not None:
+                why.append(unrouted)
+                _name_records(refused, topic, unnamed)
+            for name, part in parts.items():
+                have = out.get(name)
+                out[name] = (topic, part if have is None else pa.concat_tables([have[1], part]))
+        new = sorted(set(out) - self._tables)
+        room = max(0, self.cfg.max_tables - len(self._tables))
+        if len(new) > room:
+            why.append(
+                f"rows for table(s) {', '.join(new[room:][:3])} would take the sink past "
+                f"max_tables = {self.cfg.max_tables}"
+            )
+            for name in new[room:]:
+                topic, part = out.pop(name)
+                _name_records(refused, topic, part)
+        if refused:
+            raise SinkRefusedError(
+                f"postgres sink {self.name!r}: {'; '.join(why)}", records=refused
+            )
+        return out
+
     def _transaction(
-        self, tables: Mapping[str, pa.Table], covered: Ranges, *, staged: bool
+        self, tables: Mapping[str, tuple[str, pa.Table]], covered: Ranges, *, staged: bool
     ) -> None:
         """One transaction: every topic's rows, then the covered ranges.
 
@@ -190,32 +254,32 @@ class PostgresSink(BufferedSink):
         conn = self._connect()
         self._staged = {}
         with conn.cursor() as cur:
-            for topic, data in tables.items():
+            for name, (topic, data) in tables.items():
                 if self._upsert:
-                    self._load_upserts(cur, topic, data)
-                elif staged or not self._load_direct(cur, topic, data):
-                    self._load(cur, topic, data)
+                    self._load_upserts(cur, name, topic, data)
+                elif staged or not self._load_direct(cur, name, data):
+                    self._load(cur, name, topic, data)
             for key, rs in covered.items():
                 self._cover(cur, key, rs)
         conn.commit()
         self._direct.update(self._staged)
+        self._tables.update(tables)
 
-    def _load_direct(self, cur: Any, topic: str, data: pa.Table) -> bool:
+    def _load_direct(self, cur: Any, name: str, data: pa.Table) -> bool:
         """COPY straight into the table when a staged load of rows with exactly this
         schema has succeeded on it (so the table has the columns, types and key the
         rows need); False to take the staged path."""
-        name = self.table_name(topic)
         if self._direct.get(name) != data.schema:
             return False
         cur.adbc_ingest(name, data, mode="append", db_schema_name=self.cfg.schema_name)
         return True
 
-    def _load(self, cur: Any, topic: str, data: pa.Table) -> None:
+    def _load(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
         stage = "_thalweg_stage"
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
-        target = self._qualified(self.table_name(topic))
-        if not self._exists(cur, self.table_name(topic)) and self._claims(cur, topic):
+        target = self._qualified(name)
+        if self._missing_with_claims(cur, name, topic):
             # Dropped under a running feeder: the rows its coverage claims are gone, and
             # writing on would hide that. Reopening drops the claims and replays them.
             raise SinkUnavailableError(
@@ -225,7 +289,7 @@ class PostgresSink(BufferedSink):
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
         key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
         self._ensure_key(cur, target, key)
-        exact = self._evolve(cur, topic, stage)
+        exact = self._evolve(cur, name, stage)
         cols = ", ".join(quote_ident(n) for n in data.column_names)
         cur.execute(
             f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
@@ -233,9 +297,9 @@ class PostgresSink(BufferedSink):
         )
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
         if exact:
-            self._staged[self.table_name(topic)] = data.schema
+            self._staged[name] = data.schema
 
-    def _load_upserts(self, cur: Any, topic: str, data: pa.Table) -> None:
+    def _load_upserts(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
         """Fold the rows into the table by ``key``: each key's newest row (lane position)
         of this flush deletes the key's row (``__deleted``) or inserts or updates it;
         neither touches a row the table holds from a newer position. Rows without every
@@ -248,16 +312,15 @@ class PostgresSink(BufferedSink):
         stage = "_thalweg_stage"
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
-        name = self.table_name(topic)
         target = self._qualified(name)
-        if not self._exists(cur, name) and self._claims(cur, topic):
+        if self._missing_with_claims(cur, name, topic):
             raise SinkUnavailableError(
                 f"postgres sink {self.name!r}: table {target} is missing while its coverage "
                 "claims positions; reopening to rebuild it from the lane"
             )
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
         self._ensure_key(cur, target, self._key)
-        self._evolve(cur, topic, stage)
+        self._evolve(cur, name, stage)
         keys = ", ".join(quote_ident(k) for k in self._key)
         same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
         older = f"t.{quote_ident(POSITION)} < n.{quote_ident(POSITION)}"
@@ -280,6 +343,11 @@ class PostgresSink(BufferedSink):
             f"WHERE {kept} ON CONFLICT ({keys}) DO {update}"
         )
         cur.execute(f"DROP TABLE pg_temp.{quote_ident(stage)}")
+
+    def _missing_with_claims(self, cur: Any, name: str, topic: str) -> bool:
+        """The table is gone while the topic's coverage claims positions (dropped under
+        a running feeder). A routed sink's table may be new: not asked."""
+        return not self._routed and not self._exists(cur, name) and self._claims(cur, topic)
 
     def _claims(self, cur: Any, topic: str) -> bool:
         cur.execute(
@@ -309,7 +377,7 @@ class PostgresSink(BufferedSink):
                 "replay could not be deduplicated"
             )
 
-    def _evolve(self, cur: Any, topic: str, stage: str) -> bool:
+    def _evolve(self, cur: Any, table: str, stage: str) -> bool:
         """Add the staging table's new columns to the target, widen its narrower ones;
         refuse any other change. True when every column now has exactly the staged type
         (then a binary COPY of rows of this schema may go straight into the table)."""
@@ -317,7 +385,7 @@ class PostgresSink(BufferedSink):
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
             "WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped"
         )
-        target = self._qualified(self.table_name(topic))
+        target = self._qualified(table)
         cur.execute(query, parameters=(f"pg_temp.{quote_ident(stage)}",))
         staged = dict(cur.fetchall())
         cur.execute(query, parameters=(target,))
@@ -370,6 +438,16 @@ class PostgresSink(BufferedSink):
 
 # Widening ladders: a type fits every type to its right.
 _LADDERS = (("smallint", "integer", "bigint", "numeric"), ("real", "double precision"))
+
+
+def _name_records(into: dict[tuple[str, int], set[int]], topic: str, rows: pa.Table) -> None:
+    """Add the (topic, partition, position) of ``rows`` to ``into``."""
+    if not rows.num_rows:
+        return
+    parts = rows.column("_twg_source_partition").to_pylist()
+    positions = rows.column(POSITION).to_pylist()
+    for p, pos in zip(parts, positions, strict=True):
+        into.setdefault((topic, int(p)), set()).add(int(pos))
 
 
 def _fits(narrow: str, wide: str) -> bool:

@@ -17,6 +17,9 @@ Nothing here writes: no table or namespace is created, no temp file removed (a f
 may be running), the feeder lock is not taken. Sinks fed through a pipeline node hold
 derived rows (any number per record): only their coverage is checked. The Flight sink's
 destination keeps no record: its store alone is checked against the lane.
+
+Its length: the checks and the readers of the three destinations they compare with
+(Postgres, Iceberg, Arrow IPC) — read-only readers that exist for these checks alone.
 """
 
 from __future__ import annotations
@@ -327,14 +330,15 @@ def _postgres(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinati
                     (int(a), int(b)) for a, b in json.loads(text)
                 ]
         rows: dict[str, pa.Table | None] = {}
+        cols = ", ".join(quote_ident(c) for c in wanted)
         for topic in sink_cfg.topics:
-            table = sink.table_name(topic)
-            if not exists(table):
-                rows[topic] = None
-                continue
-            cols = ", ".join(quote_ident(c) for c in wanted)
-            cur.execute(f"SELECT {cols} FROM {quote_ident(schema)}.{quote_ident(table)}")
-            rows[topic] = cur.fetch_arrow_table()
+            # One table, or every table a routed template ("{tenant}_orders") named.
+            found = [t for t in sink.tables_of(cur, topic) if exists(t)]
+            parts = []
+            for table in found:
+                cur.execute(f"SELECT {cols} FROM {quote_ident(schema)}.{quote_ident(table)}")
+                parts.append(cur.fetch_arrow_table())
+            rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None
     return Destination(coverage, rows)
 
 

@@ -1,0 +1,77 @@
+"""One topic into many tables: a sink's ``table`` naming columns of the rows
+(``"{tenant}_orders"``), so each row goes to the table its values name (docs/cdc.md).
+
+A template is literal text and ``{name}`` fields: ``{topic}`` is the topic, any other
+name a column of the rows (a payload field or a ``_twg_`` column). A table name is the
+template filled in per row, every character other than a letter, a digit or ``_`` made
+``_`` (as every table name of the sinks is). Work is on whole columns: one string join
+and one regex replace per flush, then one filter per table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# A {name} in a sink's table name: the topic, or a column of each row.
+FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_UNSAFE = r"[^A-Za-z0-9_]"
+
+
+def safe_name(text: str) -> str:
+    """A table name as the sinks make every one: only letters, digits and ``_``."""
+    return re.sub(_UNSAFE, "_", text)
+
+
+def routed(template: str) -> bool:
+    """Whether ``template`` names a column (not only the topic)."""
+    return any(name != "topic" for name in FIELD.findall(template))
+
+
+def pattern(template: str, topic: str) -> re.Pattern[str]:
+    """What the names ``template`` can give for ``topic`` look like (to find the tables
+    a routed sink made)."""
+    out, at = [], 0
+    for m in FIELD.finditer(template):
+        out.append(re.escape(safe_name(template[at : m.start()])))
+        out.append(re.escape(safe_name(topic)) if m.group(1) == "topic" else "[A-Za-z0-9_]+")
+        at = m.end()
+    out.append(re.escape(safe_name(template[at:])))
+    return re.compile("^" + "".join(out) + "$")
+
+
+def split(
+    rows: pa.Table, template: str, topic: str
+) -> tuple[dict[str, pa.Table], pa.Table, str | None]:
+    """The rows by the table each names; the rows that name none (a field column the
+    rows lack, or a null value in it) and why."""
+    n = rows.num_rows
+    parts: list[pa.Array | pa.ChunkedArray | str] = []
+    at = 0
+    missing = None
+    for m in FIELD.finditer(template):
+        parts.append(template[at : m.start()])
+        name = m.group(1)
+        if name == "topic":
+            parts.append(topic)
+        elif name not in rows.column_names:
+            missing = f"the rows have no column {name!r} for the table name {template!r}"
+            parts.append(pa.nulls(n, pa.string()))
+        else:
+            parts.append(pc.cast(rows.column(name), pa.string()))
+        at = m.end()
+    parts.append(template[at:])
+    arrays = [p if not isinstance(p, str) else pa.array([p] * n, pa.string()) for p in parts]
+    names = pc.replace_substring_regex(
+        pc.binary_join_element_wise(*arrays, ""), pattern=_UNSAFE, replacement="_"
+    )
+    out = {}
+    for value in pc.unique(names).drop_null().to_pylist():
+        out[str(value)] = rows.filter(pc.equal(names, value))
+    nulls = names.null_count
+    if not nulls:
+        return out, rows.slice(0, 0), None
+    why = missing or f"{nulls} row(s) have no value for a field of the table name {template!r}"
+    return out, rows.filter(pc.is_null(names)), why

@@ -1,0 +1,97 @@
+"""One topic into many tables: a Postgres sink whose ``table`` names a field of the rows
+(``"{tenant}_orders"``) writes each tenant's records into the tenant's table, exactly
+once; past ``max_tables``, and for rows with no tenant, the records are set aside in
+the sink's dead-letter lane with the reason named, the rest lands, and ``twg verify``
+accounts for every record."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Producer
+
+import thalweg_client
+from tests.conftest import RunningGateway
+from tests.helpers import assert_verified, wait_until
+from tests.integration.test_sinks import lag
+from tests.postgres_server import PostgresServer
+
+pytestmark = pytest.mark.integration
+
+TENANTS = ["acme", "bolt", "core", "dune"]
+
+
+def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    postgres: PostgresServer,
+) -> None:
+    topic = topic_factory(2)
+    sent: dict[str | None, list[int]] = {}
+    for n in range(1200):
+        tenant = None if n % 100 == 99 else TENANTS[n % 4]
+        producer.produce(topic, json.dumps({"tenant": tenant, "n": n}).encode(), partition=n % 2)
+        sent.setdefault(tenant, []).append(n)
+    producer.flush(10)
+    schema = f"s_{topic.replace('-', '_')}"
+    sink = {
+        "name": "db",
+        "kind": "postgres",
+        "topics": [topic],
+        "dsn": postgres.dsn,
+        "schema_name": schema,
+        "table": "{tenant}_orders",
+        "max_tables": 3,
+        "commit_interval_s": 0.3,
+    }
+    rg = gateway_factory([topic], sinks=[sink])
+    rg.wait_durable(topic, {0: 600, 1: 600})
+
+    def table(name: str) -> list[int]:
+        return sorted(int(r[0]) for r in postgres.query(f'SELECT n FROM "{schema}"."{name}"'))
+
+    def tenant_tables() -> list[str]:
+        rows = postgres.query(
+            f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'"
+        )
+        return sorted(
+            str(r[0]).removesuffix("_orders") for r in rows if r[0] != "_thalweg_coverage"
+        )
+
+    def set_aside() -> list[int]:
+        with thalweg_client.connect(rg.flight_url) as client:
+            dead = client.read(topic, lane="dlq", sink="db")
+        return sorted(json.loads(v)["n"] for v in dead["_twg_source_value"].to_pylist())
+
+    def landed() -> bool:
+        # Lag 0 is measured against the lane as a pass began: the tables are compared.
+        try:
+            held = tenant_tables()
+            if lag(rg, "db") != 0 or len(held) != 3:
+                return False
+            late = next(t for t in TENANTS if t not in held)
+            return all(table(f"{t}_orders") == sent[t] for t in held) and set_aside() == sorted(
+                sent[late] + sent[None]
+            )
+        except Exception:  # a table not made yet
+            return False
+
+    # Tables are made as tenants are first seen: three of them, each holding its
+    # tenant's records once; the fourth tenant's records and those with no tenant are
+    # set aside in the sink's dead-letter lane, the reasons named.
+    def state() -> str:
+        held = tenant_tables()
+        counts = {t: len(table(f"{t}_orders")) for t in held}
+        return f"tables {counts}, {len(set_aside())} set aside, lag {lag(rg, 'db')}"
+
+    wait_until(landed, 60, lambda: f"three tenant tables and the rest set aside: {state()}")
+    with thalweg_client.connect(rg.flight_url) as client:
+        dead = client.read(topic, lane="dlq", sink="db")
+    assert set(dead["_twg_dlq_reason"].to_pylist()) == {"sink_refused"}
+    errors = dead["_twg_dlq_error"].to_pylist()
+    assert any("max_tables = 3" in e for e in errors)
+    assert any("no value for a field" in e for e in errors)
+    assert_verified(rg.gateway.cfg)
