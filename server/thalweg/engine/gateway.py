@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -107,6 +108,20 @@ def _with_state_dir(source: SourceConfig, data_dir: Path) -> SourceConfig:
     if isinstance(source, (ArrowIpcSourceConfig, FlightSourceConfig)) and source.state_dir is None:
         return source.model_copy(update={"state_dir": data_dir / "sources" / source.name})
     return source
+
+
+def awaiting(task: asyncio.Task[None]) -> str:
+    """The chain of awaits a task is suspended in, innermost last (``file:line name``)."""
+    out: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None and len(out) < 16:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        name = frame.f_code.co_filename.rsplit("/", 1)[-1]
+        out.append(f"{name}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(out) or "?"
 
 
 class _GatewayIngesting(Ingesting):
@@ -351,8 +366,8 @@ class Gateway:
                 self.health.beat()
                 await asyncio.sleep(1.0)
 
-        tasks = [asyncio.create_task(r.run(stop)) for r in self.runners]
-        tasks += [asyncio.create_task(f.run(stop)) for f in self.feeders]
+        tasks = [asyncio.create_task(r.run(stop), name=r.component) for r in self.runners]
+        tasks += [asyncio.create_task(f.run(stop), name=f.component) for f in self.feeders]
         if self.gate is not None:
             tasks.append(asyncio.create_task(self.gate.run(stop)))
         if self.cfg.compaction.enabled and self.runners:  # only the owner merges
@@ -410,6 +425,8 @@ class Gateway:
         deadline = self.cfg.gateway.shutdown_timeout_s
         _, pending = await asyncio.wait(tasks, timeout=deadline)
         for t in pending:
+            # Where it waited: the first thing to read when a stop runs past its deadline.
+            log.error("shutdown: %s still running, cancelled; at %s", t.get_name(), awaiting(t))
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if pending:

@@ -338,8 +338,20 @@ class KafkaSource:
         if consumer is not None:
             # Keep the reference until stop() returns: a rebalance callback may still be
             # running (a stop during start-up) and asks the consumer for committed offsets.
+            # Bounded: a stop that lands mid-rebalance can wait on a JoinGroup the broker
+            # holds until the rebalance completes (soak, session 22: past the 25 s
+            # shutdown deadline). Everything durable is committed before this; a member
+            # that does not leave is removed when its session times out.
+            bound = max(1.0, self.cfg.session_timeout_ms / 1000)
             try:
-                await consumer.stop()
+                await asyncio.wait_for(consumer.stop(), bound)
+            except TimeoutError:
+                log.warning(
+                    "source %s: leaving the group took over %gs (a rebalance in progress?); "
+                    "the group drops this member when its session times out",
+                    self.cfg.name,
+                    bound,
+                )
             except KafkaError as exc:  # leaving is best effort: the session times out
                 log.warning("source %s: error while leaving the group: %s", self.cfg.name, exc)
             finally:
