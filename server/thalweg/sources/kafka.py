@@ -49,6 +49,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._on_assigned([(tp.topic, tp.partition) for tp in assigned])
 
 
+# How often a fetch looks again while the group rebalances, and how long past its own
+# timeout a fetch may take before it is taken to be held by a rebalance.
+REBALANCE_POLL_MS = 100
+REBALANCE_SLACK_S = 1.0
+
+
 class KafkaSource:
     """One consumer-group member for the topics of one configured source."""
 
@@ -210,17 +216,43 @@ class KafkaSource:
             raise SourceError(f"source {self.cfg.name!r}: log start of {key}: {exc}") from exc
         return int(start[tp])
 
+    def _rebalancing(self) -> bool:
+        """Whether the group is reassigning partitions now (aiokafka's own flag; False if
+        a release no longer has it: then a fetch may wait out a rebalance again)."""
+        state = getattr(self.consumer, "_subscription", None)
+        return bool(getattr(state, "reassignment_in_progress", False))
+
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[PartitionKey, pa.RecordBatch]:
         """Records fetched since the last call as one raw-lane batch per partition, in
         offset order; at most ``max_records`` of them (the rest stays for a later fetch)."""
         parts: dict[TopicPartition, list[KafkaColumns]] = {}
         remaining, wait = max_records, timeout_ms
+        if self._rebalancing():
+            # aiokafka's getmany waits out a rebalance with no timeout (it withholds
+            # records until the new assignment): the loop would not see a stop, nor beat
+            # /health, until the group settles (soak, session 22: a SIGTERM during a long
+            # rebalance ran past the shutdown deadline). Nothing is fetched meanwhile.
+            await asyncio.sleep(min(wait, REBALANCE_POLL_MS) / 1000)
+            return {}
         while remaining > 0:
             # One record batch (or the part of one the budget allows) a call: the rest
             # stays in aiokafka's buffer for the next call, never fetched twice.
             self._columnar.remaining = remaining
             try:
-                data = await self.consumer.getmany(timeout_ms=wait, max_records=1)
+                if wait:
+                    # Bounded: a rebalance that begins while getmany waits for data holds
+                    # it the same way. (The calls after it take what is buffered, without
+                    # waiting; the check above each keeps them out of a rebalance.)
+                    data = await asyncio.wait_for(
+                        self.consumer.getmany(timeout_ms=wait, max_records=1),
+                        wait / 1000 + REBALANCE_SLACK_S,
+                    )
+                elif self._rebalancing():
+                    break
+                else:
+                    data = await self.consumer.getmany(timeout_ms=0, max_records=1)
+            except TimeoutError:
+                break  # a rebalance: what came so far is handed over, the loop goes on
             except KafkaError as exc:
                 raise SourceError(f"source {self.cfg.name!r}: fetch failed: {exc}") from exc
             got = [(tp, c) for tp, chunks in data.items() for c in chunks if len(c)]

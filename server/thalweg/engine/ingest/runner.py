@@ -164,7 +164,8 @@ class SourceRunner:
         login_backoff = Backoff(LOGIN_RETRY_BASE_S, retry_max_s or LOGIN_RETRY_BASE_S * 60)
         while True:
             try:
-                await self.source.start(self._on_assigned, self._on_revoked)
+                if not await self._started_unless_stopped(stop):
+                    return  # asked to stop first: run() leaves through its shutdown
                 self.ctx.health.set(self.component, State.UP, "connected")
                 return
             except LoginRefusedError as exc:
@@ -173,6 +174,31 @@ class SourceRunner:
             except SourceError as exc:
                 self.ctx.health.set(self.component, State.DOWN, str(exc))
                 await self._retry(backoff, stop, exc, "connect")
+
+    async def _started_unless_stopped(self, stop: asyncio.Event) -> bool:
+        """Start the source, unless ``stop`` comes first: a Kafka start waits for the
+        group's first assignment, which a long rebalance holds up (soak, session 22: a
+        SIGTERM then ran past the shutdown deadline). Nothing is assigned or durable
+        yet, so a start cut short loses nothing. False when stopped first.
+
+        Raises:
+            LoginRefusedError, SourceError: as the source's start.
+        """
+        starting = asyncio.ensure_future(self.source.start(self._on_assigned, self._on_revoked))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            starting.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return False
+        starting.result()
+        return True
 
     async def _on_assigned(self, keys: list[PartitionKey]) -> None:
         try:
