@@ -108,3 +108,34 @@ def test_a_single_record_cannot_be_halved() -> None:
     [one] = items([5], {5}, per_item=1)
     assert halve([one], POS) is None
     assert halve([(one[0].drop_columns([POS]), one[1])], POS) is None
+
+
+class Naming(Picky):
+    """A destination that names the records it refuses (as a routed sink does for rows
+    past its table ceiling): no search, one commit for the rest."""
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        tables = [t for ts in rows.values() for t in ts if t.num_rows]
+        bad = {
+            p
+            for t in tables
+            for p, v in zip(t[POS].to_pylist(), t["v"].to_pylist(), strict=True)
+            if v < 0
+        }
+        if bad:
+            self.commits += 1
+            raise SinkRefusedError("past the ceiling", records={("t", 0): bad})
+        super()._commit(rows, covered)
+
+
+def test_records_the_destination_names_are_set_aside_without_a_search() -> None:
+    bad = {3, 40, 41, 77}
+    found_items = items(list(range(100)), bad, per_item=10)
+    sink = Naming()
+    refused_first = SinkRefusedError("past the ceiling", records={("t", 0): bad})
+    found = asyncio.run(isolate(sink, found_items, refused_first, POS))
+    assert sink.commits == 1  # the rest landed at once
+    assert sorted(sink.rows) == [p for p in range(100) if p not in bad]
+    positions, messages = by_partition(found.refused, POS)[("t", 0)]
+    assert sorted(positions.tolist()) == sorted(bad) and set(messages) == {"past the ceiling"}
+    assert merge_ranges(sink.covered) == [(0, 100)]  # every position covered once

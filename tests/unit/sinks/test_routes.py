@@ -1,0 +1,45 @@
+"""One topic into many tables (``sinks/routes.py``): rows split by the table their
+fields name, rows without a value set apart with the reason, names made safe, and the
+pattern that finds a routed sink's tables again."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from thalweg.sinks.routes import pattern, routed, safe_name, split
+
+
+def test_rows_go_to_the_table_their_fields_name() -> None:
+    rows = pa.table(
+        {
+            "tenant": ["acme", "bolt", None, "acme", "b-2"],
+            "region": [1, 2, 3, 1, 2],
+            "_twg_position": [0, 1, 2, 3, 4],
+        }
+    )
+    parts, unnamed, why = split(rows, "{tenant}_{region}_{topic}", "orders.v1")
+    assert {k: v["_twg_position"].to_pylist() for k, v in parts.items()} == {
+        "acme_1_orders_v1": [0, 3],
+        "bolt_2_orders_v1": [1],
+        "b_2_2_orders_v1": [4],
+    }
+    assert unnamed["_twg_position"].to_pylist() == [2]
+    assert why is not None and "1 row(s) have no value" in why
+
+
+def test_a_missing_column_names_no_table_for_any_row() -> None:
+    rows = pa.table({"n": [1, 2], "_twg_position": [0, 1]})
+    parts, unnamed, why = split(rows, "{tenant}_orders", "t")
+    assert parts == {} and unnamed.num_rows == 2
+    assert why is not None and "no column 'tenant'" in why
+
+
+def test_a_template_of_the_topic_alone_is_not_routed() -> None:
+    assert not routed("{topic}") and not routed("fixed") and routed("{tenant}_orders")
+    assert safe_name("a.b-c d") == "a_b_c_d"
+
+
+def test_the_pattern_finds_the_tables_a_template_gives() -> None:
+    like = pattern("{tenant}_orders_{topic}", "in.v1")
+    assert like.match("acme_orders_in_v1") and like.match("b_2_orders_in_v1")
+    assert not like.match("acme_orders_other") and not like.match("_orders_in_v1")
