@@ -45,7 +45,19 @@ def test_teardown_fails_on_a_gateway_error_nobody_took(tmp_path: Path) -> None:
     (tmp_path / "test_dying.py").write_text(textwrap.dedent(DYING))
     pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_dying.py"],
+        # Its own basetemp: a pytest session without one resets /tmp/pytest-of-<user> to
+        # 0700, and the outer session's PostgreSQL (another user) loses its data
+        # directory mid-run (fresh-clone CI, session 22).
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'inner'}",
+            "test_dying.py",
+        ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *pythonpath])},
         capture_output=True,
