@@ -274,7 +274,12 @@ class PostgresSink(BufferedSink):
         cur.adbc_ingest(name, data, mode="append", db_schema_name=self.cfg.schema_name)
         return True
 
-    def _load(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
+    def _staged_into(
+        self, cur: Any, name: str, topic: str, data: pa.Table, key: list[str]
+    ) -> tuple[str, str, bool]:
+        """Stage ``data`` and make the target table take it: created ``LIKE`` the stage,
+        keyed by ``key``, new columns added and types widened. ``(target, stage,
+        exact)``: ``exact`` when every column has exactly the staged type."""
         stage = "_thalweg_stage"
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
         cur.adbc_ingest(stage, data, mode="create", temporary=True)
@@ -287,9 +292,12 @@ class PostgresSink(BufferedSink):
                 "claims positions; reopening to rebuild it from the lane"
             )
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
-        key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
         self._ensure_key(cur, target, key)
-        exact = self._evolve(cur, name, stage)
+        return target, stage, self._evolve(cur, name, stage)
+
+    def _load(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
+        key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
+        target, stage, exact = self._staged_into(cur, name, topic, data, key)
         cols = ", ".join(quote_ident(n) for n in data.column_names)
         cur.execute(
             f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "
@@ -309,18 +317,7 @@ class PostgresSink(BufferedSink):
         data = newest_per_key(data, self._key, topic, self.name)
         if not data.num_rows:
             return
-        stage = "_thalweg_stage"
-        cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote_ident(stage)}")
-        cur.adbc_ingest(stage, data, mode="create", temporary=True)
-        target = self._qualified(name)
-        if self._missing_with_claims(cur, name, topic):
-            raise SinkUnavailableError(
-                f"postgres sink {self.name!r}: table {target} is missing while its coverage "
-                "claims positions; reopening to rebuild it from the lane"
-            )
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
-        self._ensure_key(cur, target, self._key)
-        self._evolve(cur, name, stage)
+        target, stage, _ = self._staged_into(cur, name, topic, data, self._key)
         keys = ", ".join(quote_ident(k) for k in self._key)
         same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
         older = f"t.{quote_ident(POSITION)} < n.{quote_ident(POSITION)}"
