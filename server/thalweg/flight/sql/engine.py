@@ -197,9 +197,11 @@ class SqlEngine:
             except Exception as exc:
                 raise sql_error(exc, self._cfg) from exc
         finally:
+            # The snapshot goes before the count: a reader of ``active`` (``/stats``, a
+            # test) that sees 0 may take it that no query still holds lane files.
+            snapshot.close()
             with self._lock:
                 self.active -= 1
-            snapshot.close()
             self._running.release()
 
     def _context(self, memory: int | None) -> SessionContext:
