@@ -89,6 +89,17 @@ class SinkRefusedError(SinkSchemaError):
         self.records = records
 
 
+def name_records(into: dict[tuple[str, int], set[int]], topic: str, rows: pa.Table) -> None:
+    """Add the (topic, partition) → positions of ``rows`` to ``into`` (for a
+    :class:`SinkRefusedError` that names what it refuses)."""
+    if not rows.num_rows:
+        return
+    parts = rows.column("_twg_source_partition").to_pylist()
+    positions = rows.column("_twg_position").to_pylist()
+    for p, pos in zip(parts, positions, strict=True):
+        into.setdefault((topic, int(p)), set()).add(int(pos))
+
+
 class SinkStoppedError(SinkSchemaError):
     """A strict data-quality node above the sink stopped at a broken rule: the sink is
     ``degraded`` and nothing moves until the contract or the data is fixed."""

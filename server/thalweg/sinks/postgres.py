@@ -46,6 +46,7 @@ from thalweg.sinks.base import (
     SinkRefusedError,
     SinkSchemaError,
     SinkUnavailableError,
+    name_records,
 )
 from thalweg.sinks.fold import DELETED, POSITION, newest_per_key
 
@@ -73,7 +74,10 @@ class PostgresSink(BufferedSink):
         # tables made so far, counted against max_tables.
         self._routed = routes.routed(cfg.table)
         self._tables: set[str] = set()
-        self._key: list[str] = list(getattr(cfg, "key", []))
+        self._key: list[str] = cfg.row_key() if self._upsert else []
+        # Keyed by the record key, the rows came with their value (a tombstone deletes):
+        # its bytes stay only when the sink's metadata asks for them.
+        self._keep_value = "source_value" in cfg.metadata
         # Per table, the schema of rows a staged load took (this transaction / committed).
         self._staged: dict[str, pa.Schema] = {}
         self._direct: dict[str, pa.Schema] = {}
@@ -220,7 +224,7 @@ class PostgresSink(BufferedSink):
             parts, unnamed, unrouted = routes.split(data, self.cfg.table, topic)
             if unrouted is not None:
                 why.append(unrouted)
-                _name_records(refused, topic, unnamed)
+                name_records(refused, topic, unnamed)
             for name, part in parts.items():
                 have = out.get(name)
                 out[name] = (topic, part if have is None else pa.concat_tables([have[1], part]))
@@ -233,7 +237,7 @@ class PostgresSink(BufferedSink):
             )
             for name in new[room:]:
                 topic, part = out.pop(name)
-                _name_records(refused, topic, part)
+                name_records(refused, topic, part)
         if refused:
             raise SinkRefusedError(
                 f"postgres sink {self.name!r}: {'; '.join(why)}", records=refused
@@ -314,7 +318,7 @@ class PostgresSink(BufferedSink):
         key column (a tombstone with no image: its delete came as an event before it)
         change nothing."""
         # Folded here, in Arrow: the table is sent at most one row per key.
-        data = newest_per_key(data, self._key, topic, self.name)
+        data = newest_per_key(data, self._key, topic, self.name, keep_value=self._keep_value)
         if not data.num_rows:
             return
         target, stage, _ = self._staged_into(cur, name, topic, data, self._key)
@@ -435,16 +439,6 @@ class PostgresSink(BufferedSink):
 
 # Widening ladders: a type fits every type to its right.
 _LADDERS = (("smallint", "integer", "bigint", "numeric"), ("real", "double precision"))
-
-
-def _name_records(into: dict[tuple[str, int], set[int]], topic: str, rows: pa.Table) -> None:
-    """Add the (topic, partition, position) of ``rows`` to ``into``."""
-    if not rows.num_rows:
-        return
-    parts = rows.column("_twg_source_partition").to_pylist()
-    positions = rows.column(POSITION).to_pylist()
-    for p, pos in zip(parts, positions, strict=True):
-        into.setdefault((topic, int(p)), set()).add(int(pos))
 
 
 def _fits(narrow: str, wide: str) -> bool:
