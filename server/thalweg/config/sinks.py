@@ -23,6 +23,9 @@ _TRANSFORM = (
 
 # A {name} in a sink's table name: the topic, or a column of each row.
 TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# The record key's column under the default metadata prefix: an upsert sink's key when
+# none is configured (sinks name metadata columns by the default prefix: docs/sinks.md).
+RECORD_KEY = "_twg_source_key"
 
 
 class _Model(BaseModel):
@@ -66,6 +69,11 @@ class _SinkBase(_Model):
         "on; 'stop' leaves the sink degraded at it until a person looks. Outages always wait.",
     )
 
+    def read_metadata(self) -> list[str]:
+        """The raw metadata columns this sink's rows are read with: ``metadata``, and
+        what its mode needs besides (:meth:`Upserts.read_metadata`)."""
+        return list(self.metadata)
+
     @field_validator("metadata")
     @classmethod
     def _known_metadata(cls, value: list[str]) -> list[str]:
@@ -100,33 +108,50 @@ class IcebergCatalogConfig(_Model):
     )
 
 
-class _Upserts(_SinkBase):
+class Upserts(_SinkBase):
     """``mode`` and ``key``: the sinks that can keep one row per key (docs/cdc.md)."""
 
     mode: Literal["append", "upsert"] = Field(
         "append",
         description="'append': every record a row. 'upsert': one row per key, the newest "
-        "by lane position; a change event's delete (__deleted) removes it (docs/cdc.md).",
+        "by lane position; a change event's delete (__deleted) or, keyed by the record "
+        "key, a tombstone (a null value) removes it (docs/cdc.md).",
     )
     key: list[str] = Field(
-        default_factory=list, description="The columns naming a row (mode = 'upsert')."
+        default_factory=list,
+        description="The columns naming a row (mode = 'upsert'). Empty: the record key "
+        "(_twg_source_key, the bytes the producer sent), as in a compacted changelog.",
     )
 
+    @property
+    def record_keyed(self) -> bool:
+        """``mode = "upsert"`` without ``key``: rows are named by the record key."""
+        return self.mode == "upsert" and not self.key
+
+    def row_key(self) -> list[str]:
+        """The columns an upsert folds by: ``key``, or the record key's column."""
+        return list(self.key) if self.key else [RECORD_KEY]
+
+    def read_metadata(self) -> list[str]:
+        """Keyed by the record key, the rows carry it and the value (a null value is a
+        delete; the sink drops the value's bytes unless ``metadata`` asks for them)."""
+        extra = ["source_key", "source_value"] if self.record_keyed else []
+        return [*self.metadata, *(m for m in extra if m not in self.metadata)]
+
     @model_validator(mode="after")
-    def _upsert_has_a_key(self) -> _Upserts:
-        if self.mode == "upsert" and not self.key:
-            raise ValueError(
-                f"sinks.{self.name}: mode = 'upsert' needs key = [...], the columns naming a "
-                "row (taken from the record key is not built yet)"
-            )
+    def _key_in_upsert_mode(self) -> Upserts:
         if self.key and self.mode != "upsert":
             raise ValueError(f"sinks.{self.name}: key applies to mode = 'upsert' only")
         if len(set(self.key)) != len(self.key):
             raise ValueError(f"sinks.{self.name}: key names a column twice")
+        if self.mode == "upsert" and self.raw:
+            raise ValueError(
+                f"sinks.{self.name}: mode = 'upsert' folds decoded rows; set raw = false"
+            )
         return self
 
 
-class IcebergSinkConfig(_Upserts):
+class IcebergSinkConfig(Upserts):
     kind: Literal["iceberg"]
     catalog: IcebergCatalogConfig = Field(default_factory=IcebergCatalogConfig)
     namespace: str = Field("thalweg", min_length=1)
@@ -159,7 +184,7 @@ class IcebergSinkConfig(_Upserts):
         return value
 
 
-class PostgresSinkConfig(_Upserts):
+class PostgresSinkConfig(Upserts):
     kind: Literal["postgres"]
     dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
     schema_name: str = Field("public", min_length=1)

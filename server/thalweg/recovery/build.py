@@ -126,7 +126,7 @@ def node_transform(
         cfg,
         node.name,
         sink_cfg.topics[0],
-        sink_cfg.metadata,
+        sink_cfg.read_metadata(),
         layout,
         columns,
         observer,
@@ -214,7 +214,7 @@ def _metadata_below(cfg: ThalwegConfig, dag: Dag, node: str) -> list[str]:
     for s in cfg.sinks:
         feeding = next((n.name for n in dag.nodes if n.sink == s.name), None)
         if feeding is not None and node in upstream(by_name, feeding):
-            wanted.update(s.metadata)
+            wanted.update(s.read_metadata())
     return sorted(wanted)
 
 

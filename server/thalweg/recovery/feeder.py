@@ -120,7 +120,7 @@ class SinkFeeder:
             layout,
             columns,
             raw=sink.cfg.raw,
-            metadata=sink.cfg.metadata,
+            metadata=sink.cfg.read_metadata(),
             decoder_for=decoder_for,
             writer=writer,
             transform=transform,

@@ -10,33 +10,74 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.sinks.base import SinkSchemaError
+from thalweg.sinks.base import SinkRefusedError, SinkSchemaError, name_records
 
 POSITION = "_twg_position"
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
+VALUE = "_twg_source_value"  # null for a tombstone
+PARTITION = "_twg_source_partition"
 
 
-def newest_per_key(data: pa.Table, key: list[str], topic: str, sink: str) -> pa.Table:
-    """Each key's row of the highest lane position; rows without every key column (a
-    tombstone with no image) are left out.
+def newest_per_key(
+    data: pa.Table, key: list[str], topic: str, sink: str, *, keep_value: bool = True
+) -> pa.Table:
+    """Each key's row of the highest lane position. A delete without every key column
+    (a tombstone with no image) names no row and is left out; any other row without
+    one (an update whose image lacks the key) is refused, named. Rows read with their
+    value (an upsert by the record key) are deletes where the value is null
+    (:func:`with_deletes`).
 
     Raises:
-        SinkSchemaError: the rows lack a key column or the position.
+        SinkRefusedError: rows that are not deletes lack a key value (set aside in the
+            sink's dead-letter lane, the rest lands).
+        SinkSchemaError: the rows have no position.
     """
-    missing = [c for c in [*key, POSITION] if c not in data.column_names]
-    if missing and DELETED in data.column_names and pc.all(data.column(DELETED)).as_py():
-        return data.slice(0, 0)  # tombstones only: no key known, nothing to fold
-    if missing:
-        raise SinkSchemaError(
-            f"sink {sink!r}: mode = 'upsert' needs the column(s) {missing} in the rows of {topic!r}"
+    data = with_deletes(data, keep_value=keep_value)
+    if POSITION not in data.column_names:
+        raise SinkSchemaError(f"sink {sink!r}: the rows of {topic!r} have no {POSITION}")
+    missing = [k for k in key if k not in data.column_names]
+    known = (
+        pa.array([False] * data.num_rows)
+        if missing
+        else functools.reduce(pc.and_, [pc.is_valid(data.column(k)) for k in key])
+    )
+    nameless = pc.and_(pc.invert(known), pc.invert(deleted(data)))
+    if pc.any(nameless).as_py():
+        poison = data.filter(nameless)
+        raise SinkRefusedError(
+            f"sink {sink!r}: {poison.num_rows} row(s) of {topic!r} have no value for the "
+            f"key column(s) {key} (mode = 'upsert' names a row by them)",
+            records=_records(poison, topic),
         )
-    known = functools.reduce(pc.and_, [pc.is_valid(data.column(k)) for k in key])
+    if missing:
+        return data.slice(0, 0)  # deletes only, naming no row: nothing to fold
     data = data.filter(known)
     top = data.group_by(key).aggregate([(POSITION, "max")])
     top = top.rename_columns([*key, POSITION])  # the keys, then the aggregate
     # Joined on a slim table (Arrow joins no struct columns), then taken whole.
     rows = numbered(data, key).join(top, [*key, POSITION], join_type="inner")
     return taken(data, rows.column(ROW))
+
+
+def _records(rows: pa.Table, topic: str) -> dict[tuple[str, int], set[int]] | None:
+    """The records of ``rows``; None without the partition column (the feeder then
+    finds them by halving)."""
+    if PARTITION not in rows.column_names:
+        return None
+    out: dict[tuple[str, int], set[int]] = {}
+    name_records(out, topic, rows)
+    return out
+
+
+def with_deletes(data: pa.Table, *, keep_value: bool) -> pa.Table:
+    """A plain keyed changelog's deletes: rows that came with their value but without a
+    change event's ``__deleted`` get one, true for a tombstone (a null value). The
+    value's bytes are then dropped unless the sink's ``metadata`` asked for them."""
+    if VALUE not in data.column_names:
+        return data
+    if DELETED not in data.column_names:
+        data = data.append_column(DELETED, pc.is_null(data.column(VALUE)))
+    return data if keep_value else data.drop_columns([VALUE])
 
 
 ROW = "_thalweg_row"  # a row's index, through a join

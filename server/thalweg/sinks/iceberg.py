@@ -89,7 +89,8 @@ class IcebergSink(BufferedSink):
         super().__init__(cfg, data_dir)
         self._catalog: Catalog | None = None
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
-        self._key: list[str] = list(getattr(cfg, "key", []))
+        self._key: list[str] = cfg.row_key() if self._upsert else []
+        self._keep_value = "source_value" in cfg.metadata  # else dropped (sinks/fold.py)
 
     # -- catalog and tables ------------------------------------------------------------
 
@@ -216,7 +217,11 @@ class IcebergSink(BufferedSink):
         """``mode = "upsert"``: one transaction that deletes the rows of every key this
         flush's newest rows name, appends those that are not deletes, and records the
         coverage; retried whole when another writer committed first."""
-        newest = None if data is None else newest_per_key(data, self._key, topic, self.name)
+        newest = (
+            None
+            if data is None
+            else newest_per_key(data, self._key, topic, self.name, keep_value=self._keep_value)
+        )
         if newest is not None:
             self._evolve(table, newest.schema, topic)
         for attempt in range(_COMMIT_TRIES):

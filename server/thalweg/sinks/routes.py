@@ -27,7 +27,7 @@ def safe_name(text: str) -> str:
 
 def routed(template: str) -> bool:
     """Whether ``template`` names a column (not only the topic)."""
-    return any(name != "topic" for name in FIELD.findall(template))
+    return bool(fields(template))
 
 
 def pattern(template: str, topic: str) -> re.Pattern[str]:
@@ -42,11 +42,9 @@ def pattern(template: str, topic: str) -> re.Pattern[str]:
     return re.compile("^" + "".join(out) + "$")
 
 
-def split(
-    rows: pa.Table, template: str, topic: str
-) -> tuple[dict[str, pa.Table], pa.Table, str | None]:
-    """The rows by the table each names; the rows that name none (a field column the
-    rows lack, or a null value in it) and why."""
+def names(rows: pa.Table, template: str, topic: str) -> tuple[pa.Array, str | None]:
+    """The table each row names (null where it names none) and, when a field column is
+    missing from the rows, why."""
     n = rows.num_rows
     parts: list[pa.Array | pa.ChunkedArray | str] = []
     at = 0
@@ -64,14 +62,26 @@ def split(
         at = m.end()
     parts.append(template[at:])
     arrays = [p if not isinstance(p, str) else pa.array([p] * n, pa.string()) for p in parts]
-    names = pc.replace_substring_regex(
-        pc.binary_join_element_wise(*arrays, ""), pattern=_UNSAFE, replacement="_"
-    )
+    joined = pc.binary_join_element_wise(*arrays, "")
+    return pc.replace_substring_regex(joined, pattern=_UNSAFE, replacement="_"), missing
+
+
+def split(
+    rows: pa.Table, template: str, topic: str
+) -> tuple[dict[str, pa.Table], pa.Table, str | None]:
+    """The rows by the table each names; the rows that name none (a field column the
+    rows lack, or a null value in it) and why."""
+    named, missing = names(rows, template, topic)
     out = {}
-    for value in pc.unique(names).drop_null().to_pylist():
-        out[str(value)] = rows.filter(pc.equal(names, value))
-    nulls = names.null_count
+    for value in pc.unique(named).drop_null().to_pylist():
+        out[str(value)] = rows.filter(pc.equal(named, value))
+    nulls = named.null_count
     if not nulls:
         return out, rows.slice(0, 0), None
     why = missing or f"{nulls} row(s) have no value for a field of the table name {template!r}"
-    return out, rows.filter(pc.is_null(names)), why
+    return out, rows.filter(pc.is_null(named)), why
+
+
+def fields(template: str) -> list[str]:
+    """The columns ``template`` names (``{topic}`` is not one)."""
+    return [name for name in FIELD.findall(template) if name != "topic"]

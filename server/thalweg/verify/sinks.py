@@ -37,16 +37,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.config.models import ThalwegConfig
+from thalweg.config.sinks import Upserts
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.refused import SinkDeadLetters
+from thalweg.sinks import routes
 from thalweg.sinks.base import Ranges
+from thalweg.sinks.fold import DELETED, VALUE, with_deletes
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
 
-DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _IPC_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
 
 
@@ -120,9 +122,8 @@ def audit_sink(
         want = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
         want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
         refused += set_aside
-        upsert_key: list[str] = getattr(sink_cfg, "key", [])
-        if upsert_key:  # mode = "upsert" (a key is refused in any other mode)
-            want = _folded(cfg, upsert_key, columns, topic, p, want)
+        if isinstance(sink_cfg, Upserts) and sink_cfg.mode == "upsert":
+            want = _folded(cfg, sink_cfg, columns, topic, p, want)
         counts = _check_rows(table, want, window, columns, p, where, report)
         checked, missing, twice, extra = (
             x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
@@ -175,31 +176,39 @@ def _without_refused(
 
 def _folded(
     cfg: ThalwegConfig,
-    key: list[str],
+    sink_cfg: Upserts,
     columns: MetadataColumns,
     topic: str,
     partition: int,
     want: np.ndarray,
 ) -> np.ndarray:
     """Of the positions ``want`` (the decoded rows inside the coverage), those an upsert
-    sink keeps: per key the newest, unless it is a delete (``__deleted``); rows without
-    every key column change nothing."""
+    sink keeps: per table and key the newest, unless it is a delete (``__deleted``, or
+    keyed by the record key a tombstone); rows without every key column change nothing.
+
+    Folded as the sink folds (``sinks.fold``): a routed sink (``"{tenant}_orders"``)
+    folds each table alone, so the table a row names is part of its key here."""
     layout = LaneLayout(Path(cfg.gateway.data_dir))
-    wanted = [*key, columns.position, DELETED]
+    key = sink_cfg.row_key()
+    template = getattr(sink_cfg, "table", "")
+    routing = routes.fields(template)
+    wanted = list(dict.fromkeys([*key, *routing, columns.position, DELETED]))
+    if sink_cfg.record_keyed:
+        wanted.append(VALUE)
     parts = []
     for seg in layout.segments(Lane.RAW, topic, partition):
         twin = layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
-        if not twin.exists():
-            continue
-        names = set(pq.read_schema(twin).names)
-        if not all(k in names for k in key):
-            continue  # no row of it names a key (tombstones only)
-        parts.append(pq.read_table(twin, columns=[c for c in wanted if c in names]))
-    if not parts:
-        return np.zeros(0, np.int64)
-    rows = pa.concat_tables(parts, promote_options="permissive")
+        if twin.exists():
+            parts.append(_segment_columns(seg.path, twin, wanted, columns))
+    rows = pa.concat_tables(parts, promote_options="permissive") if parts else None
+    if rows is None or any(k not in rows.column_names for k in key):
+        return np.zeros(0, np.int64)  # no row names a key (tombstones only)
     positions = rows.column(columns.position).to_numpy(zero_copy_only=False)
-    rows = rows.filter(pa.array(np.isin(positions, want)))
+    rows = with_deletes(rows.filter(pa.array(np.isin(positions, want))), keep_value=False)
+    if routing:
+        named, _ = routes.names(rows, template, topic)
+        rows = rows.append_column(ROUTED, named)
+        key = [*key, ROUTED]
     for k in key:
         rows = rows.filter(pc.is_valid(rows.column(k)))
     if not rows.num_rows:
@@ -210,6 +219,28 @@ def _folded(
         gone = rows.filter(pc.fill_null(rows.column(DELETED), False)).column(columns.position)
         newest = np.setdiff1d(newest, gone.to_numpy(zero_copy_only=False))
     return np.sort(newest.astype(np.int64))
+
+
+ROUTED = "_thalweg_table"  # the table a routed row names, beside its key
+
+
+def _segment_columns(
+    raw: Path, twin: Path, wanted: list[str], columns: MetadataColumns
+) -> pa.Table:
+    """A segment's decoded rows with the ``wanted`` columns it has: from the decoded
+    twin, and those only the raw segment holds (the record key, the value, any
+    ``_twg_source_`` column) matched to them by position."""
+    held = set(pq.read_schema(twin).names)
+    rows = pq.read_table(twin, columns=[c for c in wanted if c in held])
+    rest = [c for c in wanted if c not in held and c != columns.position]
+    rest = [c for c in rest if c in pq.read_schema(raw).names]
+    if not rest:
+        return rows
+    extra = pq.read_table(raw, columns=[columns.position, *rest])
+    at = pc.index_in(rows.column(columns.position), extra.column(columns.position))
+    for c in rest:
+        rows = rows.append_column(c, pc.take(extra.column(c), at))
+    return rows
 
 
 def _check_rows(

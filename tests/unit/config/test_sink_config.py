@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from thalweg.config import parse_config
-from thalweg.config.sinks import IcebergSinkConfig
+from thalweg.config.sinks import IcebergSinkConfig, PostgresSinkConfig
 from thalweg.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ DB = {"name": "db", "kind": "postgres", "topics": ["orders"], "dsn": "postgresql
         ),
         ([{"name": "db", "kind": "postgres", "topics": ["orders"]}], "dsn"),
         ([{**LAKE, "commit_interval_s": 0}], "commit_interval_s"),
-        ([{**DB, "mode": "upsert"}], "needs key"),
+        ([{**DB, "mode": "upsert", "raw": True}], "set raw = false"),
         ([{**DB, "key": ["id"]}], "key applies to mode = 'upsert' only"),
         ([{**DB, "mode": "upsert", "key": ["id", "id"]}], "twice"),
         ([{**DB, "mode": "merge"}], "mode"),
@@ -117,3 +117,15 @@ def test_sink_secrets_are_listed_and_never_shown() -> None:
     ]
     shown = c.model_dump_json()
     assert "pw@" not in shown and "t0k" not in shown and '"sk"' not in shown
+
+
+def test_an_upsert_without_key_is_keyed_by_the_record_key_and_reads_the_value() -> None:
+    """No ``key``: the record key names a row, and the value comes along only so that a
+    tombstone can be told (the sink drops it unless ``metadata`` asks for it)."""
+    sink = parse_config(cfg([{**DB, "mode": "upsert", "metadata": ["ingest_ts"]}])).sinks[0]
+    assert isinstance(sink, PostgresSinkConfig) and sink.record_keyed
+    assert sink.row_key() == ["_twg_source_key"]
+    assert sink.read_metadata() == ["ingest_ts", "source_key", "source_value"]
+    keyed = parse_config(cfg([{**DB, "mode": "upsert", "key": ["id"]}])).sinks[0]
+    assert isinstance(keyed, PostgresSinkConfig) and not keyed.record_keyed
+    assert keyed.row_key() == ["id"] and keyed.read_metadata() == keyed.metadata
