@@ -28,17 +28,15 @@ _ROW = "_thalweg_row"
 
 
 def fold_latest(batches: Iterable[pa.RecordBatch], columns: MetadataColumns) -> pa.Table | None:
-    """Each key's newest row of ``batches`` (decoded rows with every metadata column),
-    deleted keys left out; None when no batch came."""
+    """Each key's newest row of ``batches`` (decoded rows with the key, value, partition,
+    position and decode-error columns), deleted keys left out; None when no batch came."""
     kept: list[pa.Table] = []
     waiting = 0
     schema: pa.Schema | None = None
     for batch in batches:
         schema = batch.schema
-        rows = _usable(pa.Table.from_batches([batch]), columns)
-        if rows.num_rows:
-            kept.append(rows)
-            waiting += rows.num_rows
+        kept.append(pa.Table.from_batches([batch]))
+        waiting += batch.num_rows
         if waiting >= FOLD_ROWS:
             kept, waiting = [_fold(kept, columns)], 0
     if schema is None:
@@ -49,21 +47,20 @@ def fold_latest(batches: Iterable[pa.RecordBatch], columns: MetadataColumns) -> 
     return newest.filter(pc.invert(_deleted(newest, columns)))
 
 
-def _usable(rows: pa.Table, columns: MetadataColumns) -> pa.Table:
-    """Rows with a key that decoded."""
-    keep = pc.is_valid(rows.column(columns.source("key")))
-    if columns.decode_error in rows.column_names:
-        keep = pc.and_(keep, pc.is_null(rows.column(columns.decode_error)))
-    return rows.filter(keep)
-
-
 def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
-    """Per ``(partition, key)`` the row of the highest position, in lane order."""
+    """Per ``(partition, key)`` the row of the highest position, in lane order; rows
+    without a key, or that failed to decode, left out. Decided on the slim columns
+    alone, then the winners taken whole (filtering every column first cost a third
+    of the fold)."""
     rows = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
     group = [columns.partition, columns.source("key")]
     slim = rows.select([*group, columns.position]).append_column(
         _ROW, pa.array(np.arange(rows.num_rows), pa.int64())
     )
+    usable = pc.is_valid(rows.column(columns.source("key")))
+    if columns.decode_error in rows.column_names:
+        usable = pc.and_(usable, pc.is_null(rows.column(columns.decode_error)))
+    slim = slim.filter(usable)
     top = slim.group_by(group).aggregate([(columns.position, "max")])
     top = top.rename_columns([*group, columns.position])
     picked = slim.join(top, [*group, columns.position], join_type="inner").column(_ROW)
