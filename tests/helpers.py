@@ -505,10 +505,15 @@ def feeder_pass(cfg: Any, sink: str, **options: Any) -> Any:
 def iceberg_table(data_dir: Path, sink: str, identifier: str) -> Any:
     """A table of the embedded Iceberg catalog of sink ``sink`` (SQLite + a local
     warehouse under ``data_dir/sinks/<sink>``), loaded now."""
+    return iceberg_catalog(data_dir, sink).load_table(identifier)
+
+
+def iceberg_catalog(data_dir: Path, sink: str) -> Any:
+    """The embedded Iceberg catalog of sink ``sink``."""
     from pyiceberg.catalog import load_catalog
 
     home = (data_dir / "sinks" / sink).resolve()
-    catalog = load_catalog(
+    return load_catalog(
         sink,  # a SQL catalog keeps tables per catalog name: the sink's name
         **{
             "type": "sql",
@@ -516,4 +521,3 @@ def iceberg_table(data_dir: Path, sink: str, identifier: str) -> Any:
             "warehouse": (home / "warehouse").as_uri(),
         },
     )
-    return catalog.load_table(identifier)

@@ -6,12 +6,15 @@
    broker is stopped — nothing can be read from the source again — and PostgreSQL comes
    back: recovery from the raw lane brings it to parity. Both sinks hold every produced
    record exactly once and equal the decoded lane row for row.
-2. ``twg stream`` with both sinks is SIGKILLed five times during ingest; each sink ends
-   with every record exactly once.
+2. ``twg stream`` with both sinks, and an Iceberg sink routing each record to a table
+   by a field (``"shard_{shard}"``: a flush lands table by table, then its control
+   record), is SIGKILLed five times during ingest; each sink ends with every record
+   exactly once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +33,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchTableError
 
 from tests.conftest import RunningGateway, source_cfg
 from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
-from tests.helpers import assert_verified, safe_count, seeded_rng, wait_until
+from tests.helpers import assert_verified, iceberg_catalog, safe_count, seeded_rng, wait_until
 from tests.postgres_server import PostgresServer
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
@@ -43,6 +47,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RID = "_twg_record_id"
 PARTITIONS = 2
+SHARDS = 3  # a routed Iceberg sink's tables ("shard_{shard}")
 
 
 def _table(topic: str) -> str:
@@ -103,9 +108,8 @@ class Paced:
         step = max(1, rate // 10)
         while not self._stop.is_set() and (total is None or self.sent < total):
             for _ in range(step if total is None else min(step, total - self.sent)):
-                p.produce(
-                    topic, json.dumps({"n": self.sent}).encode(), partition=self.sent % PARTITIONS
-                )
+                body = {"n": self.sent, "shard": self.sent % SHARDS}
+                p.produce(topic, json.dumps(body).encode(), partition=self.sent % PARTITIONS)
                 self.sent += 1
             p.poll(0)
             time.sleep(0.1)
@@ -144,6 +148,17 @@ def assert_exactly_once(data: Path, topic: str, pg: PostgresServer, n: int) -> N
     got_pg = sorted((bytes(r), v) for r, v in pg_rows(pg, topic))
     assert len(got_pg) == n and len({r for r, _ in got_pg}) == n, "postgres: not exactly once"
     assert got_pg == want, "postgres differs from the decoded lane"
+
+
+def routed_rows(data: Path) -> list[tuple[int, int]]:
+    """(shard, n) of every row in the routed sink's tables."""
+    cat = iceberg_catalog(data, "shards")
+    out = []
+    for i in range(SHARDS):
+        with contextlib.suppress(NoSuchTableError):
+            t = cat.load_table(f"thalweg.shard_{i}").scan(selected_fields=("n",)).to_arrow()
+            out += [(i, v) for v in t.column("n").to_pylist()]
+    return out
 
 
 def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stopped(
@@ -241,6 +256,13 @@ kind = "postgres"
 topics = ["{topic}"]
 dsn = "{pg.dsn}"
 commit_interval_s = 0.5
+
+[[sinks]]
+name = "shards"
+kind = "iceberg"
+topics = ["{topic}"]
+table = "shard_{{shard}}"
+commit_interval_s = 0.3
 """
     group = f"g-{uuid.uuid4().hex[:8]}"
     path.write_text(config_text(bootstrap, topic, group, data, extra=sinks))
@@ -282,10 +304,22 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             check=alive,
             interval=0.5,
         )
+        # A flush of the routed sink lands table by table, then its control record: a
+        # kill between them replays the flush, and each table keeps its rows once.
+        wait_until(
+            lambda: safe_count(lambda: len(routed_rows(data))) >= total,
+            120,
+            "routed iceberg tables",
+            check=alive,
+            interval=0.5,
+        )
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert_exactly_once(data, topic, pg, total)
+        routed = routed_rows(data)
+        assert len(routed) == total, f"routed tables hold {len(routed)} rows of {total}"
+        assert sorted(routed) == sorted((n % SHARDS, n) for n in range(total))
         assert_verified(config)
     finally:
         if proc.poll() is None:

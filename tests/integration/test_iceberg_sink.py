@@ -10,9 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from tests.helpers import iceberg_catalog
 from thalweg.config.sinks import IcebergSinkConfig
 from thalweg.sinks.base import SinkSchemaError, SinkState, Span
-from thalweg.sinks.iceberg import COVERAGE_PREFIX, IcebergSink
+from thalweg.sinks.iceberg import IcebergSink
+from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,7 @@ def test_coverage_is_committed_with_the_rows_and_trusted_on_open(tmp_path: Path)
         await sink.flush()
 
     asyncio.run(go())
-    table = sink._table("orders")
+    table = sink.table("orders")
     assert table is not None
     data = table.scan().to_arrow()
     assert sorted(data.column("_twg_position").to_pylist()) == [0, 1, 2, 30]
@@ -82,7 +84,7 @@ def test_columns_are_added_and_types_widened_not_changed(tmp_path: Path) -> None
     asyncio.run(sink.open())
     asyncio.run(go(rows(4), 4))
     asyncio.run(go(wider, 5))
-    table = sink._table("orders")
+    table = sink.table("orders")
     assert table is not None
     schema = table.schema().as_arrow()
     assert schema.field("qty").type == pa.int64() and "note" in schema.names
@@ -90,7 +92,7 @@ def test_columns_are_added_and_types_widened_not_changed(tmp_path: Path) -> None
     with pytest.raises(SinkSchemaError):
         asyncio.run(go(bad, 6))
     assert sink.health().state is SinkState.DEGRADED
-    fresh = sink._table("orders")
+    fresh = sink.table("orders")
     assert fresh is not None and fresh.scan().to_arrow().num_rows == 2  # nothing committed
 
 
@@ -103,12 +105,64 @@ def test_a_table_rolled_back_claims_only_what_its_snapshot_holds(tmp_path: Path)
 
     asyncio.run(sink.open())
     asyncio.run(go([0, 1]))
-    table = sink._table("orders")
+    table = sink.table("orders")
     assert table is not None and table.current_snapshot() is not None
     first = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
     asyncio.run(go([2, 3]))
-    table = sink._table("orders")
+    table = sink.table("orders")
     assert table is not None
     table.manage_snapshots().set_current_snapshot(snapshot_id=first).commit()
     landed = asyncio.run(make(tmp_path).open())
     assert landed is not None and landed.ranges == {("orders", 0, 0): [(0, 2)]}
+
+
+def test_a_routed_flush_cut_before_its_control_record_lands_each_row_once(
+    tmp_path: Path,
+) -> None:
+    """``table = "t_{shard}"``: a flush lands table by table, then in the control
+    record. Cut between the two (the control record set back to what it held before, as
+    a crash before its commit leaves it), the sink reopens short of the flush, the lane
+    replays it, and each table — which already holds its rows — keeps them once."""
+    from thalweg.sinks import iceberg_routes
+    from thalweg.sinks.iceberg_coverage import encode_coverage
+
+    cfg = IcebergSinkConfig(name="lake", kind="iceberg", topics=["orders"], table="t_{shard}")
+    first, second = rows(0, 1, 2, 3, 4, 5), rows(6, 7, 8, 9, 10, 11)
+    shards = [pa.array([p % 3 for p in range(a, a + 6)]) for a in (0, 6)]
+    zero = pa.array([0] * 6, pa.int32())
+    first, second = (
+        t.append_column("shard", s).append_column("_twg_source_partition", zero)
+        for t, s in zip((first, second), shards, strict=True)
+    )
+
+    def flush(sink: IcebergSink, t: pa.Table, start: int) -> None:
+        async def go() -> None:
+            await sink.open()
+            await sink.write(t, Span("orders", 0, 0, start, start + 6))
+            await sink.flush()
+
+        asyncio.run(go())
+
+    sink = IcebergSink(cfg, tmp_path)
+    flush(sink, first, 0)
+    flush(sink, second, 6)
+    catalog = iceberg_catalog(tmp_path, "lake")
+    control = iceberg_routes.control(catalog, "thalweg", create=False)
+    assert control is not None
+    key = COVERAGE_PREFIX + "lake"
+    assert control.properties[key] == encode_coverage({("orders", 0, 0): [(0, 12)]})
+    with control.transaction() as tx:  # the crash: the second flush's control commit lost
+        tx.set_properties({key: encode_coverage({("orders", 0, 0): [(0, 6)]})})
+    again = IcebergSink(cfg, tmp_path)
+    landed = asyncio.run(again.open())
+    assert landed is not None and landed.ranges == {("orders", 0, 0): [(0, 6)]}
+    flush(again, second, 6)  # the replay of what the lane holds past the coverage
+    held = {
+        n: sorted(
+            catalog.load_table(f"thalweg.t_{n}").scan().to_arrow()["_twg_position"].to_pylist()
+        )
+        for n in range(3)
+    }
+    assert held == {n: [p for p in range(12) if p % 3 == n] for n in range(3)}
+    reopened = asyncio.run(IcebergSink(cfg, tmp_path).open())
+    assert reopened is not None and reopened.ranges == {("orders", 0, 0): [(0, 12)]}

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import assert_verified, wait_until
+from tests.helpers import assert_verified, iceberg_catalog, wait_until
 from tests.integration.test_sinks import lag
 from tests.postgres_server import PostgresServer
 
@@ -145,4 +146,67 @@ def test_routed_upserts_fold_each_table_alone_and_verify_agrees(
             return False
 
     wait_until(landed, 60, lambda: f"three tables of 50 rows each: {tables()}")
+    assert_verified(rg.gateway.cfg)
+
+
+def test_iceberg_routes_each_tenant_into_its_table_and_sets_aside_past_the_ceiling(
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    """The same for an Iceberg sink: each tenant's table holds its records once, the
+    control record covers every offset, the fourth tenant and rows without one are set
+    aside with the reason, and ``twg verify`` reads every table the template names."""
+    topic = topic_factory(2)
+    sent: dict[str | None, list[int]] = {}
+    for n in range(1200):
+        tenant = None if n % 100 == 99 else TENANTS[n % 4]
+        producer.produce(topic, json.dumps({"tenant": tenant, "n": n}).encode(), partition=n % 2)
+        sent.setdefault(tenant, []).append(n)
+    producer.flush(10)
+    sink = {
+        "name": "lake",
+        "kind": "iceberg",
+        "topics": [topic],
+        "table": "{tenant}_orders",
+        "max_tables": 3,
+        "commit_interval_s": 0.3,
+    }
+    data = tmp_path / "lane"
+    rg = gateway_factory([topic], data_dir=data, sinks=[sink])
+    rg.wait_durable(topic, {0: 600, 1: 600})
+
+    def tables() -> dict[str, list[int]]:
+        catalog = iceberg_catalog(data, "lake")
+        out = {}
+        for ident in catalog.list_tables("thalweg"):
+            if ident[-1].endswith("_orders"):
+                rows = catalog.load_table(ident).scan(selected_fields=("n",)).to_arrow()
+                out[ident[-1].removesuffix("_orders")] = sorted(rows["n"].to_pylist())
+        return out
+
+    def set_aside() -> list[int]:
+        with thalweg_client.connect(rg.flight_url) as client:
+            dead = client.read(topic, lane="dlq", sink="lake")
+        return sorted(json.loads(v)["n"] for v in dead["_twg_source_value"].to_pylist())
+
+    def landed() -> bool:
+        try:
+            held = tables()
+            if lag(rg, "lake") != 0 or len(held) != 3:
+                return False
+            late = next(t for t in TENANTS if t not in held)
+            return all(held[t] == sent[t] for t in held) and set_aside() == sorted(
+                sent[late] + sent[None]
+            )
+        except Exception:  # a table not made yet
+            return False
+
+    wait_until(landed, 60, lambda: f"three tenant tables and the rest set aside: {tables()}")
+    with thalweg_client.connect(rg.flight_url) as client:
+        dead = client.read(topic, lane="dlq", sink="lake")
+    errors = dead["_twg_dlq_error"].to_pylist()
+    assert any("max_tables = 3" in e for e in errors)
+    assert any("no value for a field" in e for e in errors)
     assert_verified(rg.gateway.cfg)

@@ -151,43 +151,10 @@ class Upserts(_SinkBase):
         return self
 
 
-class IcebergSinkConfig(Upserts):
-    kind: Literal["iceberg"]
-    catalog: IcebergCatalogConfig = Field(default_factory=IcebergCatalogConfig)
-    namespace: str = Field("thalweg", min_length=1)
-    table: str = Field("{topic}", description="Table name; {topic} is replaced.")
-    partition_by: list[str] = Field(
-        default_factory=list,
-        description='Partition transforms, e.g. ["day(_twg_source_timestamp)"].',
-    )
+class Routed(Upserts):
+    """``table`` as a template and ``max_tables``: the sinks that can route one topic into
+    many tables (docs/cdc.md, "One topic, many tables")."""
 
-    @model_validator(mode="after")
-    def _one_table_per_topic(self) -> IcebergSinkConfig:
-        if len(self.topics) > 1 and "{topic}" not in self.table:
-            raise ValueError(
-                f"sinks.{self.name}: table {self.table!r} has no {{topic}} but the sink "
-                "receives several topics; one Iceberg table per topic"
-            )
-        return self
-
-    @field_validator("partition_by")
-    @classmethod
-    def _transforms(cls, value: list[str]) -> list[str]:
-        import re
-
-        for t in value:
-            if not re.match(_TRANSFORM, t.strip()):
-                raise ValueError(
-                    f"partition_by: {t!r} is not day|hour|month|year|identity(column) or "
-                    "bucket|truncate(N, column)"
-                )
-        return value
-
-
-class PostgresSinkConfig(Upserts):
-    kind: Literal["postgres"]
-    dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
-    schema_name: str = Field("public", min_length=1)
     table: str = Field(
         "{topic}",
         description="Table name; {topic} is replaced, and {field} by each row's value of "
@@ -209,6 +176,44 @@ class PostgresSinkConfig(Upserts):
         if value.count("{") != len(fields) or value.count("}") != len(fields):
             raise ValueError(f"table {value!r}: a brace that names no field")
         return value
+
+
+class IcebergSinkConfig(Routed):
+    kind: Literal["iceberg"]
+    catalog: IcebergCatalogConfig = Field(default_factory=IcebergCatalogConfig)
+    namespace: str = Field("thalweg", min_length=1)
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description='Partition transforms, e.g. ["day(_twg_source_timestamp)"].',
+    )
+
+    @model_validator(mode="after")
+    def _one_table_per_topic(self) -> IcebergSinkConfig:
+        if len(self.topics) > 1 and not TEMPLATE_FIELD.findall(self.table):
+            raise ValueError(
+                f"sinks.{self.name}: table {self.table!r} has no {{topic}} (nor a {{field}}) "
+                "but the sink receives several topics; one Iceberg table per topic"
+            )
+        return self
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, value: list[str]) -> list[str]:
+        import re
+
+        for t in value:
+            if not re.match(_TRANSFORM, t.strip()):
+                raise ValueError(
+                    f"partition_by: {t!r} is not day|hour|month|year|identity(column) or "
+                    "bucket|truncate(N, column)"
+                )
+        return value
+
+
+class PostgresSinkConfig(Routed):
+    kind: Literal["postgres"]
+    dsn: SecretStr = Field(description="postgresql://user:password@host:port/database")
+    schema_name: str = Field("public", min_length=1)
 
 
 class ArrowIpcSinkConfig(_SinkBase):

@@ -1,13 +1,11 @@
 """Iceberg tables through pyiceberg: one table per topic, exactly-once across crashes.
 
 Every flush is one commit per table that appends the data files and records the sink's
-whole coverage of the table (``thalweg.coverage.<sink>``: per topic, partition and epoch,
-the ranges of positions it holds) twice in the same commit: in the snapshot summary,
-and as a table property, which survives snapshot expiry. Data and coverage are one
-atomic commit, and on open the sink answers with the table's record — trusted over the
-coverage store, so a crash between the Iceberg commit and the store's write replays
-nothing (ADR 0022). The key names the sink, so two sinks writing one table, or another
-writer's commits, never stand in for this sink's coverage.
+whole coverage of the table (``sinks/iceberg_coverage.py``) in the same commit, and on
+open the sink answers with the table's record — trusted over the coverage store, so a
+crash between the Iceberg commit and the store's write replays nothing (ADR 0022). A
+routed ``table`` (``"{tenant}_orders"``) lands a flush table by table and then in a
+control record (``sinks/iceberg_routes.py``).
 
 With ``mode = "upsert"`` the table holds one row per ``key`` (docs/cdc.md): each flush
 folds its rows to each key's newest (lane position), leaves out keys the table holds from
@@ -25,7 +23,6 @@ unsigned integers to the next signed width.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 from collections.abc import Mapping
@@ -60,6 +57,7 @@ from pyiceberg.transforms import (
 )
 
 from thalweg.records.ranges import merge_ranges
+from thalweg.sinks import iceberg_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -68,10 +66,10 @@ from thalweg.sinks.base import (
     SinkUnavailableError,
 )
 from thalweg.sinks.fold import POSITION, ROW, deleted, newest_per_key, numbered, taken
+from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
 
 log = logging.getLogger(__name__)
 
-COVERAGE_PREFIX = "thalweg.coverage."
 _COMMIT_TRIES = 5
 _UNSIGNED = {
     pa.uint8(): pa.int16(),
@@ -91,6 +89,8 @@ class IcebergSink(BufferedSink):
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
         self._key: list[str] = cfg.row_key() if self._upsert else []
         self._keep_value = "source_value" in cfg.metadata  # else dropped (sinks/fold.py)
+        self._routed = routes.routed(cfg.table)  # a table per row value (iceberg_routes)
+        self._tables: set[str] = set()
 
     # -- catalog and tables ------------------------------------------------------------
 
@@ -129,9 +129,13 @@ class IcebergSink(BufferedSink):
         name = re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))
         return f"{self.cfg.namespace}.{name}"
 
-    def _table(self, topic: str) -> Table | None:
+    def table(self, topic: str) -> Table | None:
+        """The table of ``topic`` (an unrouted sink), None before its first rows."""
+        return self._load(self.identifier(topic))
+
+    def _load(self, ident: str) -> Table | None:
         try:
-            return self._connect().load_table(self.identifier(topic))
+            return self._connect().load_table(ident)
         except NoSuchTableError:
             return None
 
@@ -141,8 +145,10 @@ class IcebergSink(BufferedSink):
         self._catalog = None
         ranges: Ranges = {}
         try:
-            for topic in self.cfg.topics:
-                table = self._table(topic)
+            if self._routed:  # the control record (sinks/iceberg_routes.py)
+                self._tables, ranges = iceberg_routes.opened(self._connect(), self.cfg)
+            for topic in [] if self._routed else self.cfg.topics:
+                table = self.table(topic)
                 if table is not None:
                     found = table_coverage(table, self.name)
                     ranges.update({k: v for k, v in found.items() if k[0] == topic})
@@ -153,38 +159,58 @@ class IcebergSink(BufferedSink):
 
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         topics = {k[0] for k in covered} | set(rows)
+        by_topic = {
+            t: _iceberg_types(pa.concat_tables(rows[t], promote_options="permissive"))
+            for t in sorted(topics)
+            if rows.get(t)
+        }
+        # Routed: every table's rows first (refusing, by name, rows naming none), then
+        # each table in turn and the control record last (sinks/iceberg_routes.py).
+        tables = (
+            routes.assign(by_topic, self.cfg.table, self._tables, self.cfg.max_tables, self.name)
+            if self._routed
+            else {}
+        )
         for topic in sorted(topics):
-            parts = rows.get(topic, [])
-            data = (
-                _iceberg_types(pa.concat_tables(parts, promote_options="permissive"))
-                if parts
-                else None
-            )
             mine = {k: v for k, v in covered.items() if k[0] == topic}
             try:
-                self._append(topic, data, mine)
+                if not self._routed:
+                    self._append(topic, self.identifier(topic), by_topic.get(topic), mine)
+                    continue
+                for name, (t, part) in sorted(tables.items()):
+                    if t == topic:
+                        self._land_routed(topic, name, part, mine)
+                iceberg_routes.cover(self._connect(), self.cfg.namespace, self.name, mine)
             except (SinkSchemaError, SinkUnavailableError):
                 raise
             except Exception as exc:
                 self._catalog = None
-                raise SinkUnavailableError(
-                    f"iceberg append to {self.identifier(topic)}: {exc}"
-                ) from exc
+                raise SinkUnavailableError(f"iceberg sink {self.name!r}, {topic!r}: {exc}") from exc
 
-    def _append(self, topic: str, data: pa.Table | None, covered: Ranges) -> None:
+    def _land_routed(self, topic: str, name: str, rows: pa.Table, covered: Ranges) -> None:
+        """One routed table's rows of a flush, less those its own coverage says it holds
+        (landed by an attempt that stopped before the control record)."""
+        ident = f"{self.cfg.namespace}.{name}"
+        table = self._load(ident)
+        own = {} if table is None else table_coverage(table, self.name)
+        rows = iceberg_routes.not_landed(rows, own, covered, topic)
+        self._append(topic, ident, rows if rows.num_rows else None, covered)
+        self._tables.add(name)
+
+    def _append(self, topic: str, ident: str, data: pa.Table | None, covered: Ranges) -> None:
         """Write the data files once, then commit them with the coverage, retrying the
         commit (not the write) when another writer committed first."""
-        table = self._table(topic)
+        table = self._load(ident)
         if table is None:
             if data is None:
                 return  # nothing to create a table from; the spans had no rows
-            table = self._create(topic, data.schema)
+            table = self._create(ident, data.schema)
         if self._upsert:
-            self._fold(topic, table, data, covered)
+            self._fold(topic, ident, table, data, covered)
             return
         files: list[DataFile] = []
         if data is not None:
-            self._evolve(table, data.schema, topic)
+            self._evolve(table, data.schema, ident)
             files = self._write_files(table, data)
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
@@ -205,15 +231,17 @@ class IcebergSink(BufferedSink):
                 if attempt == _COMMIT_TRIES - 1:
                     raise
                 spec, schema = table.spec().spec_id, table.schema().schema_id
-                table = self._connect().load_table(self.identifier(topic))
+                table = self._connect().load_table(ident)
                 if data is not None and (
                     table.spec().spec_id != spec or table.schema().schema_id != schema
                 ):
                     # The files were laid out for another spec or schema: write again.
-                    self._evolve(table, data.schema, topic)
+                    self._evolve(table, data.schema, ident)
                     files = self._write_files(table, data)
 
-    def _fold(self, topic: str, table: Table, data: pa.Table | None, covered: Ranges) -> None:
+    def _fold(
+        self, topic: str, ident: str, table: Table, data: pa.Table | None, covered: Ranges
+    ) -> None:
         """``mode = "upsert"``: one transaction that deletes the rows of every key this
         flush's newest rows name, appends those that are not deletes, and records the
         coverage; retried whole when another writer committed first."""
@@ -223,7 +251,7 @@ class IcebergSink(BufferedSink):
             else newest_per_key(data, self._key, topic, self.name, keep_value=self._keep_value)
         )
         if newest is not None:
-            self._evolve(table, newest.schema, topic)
+            self._evolve(table, newest.schema, ident)
         for attempt in range(_COMMIT_TRIES):
             merged = table_coverage(table, self.name)
             for key, rs in covered.items():
@@ -247,7 +275,7 @@ class IcebergSink(BufferedSink):
             except CommitFailedException:
                 if attempt == _COMMIT_TRIES - 1:
                     raise
-                table = self._connect().load_table(self.identifier(topic))
+                table = self._connect().load_table(ident)
 
     def _write_files(self, table: Table, data: pa.Table) -> list[DataFile]:
         try:
@@ -262,10 +290,10 @@ class IcebergSink(BufferedSink):
             ) from exc
         return list(_dataframe_to_data_files(table.metadata, data, table.io))
 
-    def _create(self, topic: str, schema: pa.Schema) -> Table:
+    def _create(self, ident: str, schema: pa.Schema) -> Table:
         """The table and its partition spec in one commit: a spec that cannot be made
         leaves no unpartitioned table behind to be appended to."""
-        tx = self._connect().create_table_transaction(self.identifier(topic), schema=schema)
+        tx = self._connect().create_table_transaction(ident, schema=schema)
         try:
             if self.cfg.partition_by:
                 spec = tx.update_spec()
@@ -275,14 +303,14 @@ class IcebergSink(BufferedSink):
                 spec.commit()
         except (ValueError, ValidationError) as exc:
             raise SinkSchemaError(
-                f"iceberg table {self.identifier(topic)}: partition_by {self.cfg.partition_by} "
+                f"iceberg table {ident}: partition_by {self.cfg.partition_by} "
                 f"does not fit the rows ({exc}); columns: {', '.join(schema.names)}"
             ) from exc
         tx.commit_transaction()
-        log.info("iceberg sink %s created %s", self.name, self.identifier(topic))
-        return self._connect().load_table(self.identifier(topic))
+        log.info("iceberg sink %s created %s", self.name, ident)
+        return self._connect().load_table(ident)
 
-    def _evolve(self, table: Table, schema: pa.Schema, topic: str) -> None:
+    def _evolve(self, table: Table, schema: pa.Schema, ident: str) -> None:
         """Add new columns and widen types; refuse any other change."""
         current = table.schema().as_arrow()
         if all(f.name in current.names for f in schema) and _same_types(current, schema):
@@ -292,7 +320,7 @@ class IcebergSink(BufferedSink):
                 update.union_by_name(schema)
         except (ValidationError, ValueError, TypeError) as exc:
             raise SinkSchemaError(
-                f"iceberg table {self.identifier(topic)}: the rows' schema cannot "
+                f"iceberg table {ident}: the rows' schema cannot "
                 f"be applied ({exc}); only added columns and widened types are"
             ) from exc
 
@@ -319,40 +347,6 @@ def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa
     fresh = joined.filter(newer)
     replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
     return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))
-
-
-def table_coverage(table: Table, sink: str) -> Ranges:
-    """``sink``'s coverage of ``table``: from the newest snapshot of the current history
-    whose summary has it — so a table rolled back to an older snapshot claims what that
-    snapshot holds, not what was committed after it — or, when expiry removed every such
-    snapshot, from the table property written by the same commits."""
-    key = COVERAGE_PREFIX + sink
-    text = None
-    snapshot = table.current_snapshot()
-    while snapshot is not None:
-        text = snapshot.summary.get(key) if snapshot.summary else None
-        if text is not None or snapshot.parent_snapshot_id is None:
-            break
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    if text is None:
-        text = table.properties.get(key)
-    return decode_coverage(text) if text is not None else {}
-
-
-def encode_coverage(ranges: Ranges) -> str:
-    body: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    for (t, p, e), rs in sorted(ranges.items()):
-        body.setdefault(t, {})[f"{p}:{e}"] = rs
-    return json.dumps(body, separators=(",", ":"))
-
-
-def decode_coverage(text: str) -> Ranges:
-    out: Ranges = {}
-    for topic, parts in json.loads(text).items():
-        for key, rs in parts.items():
-            p, _, e = key.partition(":")
-            out[(topic, int(p), int(e))] = [(int(a), int(b)) for a, b in rs]
-    return out
 
 
 def parse_transform(text: str) -> tuple[Transform[Any, Any], str]:

@@ -12,8 +12,8 @@ The nodes and sinks below a materialised node read its lane rather than derive i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -67,25 +67,40 @@ class NodeLaneSink(ArrowIpcSink):
         pq.write_table(table, path, compression="zstd", compression_level=1)
 
 
+@dataclass(frozen=True)
+class NodeLaneSettings:
+    """The settings a node's lane is fed with (not a ``[[sinks]]`` table: the lane is
+    the node's own, named ``node:<name>`` in /health, metrics and the coverage store);
+    the fields the feeder asks of a sink's config."""
+
+    name: str
+    node: str
+    topics: list[str]
+    metadata: list[str]
+    commit_interval_s: float = 5.0
+    raw: bool = False
+    path: None = None
+    max_buffered_rows: int = 500_000
+    commit_rows: int | None = None
+    commit_bytes: int | None = None
+
+    def read_metadata(self) -> list[str]:
+        """The raw metadata columns the lane's rows are read with: its ``metadata``."""
+        return list(self.metadata)
+
+
 def node_lane_config(
     node: str,
     topic: str,
     commit_interval_s: float = 5.0,
     metadata: list[str] | None = None,
-) -> SimpleNamespace:
-    """The settings a node's lane is fed with (not a ``[[sinks]]`` table: the lane is
-    the node's own, named ``node:<name>`` in /health, metrics and the coverage store).
-    ``metadata``: the raw lane's metadata columns it keeps — what the sinks fed from it
-    ask for, beside the defaults."""
-    return SimpleNamespace(
+) -> NodeLaneSettings:
+    """A node's lane settings. ``metadata``: the raw lane's metadata columns it keeps —
+    what the sinks fed from it ask for, beside the defaults."""
+    return NodeLaneSettings(
         name=f"node:{node}",
         node=node,
         topics=[topic],
-        raw=False,
-        path=None,
         commit_interval_s=commit_interval_s,
-        max_buffered_rows=500_000,
-        commit_rows=None,
-        commit_bytes=None,
         metadata=sorted({*DEFAULT_METADATA, *(metadata or [])}),
     )

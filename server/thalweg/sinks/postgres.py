@@ -46,7 +46,6 @@ from thalweg.sinks.base import (
     SinkRefusedError,
     SinkSchemaError,
     SinkUnavailableError,
-    name_records,
 )
 from thalweg.sinks.fold import DELETED, POSITION, newest_per_key
 
@@ -208,41 +207,11 @@ class PostgresSink(BufferedSink):
 
     def _routes(self, by_topic: Mapping[str, pa.Table]) -> dict[str, tuple[str, pa.Table]]:
         """Each table's rows (and their topic): one table per topic, or with a routed
-        template a table per value of the rows' fields, at most ``max_tables`` of them.
-
-        Raises:
-            SinkRefusedError: naming the records that name no table (a field missing or
-                null) or one past ``max_tables``: the feeder sets exactly those aside in
-                the sink's dead-letter lane and lands the rest.
-        """
+        template a table per value of the rows' fields (``routes.assign``: rows naming
+        none, or one table past ``max_tables``, refused by name)."""
         if not self._routed:
             return {self.table_name(t): (t, data) for t, data in by_topic.items()}
-        out: dict[str, tuple[str, pa.Table]] = {}
-        refused: dict[tuple[str, int], set[int]] = {}
-        why: list[str] = []
-        for topic, data in by_topic.items():
-            parts, unnamed, unrouted = routes.split(data, self.cfg.table, topic)
-            if unrouted is not None:
-                why.append(unrouted)
-                name_records(refused, topic, unnamed)
-            for name, part in parts.items():
-                have = out.get(name)
-                out[name] = (topic, part if have is None else pa.concat_tables([have[1], part]))
-        new = sorted(set(out) - self._tables)
-        room = max(0, self.cfg.max_tables - len(self._tables))
-        if len(new) > room:
-            why.append(
-                f"rows for table(s) {', '.join(new[room:][:3])} would take the sink past "
-                f"max_tables = {self.cfg.max_tables}"
-            )
-            for name in new[room:]:
-                topic, part = out.pop(name)
-                name_records(refused, topic, part)
-        if refused:
-            raise SinkRefusedError(
-                f"postgres sink {self.name!r}: {'; '.join(why)}", records=refused
-            )
-        return out
+        return routes.assign(by_topic, self.cfg.table, self._tables, self.cfg.max_tables, self.name)
 
     def _transaction(
         self, tables: Mapping[str, tuple[str, pa.Table]], covered: Ranges, *, staged: bool

@@ -11,9 +11,12 @@ and one regex replace per flush, then one filter per table.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from thalweg.sinks.base import SinkRefusedError, name_records
 
 # A {name} in a sink's table name: the topic, or a column of each row.
 FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -85,3 +88,44 @@ def split(
 def fields(template: str) -> list[str]:
     """The columns ``template`` names (``{topic}`` is not one)."""
     return [name for name in FIELD.findall(template) if name != "topic"]
+
+
+def assign(
+    by_topic: Mapping[str, pa.Table],
+    template: str,
+    known: set[str],
+    max_tables: int,
+    sink: str,
+) -> dict[str, tuple[str, pa.Table]]:
+    """Each table's rows (and their topic) for a routed template, at most
+    ``max_tables`` tables counting the ``known`` ones.
+
+    Raises:
+        SinkRefusedError: naming the records that name no table (a field missing or
+            null) or one past ``max_tables``: the feeder sets exactly those aside in
+            the sink's dead-letter lane and lands the rest.
+    """
+    out: dict[str, tuple[str, pa.Table]] = {}
+    refused: dict[tuple[str, int], set[int]] = {}
+    why: list[str] = []
+    for topic, data in by_topic.items():
+        parts, unnamed, unrouted = split(data, template, topic)
+        if unrouted is not None:
+            why.append(unrouted)
+            name_records(refused, topic, unnamed)
+        for name, part in parts.items():
+            have = out.get(name)
+            out[name] = (topic, part if have is None else pa.concat_tables([have[1], part]))
+    new = sorted(set(out) - known)
+    room = max(0, max_tables - len(known))
+    if len(new) > room:
+        why.append(
+            f"rows for table(s) {', '.join(new[room:][:3])} would take the sink past "
+            f"max_tables = {max_tables}"
+        )
+        for name in new[room:]:
+            topic, part = out.pop(name)
+            name_records(refused, topic, part)
+    if refused:
+        raise SinkRefusedError(f"sink {sink!r}: {'; '.join(why)}", records=refused)
+    return out

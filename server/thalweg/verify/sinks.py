@@ -377,7 +377,9 @@ def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinatio
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    from thalweg.sinks.iceberg import IcebergSink, table_coverage
+    from thalweg.sinks import iceberg_routes
+    from thalweg.sinks.iceberg import IcebergSink
+    from thalweg.sinks.iceberg_coverage import table_coverage
 
     sink = IcebergSink(sink_cfg, cfg.gateway.data_dir)
     props = sink.catalog_properties()
@@ -388,17 +390,30 @@ def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinatio
     catalog = load_catalog(sink_cfg.name, **props)
     coverage: Ranges = {}
     rows: dict[str, pa.Table | None] = {}
+    ns, template = sink_cfg.namespace, sink_cfg.table
+    if routes.routed(template):  # the control record, and every table the template names
+        record = iceberg_routes.control(catalog, ns, create=False)
+        found = {} if record is None else table_coverage(record, sink_cfg.name)
+        coverage.update({k: v for k, v in found.items() if k[0] in sink_cfg.topics})
     for topic in sink_cfg.topics:
-        try:
-            table = catalog.load_table(sink.identifier(topic))
-        except NoSuchTableError:
-            rows[topic] = None
-            continue
-        coverage.update(
-            {k: v for k, v in table_coverage(table, sink_cfg.name).items() if k[0] == topic}
+        idents = (
+            [f"{ns}.{n}" for n in iceberg_routes.tables_of(catalog, ns, template, topic)]
+            if routes.routed(template)
+            else [sink.identifier(topic)]
         )
-        names = {f.name for f in table.schema().fields}
-        rows[topic] = table.scan(selected_fields=tuple(c for c in wanted if c in names)).to_arrow()
+        parts = []
+        for ident in idents:
+            try:
+                table = catalog.load_table(ident)
+            except NoSuchTableError:
+                continue
+            if not routes.routed(template):
+                own = table_coverage(table, sink_cfg.name)
+                coverage.update({k: v for k, v in own.items() if k[0] == topic})
+            names = {f.name for f in table.schema().fields}
+            picked = tuple(c for c in wanted if c in names)
+            parts.append(table.scan(selected_fields=picked).to_arrow())
+        rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None
     return Destination(coverage, rows)
 
 

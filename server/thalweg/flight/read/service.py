@@ -256,7 +256,7 @@ class Reads:
 def _fold_input(read: ReadTicket, schema: pa.Schema, columns: MetadataColumns) -> ReadTicket:
     """What the latest view reads to fold: the columns it answers with and the key,
     value, partition, position and decode error of each row — not every metadata
-    column (all of them made the view read 2× slower)."""
+    column (all of them made the view read twice as slow)."""
     fold = [columns.source("key"), columns.value, columns.partition, columns.position]
     fold.append(columns.decode_error)
     wanted = list(dict.fromkeys([*schema.names, *fold]))
