@@ -79,6 +79,18 @@ def rows(pg: PostgresServer, schema: str, table: str) -> dict[int, dict[str, Any
     return {int(i): {"id": int(i), "email": e, "version": int(v)} for i, e, v in got}
 
 
+def upsert_sinks(
+    postgres: PostgresServer, topic: str, prefix: str, **opts: Any
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The schema, and a Postgres (``db``) and an Iceberg (``lake``) sink in ``mode =
+    "upsert"`` writing table ``customers`` of ``topic``, with ``opts`` (e.g. ``key``)."""
+    schema = f"{prefix}_{topic.replace('-', '_')}"
+    common = {"topics": [topic], "table": "customers", "mode": "upsert", **opts}
+    common["commit_interval_s"] = 0.3
+    db = {"name": "db", "kind": "postgres", "dsn": postgres.dsn, "schema_name": schema}
+    return schema, {**db, **common}, {"name": "lake", "kind": "iceberg", **common}
+
+
 def iceberg_rows(data_dir: Path) -> dict[int, dict[str, Any]]:
     table = iceberg_table(data_dir, "lake", "thalweg.customers").scan().to_arrow()
     got = table.select(["id", "email", "version"]).to_pylist()
@@ -96,20 +108,7 @@ def test_an_upsert_table_equals_the_fold_of_the_change_stream(
     topic = topic_factory(PARTITIONS)
     events, fold = change_stream(seed=37)
     assert fold_of(events) == fold
-    schema = f"s_{topic.replace('-', '_')}"
-    sink = {
-        "name": "db",
-        "kind": "postgres",
-        "topics": [topic],
-        "dsn": postgres.dsn,
-        "schema_name": schema,
-        "table": "customers",
-        "mode": "upsert",
-        "key": ["id"],
-        "commit_interval_s": 0.3,
-    }
-    lake = {**sink, "name": "lake", "kind": "iceberg"}
-    del lake["dsn"], lake["schema_name"]
+    schema, sink, lake = upsert_sinks(postgres, topic, "s", key=["id"])
     data = tmp_path / "lane"
     rg = gateway_factory([topic], data_dir=data, envelope="debezium", sinks=[sink, lake])
     health = f"{rg.admin_url}/health"
@@ -207,19 +206,7 @@ def test_a_plain_keyed_changelog_folds_by_the_record_key(
             fold.pop(key, None)
         else:
             fold[key] = json.loads(value)["n"]
-    schema = f"c_{topic.replace('-', '_')}"
-    sink = {
-        "name": "db",
-        "kind": "postgres",
-        "topics": [topic],
-        "dsn": postgres.dsn,
-        "schema_name": schema,
-        "table": "customers",
-        "mode": "upsert",
-        "commit_interval_s": 0.3,
-    }
-    lake = {"name": "lake", "kind": "iceberg", "topics": [topic], "table": "customers"}
-    lake |= {"mode": "upsert", "commit_interval_s": 0.3}
+    schema, sink, lake = upsert_sinks(postgres, topic, "c")
     data = tmp_path / "lane"
     rg = gateway_factory([topic], data_dir=data, sinks=[sink, lake])
     parts = {0: 0, 1: 0}
@@ -287,18 +274,7 @@ def test_hostile_change_events_are_set_aside_and_the_table_stays_the_fold(
     for value in good + hostile + tail:
         producer.produce(topic, value, partition=0)
     producer.flush(10)
-    schema = f"h_{topic.replace('-', '_')}"
-    sink = {
-        "name": "db",
-        "kind": "postgres",
-        "topics": [topic],
-        "dsn": postgres.dsn,
-        "schema_name": schema,
-        "table": "customers",
-        "mode": "upsert",
-        "key": ["id"],
-        "commit_interval_s": 0.3,
-    }
+    schema, sink, _ = upsert_sinks(postgres, topic, "h", key=["id"])
     rg = gateway_factory([topic], envelope="debezium", sinks=[sink])
     rg.wait_durable(topic, {0: 10})
     want = {i: {"id": i, "email": f"{i}@x", "version": 1} for i in (0, 1, 4)}

@@ -1,6 +1,6 @@
-"""One topic into many tables: a Postgres sink whose ``table`` names a field of the rows
-(``"{tenant}_orders"``) writes each tenant's records into the tenant's table, exactly
-once; past ``max_tables``, and for rows with no tenant, the records are set aside in
+"""One topic into many tables: a Postgres or Iceberg sink whose ``table`` names a field
+of the rows (``"{tenant}_orders"``) writes each tenant's records into the tenant's table,
+exactly once; past ``max_tables``, and for rows with no tenant, the records are set aside in
 the sink's dead-letter lane with the reason named, the rest lands, and ``twg verify``
 accounts for every record."""
 
@@ -24,12 +24,44 @@ pytestmark = pytest.mark.integration
 TENANTS = ["acme", "bolt", "core", "dune"]
 
 
+def postgres_tables(postgres: PostgresServer, schema: str) -> dict[str, list[int]]:
+    """Each tenant's table in ``schema``: its ``n`` values, sorted."""
+    names = postgres.query(
+        f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'"
+    )
+    return {
+        str(t).removesuffix("_orders"): sorted(
+            int(r[0]) for r in postgres.query(f'SELECT n FROM "{schema}"."{t}"')
+        )
+        for (t,) in names
+        if t != "_thalweg_coverage"
+    }
+
+
+def iceberg_tables(data: Path, sink: str) -> dict[str, list[int]]:
+    """Each tenant's table of the embedded catalog of ``sink``."""
+    catalog = iceberg_catalog(data, sink)
+    out = {}
+    for ident in catalog.list_tables("thalweg"):
+        if ident[-1].endswith("_orders"):
+            rows = catalog.load_table(ident).scan(selected_fields=("n",)).to_arrow()
+            out[ident[-1].removesuffix("_orders")] = sorted(rows["n"].to_pylist())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["postgres", "iceberg"])
 def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
+    kind: str,
     topic_factory: Callable[..., str],
     producer: Producer,
     gateway_factory: Callable[..., RunningGateway],
-    postgres: PostgresServer,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
+    """Tables are made as tenants are first seen: three of them, each holding its
+    tenant's records once; the fourth tenant's records and those with no tenant are set
+    aside in the sink's dead-letter lane, the reasons named; ``twg verify`` reads every
+    table the template names (Iceberg: and the control record)."""
     topic = topic_factory(2)
     sent: dict[str | None, list[int]] = {}
     for n in range(1200):
@@ -37,30 +69,23 @@ def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
         producer.produce(topic, json.dumps({"tenant": tenant, "n": n}).encode(), partition=n % 2)
         sent.setdefault(tenant, []).append(n)
     producer.flush(10)
-    schema = f"s_{topic.replace('-', '_')}"
-    sink = {
-        "name": "db",
-        "kind": "postgres",
-        "topics": [topic],
-        "dsn": postgres.dsn,
-        "schema_name": schema,
-        "table": "{tenant}_orders",
-        "max_tables": 3,
-        "commit_interval_s": 0.3,
-    }
-    rg = gateway_factory([topic], sinks=[sink])
+    routing = {"table": "{tenant}_orders", "max_tables": 3, "commit_interval_s": 0.3}
+    data = tmp_path / "lane"
+    if kind == "postgres":
+        postgres: PostgresServer = request.getfixturevalue("postgres")
+        schema = f"s_{topic.replace('-', '_')}"
+        sink = {"name": "db", "kind": kind, "dsn": postgres.dsn, "schema_name": schema}
+
+        def tables() -> dict[str, list[int]]:
+            return postgres_tables(postgres, schema)
+    else:
+        sink = {"name": "db", "kind": kind}
+
+        def tables() -> dict[str, list[int]]:
+            return iceberg_tables(data, "db")
+
+    rg = gateway_factory([topic], data_dir=data, sinks=[{**sink, **routing, "topics": [topic]}])
     rg.wait_durable(topic, {0: 600, 1: 600})
-
-    def table(name: str) -> list[int]:
-        return sorted(int(r[0]) for r in postgres.query(f'SELECT n FROM "{schema}"."{name}"'))
-
-    def tenant_tables() -> list[str]:
-        rows = postgres.query(
-            f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'"
-        )
-        return sorted(
-            str(r[0]).removesuffix("_orders") for r in rows if r[0] != "_thalweg_coverage"
-        )
 
     def set_aside() -> list[int]:
         with thalweg_client.connect(rg.flight_url) as client:
@@ -70,22 +95,18 @@ def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
     def landed() -> bool:
         # Lag 0 is measured against the lane as a pass began: the tables are compared.
         try:
-            held = tenant_tables()
+            held = tables()
             if lag(rg, "db") != 0 or len(held) != 3:
                 return False
             late = next(t for t in TENANTS if t not in held)
-            return all(table(f"{t}_orders") == sent[t] for t in held) and set_aside() == sorted(
+            return all(held[t] == sent[t] for t in held) and set_aside() == sorted(
                 sent[late] + sent[None]
             )
         except Exception:  # a table not made yet
             return False
 
-    # Tables are made as tenants are first seen: three of them, each holding its
-    # tenant's records once; the fourth tenant's records and those with no tenant are
-    # set aside in the sink's dead-letter lane, the reasons named.
     def state() -> str:
-        held = tenant_tables()
-        counts = {t: len(table(f"{t}_orders")) for t in held}
+        counts = {t: len(v) for t, v in tables().items()}
         return f"tables {counts}, {len(set_aside())} set aside, lag {lag(rg, 'db')}"
 
     wait_until(landed, 60, lambda: f"three tenant tables and the rest set aside: {state()}")
@@ -146,67 +167,4 @@ def test_routed_upserts_fold_each_table_alone_and_verify_agrees(
             return False
 
     wait_until(landed, 60, lambda: f"three tables of 50 rows each: {tables()}")
-    assert_verified(rg.gateway.cfg)
-
-
-def test_iceberg_routes_each_tenant_into_its_table_and_sets_aside_past_the_ceiling(
-    topic_factory: Callable[..., str],
-    producer: Producer,
-    gateway_factory: Callable[..., RunningGateway],
-    tmp_path: Path,
-) -> None:
-    """The same for an Iceberg sink: each tenant's table holds its records once, the
-    control record covers every offset, the fourth tenant and rows without one are set
-    aside with the reason, and ``twg verify`` reads every table the template names."""
-    topic = topic_factory(2)
-    sent: dict[str | None, list[int]] = {}
-    for n in range(1200):
-        tenant = None if n % 100 == 99 else TENANTS[n % 4]
-        producer.produce(topic, json.dumps({"tenant": tenant, "n": n}).encode(), partition=n % 2)
-        sent.setdefault(tenant, []).append(n)
-    producer.flush(10)
-    sink = {
-        "name": "lake",
-        "kind": "iceberg",
-        "topics": [topic],
-        "table": "{tenant}_orders",
-        "max_tables": 3,
-        "commit_interval_s": 0.3,
-    }
-    data = tmp_path / "lane"
-    rg = gateway_factory([topic], data_dir=data, sinks=[sink])
-    rg.wait_durable(topic, {0: 600, 1: 600})
-
-    def tables() -> dict[str, list[int]]:
-        catalog = iceberg_catalog(data, "lake")
-        out = {}
-        for ident in catalog.list_tables("thalweg"):
-            if ident[-1].endswith("_orders"):
-                rows = catalog.load_table(ident).scan(selected_fields=("n",)).to_arrow()
-                out[ident[-1].removesuffix("_orders")] = sorted(rows["n"].to_pylist())
-        return out
-
-    def set_aside() -> list[int]:
-        with thalweg_client.connect(rg.flight_url) as client:
-            dead = client.read(topic, lane="dlq", sink="lake")
-        return sorted(json.loads(v)["n"] for v in dead["_twg_source_value"].to_pylist())
-
-    def landed() -> bool:
-        try:
-            held = tables()
-            if lag(rg, "lake") != 0 or len(held) != 3:
-                return False
-            late = next(t for t in TENANTS if t not in held)
-            return all(held[t] == sent[t] for t in held) and set_aside() == sorted(
-                sent[late] + sent[None]
-            )
-        except Exception:  # a table not made yet
-            return False
-
-    wait_until(landed, 60, lambda: f"three tenant tables and the rest set aside: {tables()}")
-    with thalweg_client.connect(rg.flight_url) as client:
-        dead = client.read(topic, lane="dlq", sink="lake")
-    errors = dead["_twg_dlq_error"].to_pylist()
-    assert any("max_tables = 3" in e for e in errors)
-    assert any("no value for a field" in e for e in errors)
     assert_verified(rg.gateway.cfg)
