@@ -5,6 +5,10 @@ strings, a nullable union, a timestamp, a decimal) decoded to one Arrow table
   (a) naively: fastavro.schemaless_reader per record + pa.Table.from_pylist
   (b) by thalweg's AvroArrowDecoder (native container-file path).
 JSON: the same records as JSON objects, (a) json.loads + from_pylist vs (b) JsonArrowDecoder.
+Debezium: the same rows as update events (``before``, ``after``, ``op``, ``source``, ``ts_ms``;
+one in ten a delete), (a) json.loads, the row image picked, + from_pylist vs (b)
+``DebeziumEnvelope`` over the JSON decoder (``envelope = "debezium"``); beside it the
+envelope's cost: (b) against the plain JSON decoder on the bare rows.
 
     python load-tests/decode_bench.py --records 1000000
 """
@@ -25,6 +29,7 @@ import pyarrow as pa
 
 from thalweg.codecs import JsonArrowDecoder
 from thalweg.codecs.avro import AvroArrowDecoder, StaticSchemas
+from thalweg.codecs.envelope import DebeziumEnvelope
 from thalweg.records import MetadataColumns
 
 SCHEMA = {
@@ -90,6 +95,14 @@ def main() -> None:
             json.dumps({**rec, "ts": rec["ts"].isoformat(), "amount": str(rec["amount"])}).encode()
         )
     avro_arr, js_arr = pa.array(avro, pa.binary()), pa.array(js, pa.binary())
+    events = []
+    for i, v in enumerate(js):
+        row = json.loads(v)
+        gone = i % 10 == 9
+        body = {"before": row, "after": None if gone else {**row, "qty": 1}, "op": "du"[not gone]}
+        body |= {"source": {"connector": "postgresql", "lsn": i}, "ts_ms": 1_764_000_000_000}
+        events.append(json.dumps(body).encode())
+    ev_arr = pa.array(events, pa.binary())
     cols = MetadataColumns()
 
     def naive_avro() -> pa.Table:
@@ -110,10 +123,25 @@ def main() -> None:
         assert not result.failures
         return result.table
 
+    def naive_debezium() -> pa.Table:
+        rows = []
+        for v in events:
+            e = json.loads(v)
+            image = e["after"] if e["op"] != "d" else e["before"]
+            rows.append({**image, "__op": e["op"], "__deleted": e["op"] == "d"})
+        return pa.Table.from_pylist(rows)
+
+    def thalweg_debezium() -> pa.Table:
+        result = DebeziumEnvelope(JsonArrowDecoder(cols)).decode(ev_arr)
+        assert not result.failures
+        return result.table
+
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, {n:,} records")
     for name, naive, ours in (
         ("avro", naive_avro, thalweg_avro),
         ("json", naive_json, thalweg_json),
+        ("debezium", naive_debezium, thalweg_debezium),
+        ("envelope cost", thalweg_json, thalweg_debezium),
     ):
         a, b = best_of(naive), best_of(ours)
         print(
