@@ -15,7 +15,7 @@ import pytest
 from pyarrow import flight
 
 from thalweg.config.sinks import FlightSinkConfig
-from thalweg.sinks.base import Landed, SinkState, SinkUnavailableError, Span
+from thalweg.sinks.base import Landed, SinkRefusedError, SinkState, SinkUnavailableError, Span
 from thalweg.sinks.flight import FlightSink
 
 pytestmark = pytest.mark.integration
@@ -192,3 +192,41 @@ def test_an_unreachable_receiver_is_unavailable(tmp_path: Path, receiver: _Recei
         asyncio.run(go())
     assert sink.health().state is SinkState.DOWN
     asyncio.run(sink.close())
+
+
+def test_a_routed_path_puts_each_value_apart_and_refuses_past_max_paths(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    """``path = "t/{tenant}"``: a put per tenant, the value made safe and the template's
+    ``/`` kept; a row with no tenant, and the rows of a tenant past ``max_paths``, are
+    refused by name (the feeder sets them aside) and nothing of that flush is sent."""
+    cfg = FlightSinkConfig(
+        name="out",
+        kind="flight",
+        topics=["orders"],
+        location=f"grpc://127.0.0.1:{receiver.port}",
+        path="t/{tenant}",
+        max_paths=2,
+        token=TOKEN,  # type: ignore[arg-type]  # pydantic makes the SecretStr
+    )
+    sink = FlightSink(cfg, tmp_path)
+
+    def rows(tenants: list[str | None], first: int) -> pa.Table:
+        n = len(tenants)
+        t = _rows(3, *range(first, first + n)).append_column("tenant", pa.array(tenants))
+        return t.append_column("_twg_source_partition", pa.array([0] * n, pa.int32()))
+
+    async def flush(t: pa.Table, first: int) -> None:
+        await sink.write(t, Span("orders", 0, 0, first, first + t.num_rows))
+        await sink.flush()
+
+    asyncio.run(flush(rows(["a/b", "c", "a/b"], 0), 0))
+    assert sorted(receiver.tables) == ["t/a_b", "t/c"]
+    assert receiver.rows("t/a_b")["_twg_position"].to_pylist() == [0, 2]
+    with pytest.raises(SinkRefusedError, match="max_paths = 2") as third:
+        asyncio.run(flush(rows(["c", "d"], 3), 3))
+    assert third.value.records == {("orders", 0): {4}}
+    with pytest.raises(SinkRefusedError, match="no value for a field") as unnamed:
+        asyncio.run(flush(rows(["c", None], 5), 5))
+    assert unnamed.value.records == {("orders", 0): {6}}
+    assert sorted(receiver.tables) == ["t/a_b", "t/c"] and len(receiver.tables["t/c"]) == 1

@@ -229,10 +229,25 @@ class FlightSinkConfig(_SinkBase):
     path: str = Field(
         "{topic}",
         description='Descriptor path of do_put, parts split on "/"; {topic} is replaced '
-        '(another Thalweg gateway: "topics/{topic}").',
+        '(another Thalweg gateway: "topics/{topic}"), and {field} by each row\'s value of '
+        'that column ("tenants/{tenant}": a put per value).',
+    )
+    max_paths: int = Field(
+        100,
+        gt=0,
+        description="With a {field} in path: at most this many paths since start; rows for "
+        "one more are refused into the sink's dead-letter lane (reason named).",
     )
     token: SecretStr | None = Field(None, description="Bearer token sent with every call.")
     timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _path_template(cls, value: str) -> str:
+        fields = TEMPLATE_FIELD.findall(value)
+        if value.count("{") != len(fields) or value.count("}") != len(fields):
+            raise ValueError(f"path {value!r}: a brace that names no field")
+        return value
 
     @field_validator("location")
     @classmethod

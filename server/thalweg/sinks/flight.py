@@ -1,4 +1,5 @@
-"""An Arrow Flight server: one ``do_put`` per topic and flush, to ``path`` with ``{topic}``.
+"""An Arrow Flight server: one ``do_put`` per topic and flush, to ``path`` with ``{topic}``
+— or, with a field in ``path`` (``"tenants/{tenant}"``), one per path the rows name.
 
 At-least-once, not exactly-once: Flight has no transaction and the receiver keeps no
 coverage this sink could read back, so a ``do_put`` that failed after the server had
@@ -22,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from thalweg.sinks import routes
 from thalweg.sinks.base import BufferedSink, Ranges, SinkUnavailableError
 
 # What a failed call or a broken connection raises: Flight's errors (their base class
@@ -36,14 +38,13 @@ class FlightSink(BufferedSink):
     def __init__(self, cfg: Any, data_dir: Path) -> None:
         super().__init__(cfg, data_dir)
         self._client: flight.FlightClient | None = None
+        self._routed = routes.routed(cfg.path)  # a put per value of a row's field
+        self._paths: set[str] = set()  # the routed paths put to since start (max_paths)
 
     def descriptor_path(self, topic: str) -> str:
+        """``path`` for ``topic`` (split on "/" into descriptor parts: "topics/{topic}"
+        is another gateway's ``["topics", <topic>]``)."""
         return str(self.cfg.path.replace("{topic}", topic))
-
-    def descriptor(self, topic: str) -> flight.FlightDescriptor:
-        """``path`` split on "/" into descriptor parts: "topics/{topic}" is another
-        gateway's ``["topics", <topic>]``."""
-        return flight.FlightDescriptor.for_path(*self.descriptor_path(topic).split("/"))
 
     def _options(self) -> flight.FlightCallOptions:
         headers: list[tuple[bytes, bytes]] = []
@@ -62,13 +63,24 @@ class FlightSink(BufferedSink):
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         # Spans without rows (dead letters, markers) need no call: with no coverage kept
         # at the receiver there is nothing to record for them.
-        for topic in sorted(rows):
-            parts = rows[topic]
-            if not parts:
-                continue
-            table = pa.concat_tables(parts, promote_options="permissive")
+        by_topic = {
+            t: pa.concat_tables(rows[t], promote_options="permissive")
+            for t in sorted(rows)
+            if rows[t]
+        }
+        # A routed path ("tenants/{tenant}"): a put per path the rows name; rows naming
+        # none, or one path past max_paths, refused by name (sinks/routes.py).
+        puts = (
+            routes.assign(
+                by_topic, self.cfg.path, self._paths, self.cfg.max_paths, self.name, whole=False
+            )
+            if self._routed
+            else {self.descriptor_path(t): (t, table) for t, table in by_topic.items()}
+        )
+        for path, (_, table) in sorted(puts.items()):
             try:
-                self._put(topic, table)
+                self._put(path, table)
+                self._paths.add(path)
             except (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError) as exc:
                 self._drop_client()
                 what = (
@@ -84,11 +96,11 @@ class FlightSink(BufferedSink):
                 self._drop_client()
                 raise SinkUnavailableError(
                     f"flight sink {self.name!r} at {self.cfg.location}: do_put "
-                    f"{self.descriptor_path(topic)!r} failed: {_one_line(exc)}"
+                    f"{path!r} failed: {_one_line(exc)}"
                 ) from exc
 
-    def _put(self, topic: str, table: pa.Table) -> None:
-        descriptor = self.descriptor(topic)
+    def _put(self, path: str, table: pa.Table) -> None:
+        descriptor = flight.FlightDescriptor.for_path(*path.split("/"))
         writer, acks = self._connect().do_put(descriptor, table.schema, self._options())
         try:
             writer.write_table(table)

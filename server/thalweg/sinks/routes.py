@@ -45,9 +45,13 @@ def pattern(template: str, topic: str) -> re.Pattern[str]:
     return re.compile("^" + "".join(out) + "$")
 
 
-def names(rows: pa.Table, template: str, topic: str) -> tuple[pa.Array, str | None]:
+def names(
+    rows: pa.Table, template: str, topic: str, *, whole: bool = True
+) -> tuple[pa.Array, str | None]:
     """The table each row names (null where it names none) and, when a field column is
-    missing from the rows, why."""
+    missing from the rows, why. ``whole``: the whole name made safe (a table name);
+    otherwise only the values filled in, the template's own text kept (a Flight path,
+    whose ``/`` separates descriptor parts)."""
     n = rows.num_rows
     parts: list[pa.Array | pa.ChunkedArray | str] = []
     at = 0
@@ -58,30 +62,34 @@ def names(rows: pa.Table, template: str, topic: str) -> tuple[pa.Array, str | No
         if name == "topic":
             parts.append(topic)
         elif name not in rows.column_names:
-            missing = f"the rows have no column {name!r} for the table name {template!r}"
+            missing = f"the rows have no column {name!r} for the name {template!r}"
             parts.append(pa.nulls(n, pa.string()))
         else:
-            parts.append(pc.cast(rows.column(name), pa.string()))
+            value = pc.cast(rows.column(name), pa.string())
+            safe = pc.replace_substring_regex(value, pattern=_UNSAFE, replacement="_")
+            parts.append(value if whole else safe)
         at = m.end()
     parts.append(template[at:])
     arrays = [p if not isinstance(p, str) else pa.array([p] * n, pa.string()) for p in parts]
     joined = pc.binary_join_element_wise(*arrays, "")
+    if not whole:
+        return joined, missing
     return pc.replace_substring_regex(joined, pattern=_UNSAFE, replacement="_"), missing
 
 
 def split(
-    rows: pa.Table, template: str, topic: str
+    rows: pa.Table, template: str, topic: str, *, whole: bool = True
 ) -> tuple[dict[str, pa.Table], pa.Table, str | None]:
     """The rows by the table each names; the rows that name none (a field column the
     rows lack, or a null value in it) and why."""
-    named, missing = names(rows, template, topic)
+    named, missing = names(rows, template, topic, whole=whole)
     out = {}
     for value in pc.unique(named).drop_null().to_pylist():
         out[str(value)] = rows.filter(pc.equal(named, value))
     nulls = named.null_count
     if not nulls:
         return out, rows.slice(0, 0), None
-    why = missing or f"{nulls} row(s) have no value for a field of the table name {template!r}"
+    why = missing or f"{nulls} row(s) have no value for a field of the name {template!r}"
     return out, rows.filter(pc.is_null(named)), why
 
 
@@ -96,9 +104,11 @@ def assign(
     known: set[str],
     max_tables: int,
     sink: str,
+    *,
+    whole: bool = True,
 ) -> dict[str, tuple[str, pa.Table]]:
     """Each table's rows (and their topic) for a routed template, at most
-    ``max_tables`` tables counting the ``known`` ones.
+    ``max_tables`` tables counting the ``known`` ones (``whole``: as :func:`names`).
 
     Raises:
         SinkRefusedError: naming the records that name no table (a field missing or
@@ -109,7 +119,7 @@ def assign(
     refused: dict[tuple[str, int], set[int]] = {}
     why: list[str] = []
     for topic, data in by_topic.items():
-        parts, unnamed, unrouted = split(data, template, topic)
+        parts, unnamed, unrouted = split(data, template, topic, whole=whole)
         if unrouted is not None:
             why.append(unrouted)
             name_records(refused, topic, unnamed)
@@ -120,8 +130,8 @@ def assign(
     room = max(0, max_tables - len(known))
     if len(new) > room:
         why.append(
-            f"rows for table(s) {', '.join(new[room:][:3])} would take the sink past "
-            f"max_tables = {max_tables}"
+            f"rows for {', '.join(new[room:][:3])} would take the sink past "
+            f"{'max_tables' if whole else 'max_paths'} = {max_tables}"
         )
         for name in new[room:]:
             topic, part = out.pop(name)
