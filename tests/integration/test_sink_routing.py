@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
@@ -49,7 +50,17 @@ def iceberg_tables(data: Path, sink: str) -> dict[str, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["postgres", "iceberg"])
+def ipc_tables(out: Path) -> dict[str, list[int]]:
+    """Each tenant's directory under ``out``: the ``n`` of its files' rows, sorted."""
+    got: dict[str, list[int]] = {}
+    for f in sorted(out.glob("*_orders/topic=*/partition=*/*.arrow")):
+        tenant = f.parts[len(out.parts)].removesuffix("_orders")
+        with pa.memory_map(str(f)) as source:
+            got.setdefault(tenant, []).extend(pa.ipc.open_file(source).read_all()["n"].to_pylist())
+    return {t: sorted(v) for t, v in got.items()}
+
+
+@pytest.mark.parametrize("kind", ["postgres", "iceberg", "arrow_ipc"])
 def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
     kind: str,
     topic_factory: Callable[..., str],
@@ -78,11 +89,19 @@ def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
 
         def tables() -> dict[str, list[int]]:
             return postgres_tables(postgres, schema)
-    else:
+    elif kind == "iceberg":
         sink = {"name": "db", "kind": kind}
 
         def tables() -> dict[str, list[int]]:
             return iceberg_tables(data, "db")
+    else:  # a directory per tenant: path = "out/{tenant}_orders"
+        out = tmp_path / "out"
+        sink = {"name": "db", "kind": kind, "path": str(out / "{tenant}_orders")}
+        routing = {k: v for k, v in routing.items() if k != "table"} | {"max_paths": 3}
+        del routing["max_tables"]
+
+        def tables() -> dict[str, list[int]]:
+            return ipc_tables(out)
 
     rg = gateway_factory([topic], data_dir=data, sinks=[{**sink, **routing, "topics": [topic]}])
     rg.wait_durable(topic, {0: 600, 1: 600})
@@ -114,7 +133,7 @@ def test_each_tenant_gets_its_table_and_one_past_the_ceiling_is_set_aside(
         dead = client.read(topic, lane="dlq", sink="db")
     assert set(dead["_twg_dlq_reason"].to_pylist()) == {"sink_refused"}
     errors = dead["_twg_dlq_error"].to_pylist()
-    assert any("max_tables = 3" in e for e in errors)
+    assert any(f"{'max_paths' if kind == 'arrow_ipc' else 'max_tables'} = 3" in e for e in errors)
     assert any("no value for a field" in e for e in errors)
     assert_verified(rg.gateway.cfg)
 

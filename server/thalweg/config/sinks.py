@@ -219,8 +219,27 @@ class PostgresSinkConfig(Routed):
 class ArrowIpcSinkConfig(_SinkBase):
     kind: Literal["arrow_ipc"]
     path: Path | None = Field(
-        None, description="Directory of the files (default data_dir/sinks/<name>)."
+        None,
+        description="Directory of the files (default data_dir/sinks/<name>); a {field} "
+        "names a column of the rows ('out/{tenant}': a directory per value).",
     )
+    max_paths: int = Field(
+        100,
+        gt=0,
+        description="With a {field} in path: at most this many directories; rows for one "
+        "more are refused into the sink's dead-letter lane (reason named).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_template(cls, value: Path | None) -> Path | None:
+        text = str(value or "")
+        fields = TEMPLATE_FIELD.findall(text)
+        if text.count("{") != len(fields) or text.count("}") != len(fields):
+            raise ValueError(f"path {text!r}: a brace that names no field")
+        if "topic" in fields:
+            raise ValueError(f"path {text!r}: the files are kept per topic already")
+        return value
 
 
 class FlightSinkConfig(_SinkBase):

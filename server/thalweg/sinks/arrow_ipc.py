@@ -10,7 +10,6 @@ the store's write replays nothing, and nothing is ever written twice (exactly-on
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pyarrow as pa
 
 from thalweg.lane.durable import TMP_MARK, ensure_dir, write_file_durably
 from thalweg.records.ranges import merge_ranges
+from thalweg.sinks import ipc_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
     CoverageKey,
@@ -29,7 +29,7 @@ from thalweg.sinks.base import (
     Span,
 )
 
-_FILE_RE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
+_FILE_RE = ipc_routes.FILE
 
 
 def file_name(epoch: int, start: int, end: int, suffix: str = ".arrow") -> str:
@@ -43,7 +43,18 @@ class ArrowIpcSink(BufferedSink):
 
     def __init__(self, cfg: Any, data_dir: Path) -> None:
         super().__init__(cfg, data_dir)
-        self.root = Path(cfg.path) if cfg.path is not None else self.data_dir / "sinks" / cfg.name
+        # A routed path ("out/{tenant}"): the files in the directories the rows name,
+        # the coverage in a control directory (sinks/ipc_routes.py).
+        self._template = str(cfg.path) if cfg.path is not None else ""
+        self._routed = routes.routed(self._template)
+        self._dirs: set[str] = set()
+        self.root = (
+            ipc_routes.control_dir(self._template)
+            if self._routed
+            else Path(cfg.path)
+            if cfg.path is not None
+            else self.data_dir / "sinks" / cfg.name
+        )
         self._spans_rows: list[tuple[pa.Table, Span]] = []
         self._committing: list[tuple[pa.Table, Span]] = []
 
@@ -61,6 +72,8 @@ class ArrowIpcSink(BufferedSink):
         ranges: Ranges = {}
         try:
             ensure_dir(self.root)
+            if self._routed:
+                self._dirs = set(ipc_routes.dirs_of(self._template))
             for tdir in sorted(self.root.glob("topic=*")):
                 topic = unquote(tdir.name[6:])
                 for pdir in sorted(tdir.glob("partition=*")):
@@ -94,18 +107,51 @@ class ArrowIpcSink(BufferedSink):
         by_key: dict[CoverageKey, list[tuple[pa.Table, Span]]] = {}
         for table, span in items:
             by_key.setdefault(span.key, []).append((table, span))
+        files = [
+            (key, start, end, pa.concat_tables(parts, promote_options="permissive"))
+            for key, ranges in covered.items()
+            for start, end in ranges
+            if (parts := [t for t, s in by_key.get(key, []) if start <= s.start and s.end <= end])
+        ]
+        if self._routed:  # the ceiling first: a refusal writes nothing
+            whole: dict[str, list[pa.Table]] = {}
+            for (topic, _, _), _, _, table in files:
+                whole.setdefault(topic, []).append(table)
+            by_topic = {
+                t: pa.concat_tables(v, promote_options="permissive") for t, v in whole.items()
+            }
+            cfg = self.cfg
+            named = routes.assign(
+                by_topic, self._template, self._dirs, cfg.max_paths, self.name, whole=False
+            )
+            self._dirs.update(named)
         try:
-            for key, ranges in covered.items():
-                for start, end in ranges:
-                    parts = [t for t, s in by_key.get(key, []) if start <= s.start and s.end <= end]
-                    table = pa.concat_tables(parts, promote_options="permissive")
-                    self._write_file(key, start, end, table)
+            for key, start, end, table in files:
+                if self._routed:
+                    self._write_routed(key, start, end, table)
+                # Routed, the control record: an empty file with the range's name.
+                self._write_file(key, start, end, pa.table({}) if self._routed else table)
         except OSError as exc:
             raise SinkUnavailableError(f"{self.root}: {exc}") from exc
+
+    def _write_routed(self, key: CoverageKey, start: int, end: int, table: pa.Table) -> None:
+        """A range's rows into the directories they name, less what a directory already
+        holds (a replay of a range cut before its control record)."""
+        topic, partition, epoch = key
+        parts, _, _ = routes.split(table, self._template, topic, whole=False)
+        for d, rows in sorted(parts.items()):
+            pdir = Path(d) / f"topic={quote(topic, safe='')}" / f"partition={partition}"
+            own = {key: ipc_routes.held(pdir, epoch, self.suffix)}
+            fresh = routes.not_held(rows, own, {key: [(start, end)]}, topic)
+            if fresh.num_rows:
+                self._write_at(pdir / file_name(epoch, start, end, self.suffix), fresh)
 
     def _write_file(self, key: CoverageKey, start: int, end: int, table: pa.Table) -> None:
         topic, partition, epoch = key
         final = self.partition_dir(topic, partition) / file_name(epoch, start, end, self.suffix)
+        self._write_at(final, table)
+
+    def _write_at(self, final: Path, table: pa.Table) -> None:
         write_file_durably(final, lambda tmp: self._write_table(tmp, table))
 
     def _write_table(self, path: Path, table: pa.Table) -> None:

@@ -193,7 +193,7 @@ class IcebergSink(BufferedSink):
         ident = f"{self.cfg.namespace}.{name}"
         table = self._load(ident)
         own = {} if table is None else table_coverage(table, self.name)
-        rows = iceberg_routes.not_landed(rows, own, covered, topic)
+        rows = routes.not_held(rows, own, covered, topic)
         self._append(topic, ident, rows if rows.num_rows else None, covered)
         self._tables.add(name)
 

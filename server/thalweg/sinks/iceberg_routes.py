@@ -12,7 +12,7 @@ land them and its coverage in one commit. It lands in two steps instead:
 
 The sink's coverage is the control record. A crash between the steps leaves the flush
 uncovered, so it is replayed from the lane; a table that already committed it finds the
-ranges in its own coverage and leaves those rows out (:func:`not_landed`), the others
+ranges in its own coverage and leaves those rows out (``routes.not_held``), the others
 take theirs, and the control record catches up. Nothing lands twice, nothing is lost,
 and a control record that is lost only costs a replay of what the lane still holds.
 """
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import Table
@@ -36,8 +34,6 @@ from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, tab
 
 CONTROL = "_thalweg_coverage"
 _TRIES = 5
-_PARTITION = "_twg_source_partition"
-_POSITION = "_twg_position"
 
 
 def tables_of(catalog: Catalog, namespace: str, template: str, topic: str) -> list[str]:
@@ -88,34 +84,3 @@ def cover(catalog: Catalog, namespace: str, sink: str, covered: Ranges) -> None:
             if attempt == _TRIES - 1:
                 raise
             table = catalog.load_table(f"{namespace}.{CONTROL}")
-
-
-def not_landed(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Table:
-    """The rows a table does not hold yet: those outside the table's own coverage for
-    the flush's (partition, epoch) keys. A flush covers one epoch per partition in
-    practice; with two, a row is left out when either epoch's coverage holds its
-    position (an epoch change inside one replayed flush is not told apart)."""
-    if not own or not rows.num_rows:
-        return rows
-    parts = rows.column(_PARTITION).to_numpy(zero_copy_only=False)
-    positions = rows.column(_POSITION).to_numpy(zero_copy_only=False)
-    held = np.zeros(rows.num_rows, dtype=bool)
-    for p in np.unique(parts):
-        ranges = merge_ranges(
-            [
-                r
-                for (t, q, e), rs in own.items()
-                if t == topic and q == p
-                for r in rs
-                if (t, q, e) in covered
-            ]
-        )
-        if not ranges:
-            continue
-        starts = np.array([a for a, _ in ranges], dtype=np.int64)
-        ends = np.array([b for _, b in ranges], dtype=np.int64)
-        mine = parts == p
-        at = np.searchsorted(starts, positions[mine], side="right") - 1
-        inside = (at >= 0) & (positions[mine] < ends[np.maximum(at, 0)])
-        held[np.flatnonzero(mine)[inside]] = True
-    return rows.filter(pc.invert(pa.array(held))) if held.any() else rows

@@ -13,14 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.sinks.base import SinkRefusedError, name_records
+from thalweg.records.ranges import merge_ranges
+from thalweg.sinks.base import Ranges, SinkRefusedError, name_records
 
 # A {name} in a sink's table name: the topic, or a column of each row.
 FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _UNSAFE = r"[^A-Za-z0-9_]"
+PARTITION = "_twg_source_partition"
+POSITION = "_twg_position"
 
 
 def safe_name(text: str) -> str:
@@ -139,3 +143,35 @@ def assign(
     if refused:
         raise SinkRefusedError(f"sink {sink!r}: {'; '.join(why)}", records=refused)
     return out
+
+
+def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Table:
+    """The rows a routed table (or directory) does not hold yet: those outside its own
+    coverage for the flush's (partition, epoch) keys — a replay after a flush was cut
+    between its tables and its control record. A flush covers one epoch per partition in
+    practice; with two, a row is left out when either epoch's coverage holds its
+    position (an epoch change inside one replayed flush is not told apart)."""
+    if not own or not rows.num_rows:
+        return rows
+    parts = rows.column(PARTITION).to_numpy(zero_copy_only=False)
+    positions = rows.column(POSITION).to_numpy(zero_copy_only=False)
+    held = np.zeros(rows.num_rows, dtype=bool)
+    for p in np.unique(parts):
+        ranges = merge_ranges(
+            [
+                r
+                for (t, q, e), rs in own.items()
+                if t == topic and q == p
+                for r in rs
+                if (t, q, e) in covered
+            ]
+        )
+        if not ranges:
+            continue
+        starts = np.array([a for a, _ in ranges], dtype=np.int64)
+        ends = np.array([b for _, b in ranges], dtype=np.int64)
+        mine = parts == p
+        at = np.searchsorted(starts, positions[mine], side="right") - 1
+        inside = (at >= 0) & (positions[mine] < ends[np.maximum(at, 0)])
+        held[np.flatnonzero(mine)[inside]] = True
+    return rows.filter(pc.invert(pa.array(held))) if held.any() else rows

@@ -418,14 +418,21 @@ def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinatio
 
 
 def _arrow_ipc(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
+    from thalweg.sinks import ipc_routes
+
+    template = str(sink_cfg.path or "")
     root = (
-        Path(sink_cfg.path)
+        ipc_routes.control_dir(template)
+        if routes.routed(template)
+        else Path(sink_cfg.path)
         if sink_cfg.path is not None
         else Path(cfg.gateway.data_dir) / "sinks" / sink_cfg.name
     )
+    # Routed: the coverage from the control directory, the rows from every directory.
+    roots = [root, *map(Path, ipc_routes.dirs_of(template))] if routes.routed(template) else [root]
     coverage: Ranges = {}
     tables: dict[str, list[pa.Table]] = {t: [] for t in sink_cfg.topics}
-    for tdir in sorted(root.glob("topic=*")):
+    for tdir in sorted(t for r in roots for t in r.glob("topic=*")):
         topic = unquote(tdir.name[6:])
         for pdir in sorted(tdir.glob("partition=*")):
             partition = int(pdir.name[10:])
@@ -433,9 +440,10 @@ def _arrow_ipc(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinat
                 m = _IPC_FILE.match(name)
                 if not m or not name.endswith(".arrow"):
                     continue
-                coverage.setdefault((topic, partition, int(m[1])), []).append(
-                    (int(m[2]), int(m[3]))
-                )
+                if tdir.parent == root:
+                    coverage.setdefault((topic, partition, int(m[1])), []).append(
+                        (int(m[2]), int(m[3]))
+                    )
                 with pa.memory_map(str(pdir / name)) as source:
                     table = pa.ipc.open_file(source).read_all()
                 if table.num_columns and topic in tables:

@@ -1,4 +1,4 @@
-"""``iceberg_routes.not_landed``: the rows of a replayed flush a routed table already
+"""``routes.not_held``: the rows of a replayed flush a routed table already
 holds (its own coverage, for the flush's partition and epoch) are left out, the rest
 kept — by range, per partition."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from thalweg.sinks.iceberg_routes import not_landed
+from thalweg.sinks.routes import not_held
 
 
 def test_rows_inside_the_tables_own_coverage_of_the_flushs_keys_are_left_out() -> None:
@@ -23,6 +23,6 @@ def test_rows_inside_the_tables_own_coverage_of_the_flushs_keys_are_left_out() -
         ("t", 1, 2): [(5, 6)],  # holds 5 of partition 1
         ("u", 0, 0): [(0, 100)],  # another topic
     }
-    kept = not_landed(rows, own, covered, "t")
+    kept = not_held(rows, own, covered, "t")
     assert list(zip(*kept.to_pydict().values(), strict=True)) == [(0, 5), (1, 4), (1, 9)]
-    assert not_landed(rows, {}, covered, "t").equals(rows)
+    assert not_held(rows, {}, covered, "t").equals(rows)
