@@ -100,6 +100,8 @@ def lane_values(data: Path, topic: str) -> list[int]:
         return []
     # Finished segments only: a segment being written is a .tmp file that may vanish.
     files = [str(f) for f in root.glob("partition=*/*.parquet")]
+    if not files:  # the directory is made before its first segment lands
+        return []
     table = ds.dataset(files, format="parquet").to_table(columns=["_twg_source_value"])
     return [json.loads(v)["n"] for v in table["_twg_source_value"].to_pylist()]
 
