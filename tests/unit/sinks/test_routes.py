@@ -4,8 +4,11 @@ pattern that finds a routed sink's tables again."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
+from thalweg.sinks import ipc_routes
 from thalweg.sinks.routes import pattern, routed, safe_name, split
 
 
@@ -43,3 +46,26 @@ def test_the_pattern_finds_the_tables_a_template_gives() -> None:
     like = pattern("{tenant}_orders_{topic}", "in.v1")
     assert like.match("acme_orders_in_v1") and like.match("b_2_orders_in_v1")
     assert not like.match("acme_orders_other") and not like.match("_orders_in_v1")
+
+
+def test_a_path_keeps_its_own_text_and_makes_only_the_values_safe() -> None:
+    """``whole=False`` (a Flight path, a directory): the template's ``/`` and ``-`` stay,
+    a value's ``/`` does not split the path."""
+    rows = pa.table({"tenant": ["a/b", "c-d"], "_twg_position": [0, 1]})
+    parts, _, why = split(rows, "t-1/{tenant}/x", "orders", whole=False)
+    assert why is None and sorted(parts) == ["t-1/a_b/x", "t-1/c_d/x"]
+
+
+def test_a_routed_directory_template_has_its_control_directory_above_every_value(
+    tmp_path: Path,
+) -> None:
+    template = str(tmp_path / "out" / "t_{tenant}" / "v{region}")
+    assert ipc_routes.base(template) == tmp_path / "out"
+    assert ipc_routes.control_dir(template) == tmp_path / "out" / "_thalweg_coverage"
+    for made in ("t_a/v1", "t_b/v2", "_thalweg_coverage", "other/v1", "t_c"):
+        (tmp_path / "out" / made).mkdir(parents=True)
+    assert ipc_routes.dirs_of(template) == [
+        str(tmp_path / "out" / "t_a" / "v1"),
+        str(tmp_path / "out" / "t_b" / "v2"),
+    ]
+    assert ipc_routes.base(str(tmp_path / "x{a}")) == tmp_path
