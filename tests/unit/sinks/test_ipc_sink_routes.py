@@ -9,14 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
-from tests.integration.test_iceberg_sink import rows
 from thalweg.config.sinks import ArrowIpcSinkConfig
 from thalweg.sinks.arrow_ipc import ArrowIpcSink
 from thalweg.sinks.base import Span
+from thalweg.sinks.iceberg_coverage import decode_coverage, encode_coverage
 
-pytestmark = pytest.mark.integration
+
+def rows(*positions: int) -> pa.Table:
+    return pa.table(
+        {
+            "_twg_record_id": pa.array([p.to_bytes(16, "big") for p in positions], pa.binary(16)),
+            "_twg_position": pa.array(positions, pa.int64()),
+        }
+    )
 
 
 def test_a_routed_ipc_range_cut_before_its_control_file_is_replayed_once(
@@ -67,3 +73,8 @@ def test_a_routed_ipc_range_cut_before_its_control_file_is_replayed_once(
     }
     reopened = asyncio.run(ArrowIpcSink(cfg, tmp_path).open())
     assert reopened is not None and reopened.ranges == {("orders", 0, 0): [(0, 15)]}
+
+
+def test_the_coverage_record_reads_back_what_it_wrote() -> None:
+    ranges = {("a.b", 0, 0): [(0, 5), (9, 12)], ("a.b", 3, 2): [(7, 8)], ("c", 1, 0): []}
+    assert decode_coverage(encode_coverage(ranges)) == ranges
