@@ -166,3 +166,36 @@ def test_a_routed_flush_cut_before_its_control_record_lands_each_row_once(
     assert held == {n: [p for p in range(12) if p % 3 == n] for n in range(3)}
     reopened = asyncio.run(IcebergSink(cfg, tmp_path).open())
     assert reopened is not None and reopened.ranges == {("orders", 0, 0): [(0, 12)]}
+
+
+def test_two_topics_routed_into_the_same_tables_each_land_once(tmp_path: Path) -> None:
+    """``table = "t_{shard}"`` for two topics: a table holds both topics' rows, its own
+    coverage and the control record both topics' ranges."""
+    from thalweg.sinks import iceberg_routes
+    from thalweg.sinks.iceberg_coverage import table_coverage
+
+    cfg = IcebergSinkConfig(name="lake", kind="iceberg", topics=["a", "b"], table="t_{shard}")
+    zero = pa.array([0] * 4, pa.int32())
+
+    def batch(topic: str) -> pa.Table:
+        t = rows(0, 1, 2, 3).append_column("shard", pa.array([0, 1, 0, 1]))
+        t = t.append_column("_twg_source_partition", zero)
+        return t.append_column("_twg_source_topic", pa.array([topic] * 4))
+
+    async def go(sink: IcebergSink) -> None:
+        await sink.open()
+        await sink.write(batch("a"), Span("a", 0, 0, 0, 4))
+        await sink.write(batch("b"), Span("b", 0, 0, 0, 4))
+        await sink.flush()
+
+    asyncio.run(go(IcebergSink(cfg, tmp_path)))
+    catalog = iceberg_catalog(tmp_path, "lake")
+    for shard in (0, 1):
+        table = catalog.load_table(f"thalweg.t_{shard}")
+        got = table.scan().to_arrow().select(["_twg_source_topic", "_twg_position"]).to_pylist()
+        want = [(t, p) for t in "ab" for p in range(4) if p % 2 == shard]
+        assert sorted((r["_twg_source_topic"], r["_twg_position"]) for r in got) == want
+        assert table_coverage(table, "lake") == {("a", 0, 0): [(0, 4)], ("b", 0, 0): [(0, 4)]}
+    control = iceberg_routes.control(catalog, "thalweg", create=False)
+    assert control is not None
+    assert table_coverage(control, "lake") == {("a", 0, 0): [(0, 4)], ("b", 0, 0): [(0, 4)]}

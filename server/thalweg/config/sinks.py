@@ -167,6 +167,16 @@ class Routed(Upserts):
         "are refused into the sink's dead-letter lane (reason named).",
     )
 
+    @model_validator(mode="after")
+    def _tombstones_name_a_table(self) -> Routed:
+        if self.record_keyed and any(f != "topic" for f in TEMPLATE_FIELD.findall(self.table)):
+            raise ValueError(
+                f"sinks.{self.name}: table {self.table!r} routes by a field, and a tombstone "
+                "(a null value) has none: keyed by the record key, its delete would name no "
+                "table; set key = [...] (with an envelope) or route by {topic} only"
+            )
+        return self
+
     @field_validator("table")
     @classmethod
     def _template(cls, value: str) -> str:

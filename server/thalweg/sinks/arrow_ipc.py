@@ -124,7 +124,7 @@ class ArrowIpcSink(BufferedSink):
             named = routes.assign(
                 by_topic, self._template, self._dirs, cfg.max_paths, self.name, whole=False
             )
-            self._dirs.update(named)
+            self._dirs.update(name for name, _ in named)
         try:
             for key, start, end, table in files:
                 if self._routed:

@@ -75,9 +75,9 @@ class FlightSink(BufferedSink):
                 by_topic, self.cfg.path, self._paths, self.cfg.max_paths, self.name, whole=False
             )
             if self._routed
-            else {self.descriptor_path(t): (t, table) for t, table in by_topic.items()}
+            else {(self.descriptor_path(t), t): table for t, table in by_topic.items()}
         )
-        for path, (_, table) in sorted(puts.items()):
+        for (path, _), table in sorted(puts.items()):
             try:
                 self._put(path, table)
                 self._paths.add(path)

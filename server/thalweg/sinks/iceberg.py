@@ -45,16 +45,6 @@ from pyiceberg.io.pyarrow import (  # the two steps of Table.append, taken apart
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.upsert_util import create_match_filter
-from pyiceberg.transforms import (
-    BucketTransform,
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    TruncateTransform,
-    YearTransform,
-)
 
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import iceberg_routes, routes
@@ -67,16 +57,11 @@ from thalweg.sinks.base import (
 )
 from thalweg.sinks.fold import POSITION, ROW, deleted, newest_per_key, numbered, taken
 from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
+from thalweg.sinks.iceberg_types import iceberg_types, parse_transform, same_types
 
 log = logging.getLogger(__name__)
 
 _COMMIT_TRIES = 5
-_UNSIGNED = {
-    pa.uint8(): pa.int16(),
-    pa.uint16(): pa.int32(),
-    pa.uint32(): pa.int64(),
-    pa.uint64(): pa.int64(),
-}
 
 
 class IcebergSink(BufferedSink):
@@ -160,32 +145,46 @@ class IcebergSink(BufferedSink):
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         topics = {k[0] for k in covered} | set(rows)
         by_topic = {
-            t: _iceberg_types(pa.concat_tables(rows[t], promote_options="permissive"))
+            t: iceberg_types(pa.concat_tables(rows[t], promote_options="permissive"))
             for t in sorted(topics)
             if rows.get(t)
         }
-        # Routed: every table's rows first (refusing, by name, rows naming none), then
-        # each table in turn and the control record last (sinks/iceberg_routes.py).
-        tables = (
-            routes.assign(by_topic, self.cfg.table, self._tables, self.cfg.max_tables, self.name)
-            if self._routed
-            else {}
-        )
+        if self._routed:
+            self._commit_routed(by_topic, covered)
+            return
         for topic in sorted(topics):
             mine = {k: v for k, v in covered.items() if k[0] == topic}
             try:
-                if not self._routed:
-                    self._append(topic, self.identifier(topic), by_topic.get(topic), mine)
-                    continue
-                for name, (t, part) in sorted(tables.items()):
-                    if t == topic:
-                        self._land_routed(topic, name, part, mine)
-                iceberg_routes.cover(self._connect(), self.cfg.namespace, self.name, mine)
+                self._append(topic, self.identifier(topic), by_topic.get(topic), mine)
             except (SinkSchemaError, SinkUnavailableError):
                 raise
             except Exception as exc:
                 self._catalog = None
                 raise SinkUnavailableError(f"iceberg sink {self.name!r}, {topic!r}: {exc}") from exc
+
+    def _commit_routed(self, by_topic: Mapping[str, pa.Table], covered: Ranges) -> None:
+        """Every table's rows first (refusing, by name, rows naming none), then each
+        table in turn, and the control record once the last has landed
+        (sinks/iceberg_routes.py)."""
+        cfg = self.cfg
+        tables = routes.assign(
+            by_topic,
+            cfg.table,
+            self._tables,
+            cfg.max_tables,
+            self.name,
+            deletes_name_nothing=self._upsert,
+        )
+        try:
+            for (name, topic), part in sorted(tables.items()):
+                mine = {k: v for k, v in covered.items() if k[0] == topic}
+                self._land_routed(topic, name, part, mine)
+            iceberg_routes.cover(self._connect(), cfg.namespace, self.name, covered)
+        except (SinkSchemaError, SinkUnavailableError):
+            raise
+        except Exception as exc:
+            self._catalog = None
+            raise SinkUnavailableError(f"iceberg sink {self.name!r}: {exc}") from exc
 
     def _land_routed(self, topic: str, name: str, rows: pa.Table, covered: Ranges) -> None:
         """One routed table's rows of a flush, less those its own coverage says it holds
@@ -313,7 +312,7 @@ class IcebergSink(BufferedSink):
     def _evolve(self, table: Table, schema: pa.Schema, ident: str) -> None:
         """Add new columns and widen types; refuse any other change."""
         current = table.schema().as_arrow()
-        if all(f.name in current.names for f in schema) and _same_types(current, schema):
+        if all(f.name in current.names for f in schema) and same_types(current, schema):
             return
         try:
             with table.update_schema() as update:
@@ -347,47 +346,3 @@ def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa
     fresh = joined.filter(newer)
     replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
     return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))
-
-
-def parse_transform(text: str) -> tuple[Transform[Any, Any], str]:
-    """``day(col)`` → (DayTransform(), "col"); ``bucket(16, c)`` → (BucketTransform(16), "c")."""
-    name, _, rest = text.strip().partition("(")
-    args = [a.strip() for a in rest.rstrip(")").split(",")]
-    simple: dict[str, Transform[Any, Any]] = {
-        "day": DayTransform(),
-        "hour": HourTransform(),
-        "month": MonthTransform(),
-        "year": YearTransform(),
-        "identity": IdentityTransform(),
-    }
-    if name in simple:
-        return simple[name], args[0]
-    if name == "bucket":
-        return BucketTransform(int(args[0])), args[1]
-    return TruncateTransform(int(args[0])), args[1]
-
-
-def _iceberg_types(table: pa.Table) -> pa.Table:
-    """Cast columns whose Arrow type Iceberg lacks to the nearest type it has."""
-    fields = []
-    for f in table.schema:
-        t = f.type
-        if pa.types.is_timestamp(t) and t.unit in ("s", "ms"):
-            t = pa.timestamp("us", tz=t.tz)
-        elif t in _UNSIGNED:
-            t = _UNSIGNED[t]
-        fields.append(f.with_type(t))
-    schema = pa.schema(fields)
-    return table if schema == table.schema else table.cast(schema)
-
-
-def _same_types(current: pa.Schema, incoming: pa.Schema) -> bool:
-    for f in incoming:
-        have = current.field(f.name).type
-        if (
-            have != f.type
-            and not (pa.types.is_large_string(have) and pa.types.is_string(f.type))
-            and not (pa.types.is_large_binary(have) and pa.types.is_binary(f.type))
-        ):
-            return False
-    return True

@@ -32,7 +32,7 @@ from thalweg.sinks import routes
 from thalweg.sinks.base import Ranges
 from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
 
-CONTROL = "_thalweg_coverage"
+CONTROL = routes.RESERVED  # the control table: a name no route may take
 _TRIES = 5
 
 

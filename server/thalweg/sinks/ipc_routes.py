@@ -16,16 +16,23 @@ import re
 from pathlib import Path
 
 from thalweg.records.ranges import merge_ranges
-from thalweg.sinks.routes import FIELD
+from thalweg.sinks.routes import FIELD, RESERVED
 
-CONTROL = "_thalweg_coverage"
+CONTROL = RESERVED  # the control directory: a name no route may take
 FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
+
+
+def _split(template: str) -> tuple[str, str]:
+    """``template`` as its fixed directory (text up to the last separator before the
+    first field) and the rest."""
+    fixed = template[: template.index("{")]
+    cut = fixed.rfind(os.sep) + 1
+    return template[:cut], template[cut:]
 
 
 def base(template: str) -> Path:
     """The directory above every directory ``template`` can name."""
-    fixed = template[: template.index("{")]
-    return Path(fixed) if fixed.endswith(os.sep) or not fixed else Path(fixed).parent
+    return Path(_split(template)[0] or ".")
 
 
 def control_dir(template: str) -> Path:
@@ -34,12 +41,13 @@ def control_dir(template: str) -> Path:
 
 
 def dirs_of(template: str) -> list[str]:
-    """The directories ``template`` names that exist now."""
+    """The directories ``template`` names that exist now (never the control one)."""
     root = base(template)
-    pattern = FIELD.sub("*", template[len(str(root)) :].lstrip(os.sep))
-    if not root.exists() or not pattern:
+    pattern = FIELD.sub("*", _split(template)[1])
+    if not root.is_dir():
         return []
-    return sorted(str(p) for p in root.glob(pattern) if p.is_dir() and p.name != CONTROL)
+    found = (p for p in root.glob(pattern) if p.is_dir())
+    return sorted(str(p) for p in found if CONTROL not in p.relative_to(root).parts)
 
 
 def held(pdir: Path, epoch: int, suffix: str) -> list[tuple[int, int]]:

@@ -205,16 +205,24 @@ class PostgresSink(BufferedSink):
             self._drop()
             raise SinkUnavailableError(f"postgres sink {self.name!r}: {_first_line(exc)}") from exc
 
-    def _routes(self, by_topic: Mapping[str, pa.Table]) -> dict[str, tuple[str, pa.Table]]:
-        """Each table's rows (and their topic): one table per topic, or with a routed
-        template a table per value of the rows' fields (``routes.assign``: rows naming
-        none, or one table past ``max_tables``, refused by name)."""
+    def _routes(self, by_topic: Mapping[str, pa.Table]) -> dict[tuple[str, str], pa.Table]:
+        """Each table's rows per topic: one table per topic, or with a routed template a
+        table per value of the rows' fields (``routes.assign``: rows naming none, or one
+        table past ``max_tables``, refused by name)."""
         if not self._routed:
-            return {self.table_name(t): (t, data) for t, data in by_topic.items()}
-        return routes.assign(by_topic, self.cfg.table, self._tables, self.cfg.max_tables, self.name)
+            return {(self.table_name(t), t): data for t, data in by_topic.items()}
+        cfg = self.cfg
+        return routes.assign(
+            by_topic,
+            cfg.table,
+            self._tables,
+            cfg.max_tables,
+            self.name,
+            deletes_name_nothing=self._upsert,
+        )
 
     def _transaction(
-        self, tables: Mapping[str, tuple[str, pa.Table]], covered: Ranges, *, staged: bool
+        self, tables: Mapping[tuple[str, str], pa.Table], covered: Ranges, *, staged: bool
     ) -> None:
         """One transaction: every topic's rows, then the covered ranges.
 
@@ -227,7 +235,7 @@ class PostgresSink(BufferedSink):
         conn = self._connect()
         self._staged = {}
         with conn.cursor() as cur:
-            for name, (topic, data) in tables.items():
+            for (name, topic), data in tables.items():
                 if self._upsert:
                     self._load_upserts(cur, name, topic, data)
                 elif staged or not self._load_direct(cur, name, data):
@@ -236,7 +244,7 @@ class PostgresSink(BufferedSink):
                 self._cover(cur, key, rs)
         conn.commit()
         self._direct.update(self._staged)
-        self._tables.update(tables)
+        self._tables.update(name for name, _ in tables)
 
     def _load_direct(self, cur: Any, name: str, data: pa.Table) -> bool:
         """COPY straight into the table when a staged load of rows with exactly this

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thalweg.records.ranges import merge_ranges
+from thalweg.records.ranges import merge_ranges, subtract_ranges
+from thalweg.sinks import fold
 from thalweg.sinks.base import Ranges, SinkRefusedError, name_records
 
 # A {name} in a sink's table name: the topic, or a column of each row.
@@ -70,6 +71,8 @@ def names(
             parts.append(pa.nulls(n, pa.string()))
         else:
             value = pc.cast(rows.column(name), pa.string())
+            # An empty value names nothing ("out//eu" would be "out/eu"): no value.
+            value = pc.if_else(pc.equal(value, ""), pa.scalar(None, pa.string()), value)
             safe = pc.replace_substring_regex(value, pattern=_UNSAFE, replacement="_")
             parts.append(value if whole else safe)
         at = m.end()
@@ -102,6 +105,10 @@ def fields(template: str) -> list[str]:
     return [name for name in FIELD.findall(template) if name != "topic"]
 
 
+# The name of the sinks' own coverage tables and directories: never a routed name.
+RESERVED = "_thalweg_coverage"
+
+
 def assign(
     by_topic: Mapping[str, pa.Table],
     template: str,
@@ -110,47 +117,58 @@ def assign(
     sink: str,
     *,
     whole: bool = True,
-) -> dict[str, tuple[str, pa.Table]]:
-    """Each table's rows (and their topic) for a routed template, at most
-    ``max_tables`` tables counting the ``known`` ones (``whole``: as :func:`names`).
+    deletes_name_nothing: bool = False,
+) -> dict[tuple[str, str], pa.Table]:
+    """Each table's rows per topic (``(name, topic)`` → rows) for a routed template, at
+    most ``max_tables`` tables counting the ``known`` ones (``whole``: as
+    :func:`names`). ``deletes_name_nothing`` (an upsert): a delete that names no table
+    (a tombstone without its row's fields) is left out, not refused — it changes no row.
 
     Raises:
-        SinkRefusedError: naming the records that name no table (a field missing or
-            null) or one past ``max_tables``: the feeder sets exactly those aside in
-            the sink's dead-letter lane and lands the rest.
+        SinkRefusedError: naming the records that name no table (a field missing, null
+            or empty), the reserved name of the sinks' coverage, or one table past
+            ``max_tables``: the feeder sets exactly those aside in the sink's dead-letter
+            lane and lands the rest.
     """
-    out: dict[str, tuple[str, pa.Table]] = {}
+    out: dict[tuple[str, str], pa.Table] = {}
     refused: dict[tuple[str, int], set[int]] = {}
     why: list[str] = []
     for topic, data in by_topic.items():
         parts, unnamed, unrouted = split(data, template, topic, whole=whole)
-        if unrouted is not None:
+        if deletes_name_nothing and unnamed.num_rows:
+            unnamed = unnamed.filter(pc.invert(fold.deleted(unnamed)))
+        if unrouted is not None and unnamed.num_rows:
             why.append(unrouted)
             name_records(refused, topic, unnamed)
         for name, part in parts.items():
-            have = out.get(name)
-            out[name] = (topic, part if have is None else pa.concat_tables([have[1], part]))
-    new = sorted(set(out) - known)
+            if RESERVED in name.split("/"):
+                why.append(f"{part.num_rows} row(s) name {RESERVED!r}, the sink's own")
+                name_records(refused, topic, part)
+                continue
+            out[(name, topic)] = part
+    names_now = {name for name, _ in out}
+    new = sorted(names_now - known)
     room = max(0, max_tables - len(known))
     if len(new) > room:
         why.append(
             f"rows for {', '.join(new[room:][:3])} would take the sink past "
             f"{'max_tables' if whole else 'max_paths'} = {max_tables}"
         )
-        for name in new[room:]:
-            topic, part = out.pop(name)
-            name_records(refused, topic, part)
+        past = set(new[room:])
+        for name, topic in [k for k in out if k[0] in past]:
+            name_records(refused, topic, out.pop((name, topic)))
     if refused:
         raise SinkRefusedError(f"sink {sink!r}: {'; '.join(why)}", records=refused)
     return out
 
 
 def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Table:
-    """The rows a routed table (or directory) does not hold yet: those outside its own
-    coverage for the flush's (partition, epoch) keys — a replay after a flush was cut
-    between its tables and its control record. A flush covers one epoch per partition in
-    practice; with two, a row is left out when either epoch's coverage holds its
-    position (an epoch change inside one replayed flush is not told apart)."""
+    """The rows a routed table (or directory) does not hold yet: those at positions the
+    flush covers (per partition and epoch) that its own coverage already holds — a
+    replay after a flush was cut between its tables and its control record. Only the
+    overlap of the two counts, so an earlier epoch's coverage never hides a new epoch's
+    rows of a flush that spans the change, unless the replayed ranges of both epochs
+    hold the same position (then they are not told apart: rows carry no epoch)."""
     if not own or not rows.num_rows:
         return rows
     parts = rows.column(PARTITION).to_numpy(zero_copy_only=False)
@@ -160,10 +178,9 @@ def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Tab
         ranges = merge_ranges(
             [
                 r
-                for (t, q, e), rs in own.items()
-                if t == topic and q == p
-                for r in rs
-                if (t, q, e) in covered
+                for key, mine in own.items()
+                if key[0] == topic and key[1] == p and key in covered
+                for r in subtract_ranges(mine, subtract_ranges(mine, covered[key]))
             ]
         )
         if not ranges:

@@ -105,7 +105,7 @@ def audit_sink(
                 where,
                 f"covers {_show(ahead)}, beyond what the lane holds",
             )
-        table = dest.rows.get(topic)
+        table = _of_topic(dest.rows.get(topic), columns, topic)
         if derived or topic not in dest.rows:
             continue  # derived rows, or a destination without rows to read (flight)
         if lane.epoch:
@@ -300,6 +300,14 @@ def _inside(positions: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
     return positions[keep]
 
 
+def _of_topic(table: pa.Table | None, columns: MetadataColumns, topic: str) -> pa.Table | None:
+    """The rows of ``topic`` in a destination's rows (a table several topics share)."""
+    name = columns.source("topic")
+    if table is None or name not in table.column_names:
+        return table
+    return table.filter(pc.equal(table.column(name), topic))
+
+
 def _positions(
     table: pa.Table, columns: MetadataColumns, partition: int, window: list[tuple[int, int]]
 ) -> np.ndarray:
@@ -321,7 +329,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _destination(cfg: ThalwegConfig, sink_cfg: Any, columns: MetadataColumns) -> Destination:
-    wanted = [columns.partition, columns.position, columns.record_id]
+    # The topic too: routed tables without {topic} in the name hold several topics.
+    wanted = [columns.partition, columns.position, columns.record_id, columns.source("topic")]
     if sink_cfg.kind == "postgres":
         return _postgres(cfg, sink_cfg, wanted)
     if sink_cfg.kind == "iceberg":
@@ -361,12 +370,18 @@ def _postgres(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinati
                     (int(a), int(b)) for a, b in json.loads(text)
                 ]
         rows: dict[str, pa.Table | None] = {}
-        cols = ", ".join(quote_ident(c) for c in wanted)
         for topic in sink_cfg.topics:
             # One table, or every table a routed template ("{tenant}_orders") named.
             found = [t for t in sink.tables_of(cur, topic) if exists(t)]
             parts = []
             for table in found:
+                cur.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = $1 AND table_name = $2",
+                    parameters=(schema, table),
+                )
+                held = {str(r[0]) for r in cur.fetchall()}
+                cols = ", ".join(quote_ident(c) for c in wanted if c in held)
                 cur.execute(f"SELECT {cols} FROM {quote_ident(schema)}.{quote_ident(table)}")
                 parts.append(cur.fetch_arrow_table())
             rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None

@@ -60,6 +60,7 @@ DB = {"name": "db", "kind": "postgres", "topics": ["orders"], "dsn": "postgresql
         ([{"name": "db", "kind": "postgres", "topics": ["orders"]}], "dsn"),
         ([{**LAKE, "commit_interval_s": 0}], "commit_interval_s"),
         ([{**DB, "mode": "upsert", "raw": True}], "set raw = false"),
+        ([{**DB, "mode": "upsert", "table": "{tenant}_t"}], "a tombstone"),
         ([{**DB, "key": ["id"]}], "key applies to mode = 'upsert' only"),
         ([{**DB, "mode": "upsert", "key": ["id", "id"]}], "twice"),
         ([{**DB, "mode": "merge"}], "mode"),

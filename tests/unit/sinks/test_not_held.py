@@ -26,3 +26,17 @@ def test_rows_inside_the_tables_own_coverage_of_the_flushs_keys_are_left_out() -
     kept = not_held(rows, own, covered, "t")
     assert list(zip(*kept.to_pydict().values(), strict=True)) == [(0, 5), (1, 4), (1, 9)]
     assert not_held(rows, {}, covered, "t").equals(rows)
+
+
+def test_a_flush_across_an_epoch_change_keeps_the_new_epochs_rows() -> None:
+    """The table holds epoch 0 up to 100; the flush covers epoch 0's 90-100 (held) and
+    epoch 1's 0-20 (new, the broker started again at 0): only 90-99 are left out."""
+    rows = pa.table(
+        {
+            "_twg_source_partition": pa.array([0] * 4, pa.int32()),
+            "_twg_position": pa.array([95, 99, 3, 19], pa.int64()),
+        }
+    )
+    covered = {("t", 0, 0): [(90, 100)], ("t", 0, 1): [(0, 20)]}
+    own = {("t", 0, 0): [(0, 100)]}
+    assert not_held(rows, own, covered, "t")["_twg_position"].to_pylist() == [3, 19]

@@ -5,11 +5,14 @@ pattern that finds a routed sink's tables again."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from thalweg.sinks import ipc_routes
-from thalweg.sinks.routes import pattern, routed, safe_name, split
+from thalweg.sinks.base import SinkRefusedError
+from thalweg.sinks.routes import assign, pattern, routed, safe_name, split
 
 
 def test_rows_go_to_the_table_their_fields_name() -> None:
@@ -69,3 +72,46 @@ def test_a_routed_directory_template_has_its_control_directory_above_every_value
         str(tmp_path / "out" / "t_b" / "v2"),
     ]
     assert ipc_routes.base(str(tmp_path / "x{a}")) == tmp_path
+
+
+def _rows(tenants: list[str | None], topic_first: int = 0, deleted: bool = False) -> pa.Table:
+    n = len(tenants)
+    return pa.table(
+        {
+            "tenant": pa.array(tenants, pa.string()),
+            "__deleted": [deleted] * n,
+            "_twg_position": list(range(topic_first, topic_first + n)),
+            "_twg_source_partition": pa.array([0] * n, pa.int32()),
+        }
+    )
+
+
+def test_two_topics_naming_one_table_stay_apart_and_reserved_or_empty_names_are_refused() -> None:
+    out = assign({"a": _rows(["x", "y"]), "b": _rows(["x"], 10)}, "{tenant}", set(), 5, "s")
+    assert {k: v["_twg_position"].to_pylist() for k, v in out.items()} == {
+        ("x", "a"): [0],
+        ("y", "a"): [1],
+        ("x", "b"): [10],
+    }
+    with pytest.raises(SinkRefusedError, match="_thalweg_coverage") as reserved:
+        assign({"a": _rows(["_thalweg_coverage", "x"])}, "{tenant}", set(), 5, "s")
+    assert reserved.value.records == {("a", 0): {0}}
+    with pytest.raises(SinkRefusedError, match="no value") as empty:
+        assign({"a": _rows(["", "x"])}, "out/{tenant}", set(), 5, "s", whole=False)
+    assert empty.value.records == {("a", 0): {0}}
+
+
+def test_an_upserts_delete_that_names_no_table_is_left_out_not_refused() -> None:
+    tombstones = _rows([None, None], deleted=True)
+    assert assign({"a": tombstones}, "{tenant}", set(), 5, "s", deletes_name_nothing=True) == {}
+    with pytest.raises(SinkRefusedError):
+        assign({"a": tombstones}, "{tenant}", set(), 5, "s")
+
+
+def test_a_relative_template_finds_its_directories(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    for made in ("t-a", "t-b", "_thalweg_coverage", "u-a"):
+        (tmp_path / made).mkdir()
+    assert ipc_routes.base("t-{tenant}") == Path(".")
+    assert ipc_routes.dirs_of("t-{tenant}") == ["t-a", "t-b"]
+    assert ipc_routes.dirs_of("{tenant}") == ["t-a", "t-b", "u-a"]

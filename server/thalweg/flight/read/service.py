@@ -23,7 +23,7 @@ from thalweg.flight.descriptors import path_topic
 from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
-from thalweg.flight.read.latest import fold_latest
+from thalweg.flight.read.latest import DELETED, fold_latest
 from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import (
@@ -121,7 +121,8 @@ class Reads:
         catalog = self._catalog_for(read)
         latest = read.view == "latest"
         schema = plan_read(catalog, read).schema if latest else None
-        asked = read if schema is None else _fold_input(read, schema, catalog.columns)
+        known = set() if schema is None else set(plan_read(catalog, _everything(read)).schema.names)
+        asked = read if schema is None else _fold_input(read, schema, catalog.columns, known)
         plan = plan_read(catalog, asked, lambda p: self._elsewhere(read, p) is not None)
         self._refuse_elsewhere(plan)
         schema = plan.schema if schema is None else schema
@@ -253,14 +254,21 @@ class Reads:
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
 
 
-def _fold_input(read: ReadTicket, schema: pa.Schema, columns: MetadataColumns) -> ReadTicket:
+def _fold_input(
+    read: ReadTicket, schema: pa.Schema, columns: MetadataColumns, known: set[str]
+) -> ReadTicket:
     """What the latest view reads to fold: the columns it answers with and the key,
     value, partition, position and decode error of each row — not every metadata
     column (all of them made the view read twice as slow)."""
     fold = [columns.source("key"), columns.value, columns.partition, columns.position]
-    fold.append(columns.decode_error)
-    wanted = list(dict.fromkeys([*schema.names, *fold]))
+    fold += [columns.decode_error, DELETED]  # a change event's delete, where there is one
+    wanted = list(dict.fromkeys([*schema.names, *(c for c in fold if c in known)]))
     return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": wanted})
+
+
+def _everything(read: ReadTicket) -> ReadTicket:
+    """``read`` with every column and all metadata (what the fold may ask for)."""
+    return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": None})
 
 
 def _folded(

@@ -199,10 +199,12 @@ class SqlEngine:
         finally:
             # The snapshot goes before the count: a reader of ``active`` (``/stats``, a
             # test) that sees 0 may take it that no query still holds lane files.
-            snapshot.close()
-            with self._lock:
-                self.active -= 1
-            self._running.release()
+            try:
+                snapshot.close()
+            finally:
+                with self._lock:
+                    self.active -= 1
+                self._running.release()
 
     def _context(self, memory: int | None) -> SessionContext:
         config = SessionConfig().with_default_catalog_and_schema(CATALOG, DEFAULT_SCHEMA)
