@@ -121,8 +121,11 @@ class Reads:
         catalog = self._catalog_for(read)
         latest = read.view == "latest"
         schema = plan_read(catalog, read).schema if latest else None
-        known = set() if schema is None else set(plan_read(catalog, _everything(read)).schema.names)
-        asked = read if schema is None else _fold_input(read, schema, catalog.columns, known)
+        asked = (
+            read
+            if schema is None
+            else _fold_input(read, schema, catalog.columns, catalog.payload_schema(read.topic))
+        )
         plan = plan_read(catalog, asked, lambda p: self._elsewhere(read, p) is not None)
         self._refuse_elsewhere(plan)
         schema = plan.schema if schema is None else schema
@@ -255,20 +258,17 @@ class Reads:
 
 
 def _fold_input(
-    read: ReadTicket, schema: pa.Schema, columns: MetadataColumns, known: set[str]
+    read: ReadTicket, schema: pa.Schema, columns: MetadataColumns, payload: pa.Schema
 ) -> ReadTicket:
     """What the latest view reads to fold: the columns it answers with and the key,
     value, partition, position and decode error of each row — not every metadata
     column (all of them made the view read twice as slow)."""
     fold = [columns.source("key"), columns.value, columns.partition, columns.position]
-    fold += [columns.decode_error, DELETED]  # a change event's delete, where there is one
-    wanted = list(dict.fromkeys([*schema.names, *(c for c in fold if c in known)]))
+    fold.append(columns.decode_error)
+    if DELETED in payload.names:  # a change event's delete, where the topic has them
+        fold.append(DELETED)
+    wanted = list(dict.fromkeys([*schema.names, *fold]))
     return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": wanted})
-
-
-def _everything(read: ReadTicket) -> ReadTicket:
-    """``read`` with every column and all metadata (what the fold may ask for)."""
-    return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": None})
 
 
 def _folded(
