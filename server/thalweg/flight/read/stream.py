@@ -310,15 +310,18 @@ def _dead_letters(catalog: LaneCatalog, plan: ReadPlan) -> Iterator[pa.RecordBat
 def _pushdown(catalog: LaneCatalog, plan: ReadPlan) -> tuple[set[str] | None, pc.Expression | None]:
     """Which columns a segment read needs, and whether the filter can go into it.
 
-    Columns: the projected ones, the filter's, and the metadata the shaping step uses.
-    The filter is pushed only when it names columns the one file read holds.
+    Columns: the projected ones, the filter's, and the two the read itself uses (the
+    position it slices by, the decode error a read without metadata leaves rows out
+    by) — not every locator column: a latest view spent a third of its read on record
+    ids it never sends. The filter is pushed only when it names columns the one file
+    read holds.
     """
     t = plan.ticket
     if t.columns is None:
         wanted = None
     else:
         filter_cols = {c.column for c in t.filter or []}
-        meta = {f.name for f in catalog.columns.decoded_file_fields}
+        meta = {catalog.columns.position, catalog.columns.decode_error}
         wanted = set(t.columns) | filter_cols | meta
     if plan.predicate is None or (t.lane is Lane.DECODED and t.metadata is MetadataPolicy.ALL):
         return wanted, None

@@ -78,9 +78,10 @@ class LaneReader:
             dpath = self._layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
             raw = dec = None
             if with_raw or not decoded:
-                raw = self._read(
-                    seg.path, wanted if not decoded else None, None if decoded else predicate
-                )
+                # Projected too when a decoded read also takes the raw twin: the shaping
+                # step keeps only the columns the read asked for (a latest view read the
+                # whole raw file, headers and all, to use its key and value).
+                raw = self._read(seg.path, wanted, None if decoded else predicate)
             if decoded:
                 dec = self._read(dpath, wanted, None if with_raw else predicate)
             ref = dec if dec is not None else raw
