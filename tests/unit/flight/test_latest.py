@@ -82,3 +82,17 @@ def test_folding_as_rows_arrive_is_one_fold(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_no_batches_is_no_table() -> None:
     assert fold_latest([], COLS) is None
+
+
+def test_without_values_the_fold_keeps_only_whether_a_value_was_null() -> None:
+    rows = [
+        batch([(0, 0, b"a", b"1", 1), (0, 1, b"b", b"2", 2), (1, 0, b"a", b"9", 9)]),
+        batch([(0, 2, b"a", None, None), (1, 1, b"c", b"7", 7), (0, 3, b"b", b"4", 4)]),
+    ]
+    whole = fold_latest(rows, COLS)
+    slim = fold_latest(rows, COLS, values=False)
+    assert whole is not None and slim is not None
+    assert COLS.value not in slim.column_names  # the bytes are not held for the fold
+    # a@0 was deleted by its tombstone either way; the rows left are the same.
+    assert slim.select(["v", COLS.partition]).equals(whole.select(["v", COLS.partition]))
+    assert slim.column("v").to_pylist() == [4, 9, 7]

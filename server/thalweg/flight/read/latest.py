@@ -8,13 +8,14 @@ position. A key is deleted when that row is a tombstone (a null value) or a chan
 event's delete (``__deleted``). Rows without a key name no row and are left out, as are
 records that failed to decode (they are in the dead-letter lane).
 
-The fold runs as the rows arrive: every ``FOLD_ROWS`` rows the kept rows are folded
-again, so memory holds about one row per key plus one step, never the whole history.
+The fold runs as the rows arrive: whenever ``FOLD_ROWS`` rows or ``FOLD_BYTES`` wait,
+the kept rows are folded again, so memory holds about one row per key plus one step,
+never the whole history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -22,58 +23,99 @@ import pyarrow.compute as pc
 
 from thalweg.records.columns import MetadataColumns
 
-FOLD_ROWS = 262_144
+FOLD_ROWS = 1_048_576
+FOLD_BYTES = 64 * 1024 * 1024
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _ROW = "_thalweg_row"
+_TOMBSTONE = "_thalweg_tombstone"  # the value was null, when its bytes are not kept
 
 
-def fold_latest(batches: Iterable[pa.RecordBatch], columns: MetadataColumns) -> pa.Table | None:
+def fold_latest(
+    batches: Iterable[pa.RecordBatch], columns: MetadataColumns, *, values: bool = True
+) -> pa.Table | None:
     """Each key's newest row of ``batches`` (decoded rows with the key, value, partition,
-    position and decode-error columns), deleted keys left out; None when no batch came."""
-    kept: list[pa.Table] = []
-    waiting = 0
+    position and decode-error columns), deleted keys left out; None when no batch came.
+
+    Each partition folds alone (a key is hashed without its partition, on one thread:
+    grouping by partition and key on Arrow's threads cost twice as much), and all of
+    them fold again whenever ``FOLD_ROWS`` rows or ``FOLD_BYTES`` wait, so memory stays
+    bounded however many partitions the read spans. Without ``values`` the value's
+    bytes are kept only as whether they were null (a tombstone): a reader that did not
+    ask for them should not have every payload held twice while the fold runs.
+    """
+    kept: dict[int, list[pa.Table]] = {}
+    rows_waiting = bytes_waiting = 0
     schema: pa.Schema | None = None
-    for batch in batches:
+    for arrived in batches:
+        batch = arrived if values else _value_as_tombstone(arrived, columns.value)
         schema = batch.schema
-        kept.append(pa.Table.from_batches([batch]))
-        waiting += batch.num_rows
-        if waiting >= FOLD_ROWS:
-            kept, waiting = [_fold(kept, columns)], 0
+        for partition, rows in _by_partition(batch, columns.partition):
+            kept.setdefault(partition, []).append(rows)
+        rows_waiting += batch.num_rows
+        bytes_waiting += batch.nbytes
+        if rows_waiting >= FOLD_ROWS or bytes_waiting >= FOLD_BYTES:
+            kept = {p: [_fold(t, columns)] for p, t in kept.items()}
+            rows_waiting = bytes_waiting = 0
     if schema is None:
         return None
     if not kept:
         return schema.empty_table()
-    newest = _fold(kept, columns)
+    newest = pa.concat_tables(
+        [_fold(kept[p], columns) for p in sorted(kept)], promote_options="permissive"
+    )
     return newest.filter(pc.invert(_deleted(newest, columns)))
 
 
+def _value_as_tombstone(batch: pa.RecordBatch, value: str) -> pa.RecordBatch:
+    """``batch`` with its value column replaced by whether the value was null."""
+    at = batch.schema.get_field_index(value)
+    if at < 0:
+        return batch
+    gone = pc.is_null(batch.column(at))
+    return batch.remove_column(at).append_column(_TOMBSTONE, gone)
+
+
+def _by_partition(batch: pa.RecordBatch, column: str) -> Iterator[tuple[int, pa.Table]]:
+    """``batch``'s rows by partition (a read's batch is almost always one partition's)."""
+    if not batch.num_rows:
+        return
+    parts = batch.column(column)
+    bounds = pc.min_max(parts)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low == high:
+        yield int(low), pa.Table.from_batches([batch])
+        return
+    for p in pc.unique(parts).to_pylist():
+        yield int(p), pa.Table.from_batches([batch.filter(pc.equal(parts, p))])
+
+
 def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
-    """Per ``(partition, key)`` the row of the highest position, in lane order; rows
-    without a key, or that failed to decode, left out. Decided on the slim columns
-    alone, then the winners taken whole (filtering every column first cost a third
-    of the fold)."""
+    """One partition's newest row per key, in position order; rows without a key, or
+    that failed to decode, left out.
+
+    A partition's rows come in position order (a read yields each partition's rows
+    ascending, and ``parts`` holds the earlier fold's rows first), so a key's newest
+    row is its last: the highest row number — a hash ``max`` over the key and the row
+    number, with no join back on the position (the join was a third of the fold).
+    The winners are then taken whole.
+    """
     rows = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-    group = [columns.partition, columns.source("key")]
-    slim = rows.select([*group, columns.position]).append_column(
-        _ROW, pa.array(np.arange(rows.num_rows), pa.int64())
-    )
-    usable = pc.is_valid(rows.column(columns.source("key")))
+    key = rows.column(columns.source("key"))
+    usable = pc.is_valid(key)
     if columns.decode_error in rows.column_names:
         usable = pc.and_(usable, pc.is_null(rows.column(columns.decode_error)))
-    slim = slim.filter(usable)
-    top = slim.group_by(group).aggregate([(columns.position, "max")])
-    top = top.rename_columns([*group, columns.position])
-    picked = slim.join(top, [*group, columns.position], join_type="inner").column(_ROW)
-    order = pc.sort_indices(
-        pa.table({"p": rows.column(columns.partition).take(picked), "o": picked}),
-        sort_keys=[("p", "ascending"), ("o", "ascending")],
-    )
-    return rows.take(pc.take(picked, order))
+    slim = pa.table({"k": key, _ROW: pa.array(np.arange(rows.num_rows), pa.int64())})
+    top = slim.filter(usable).group_by(["k"], use_threads=False).aggregate([(_ROW, "max")])
+    picked = np.sort(top.column(f"{_ROW}_max").to_numpy())
+    return rows.take(pa.array(picked))
 
 
 def _deleted(rows: pa.Table, columns: MetadataColumns) -> pa.ChunkedArray | pa.Array:
     """Tombstones (a null value) and change events' deletes."""
-    gone = pc.is_null(rows.column(columns.value))
+    if _TOMBSTONE in rows.column_names:
+        gone = rows.column(_TOMBSTONE)
+    else:
+        gone = pc.is_null(rows.column(columns.value))
     if DELETED in rows.column_names:
         gone = pc.or_(gone, pc.fill_null(rows.column(DELETED), False))
     return gone

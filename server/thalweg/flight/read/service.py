@@ -276,7 +276,7 @@ def _folded(
 ) -> Iterator[pa.RecordBatch]:
     """The latest view of ``stream``: folded (``flight/read/latest.py``), then given the
     ticket's schema (its metadata policy and columns)."""
-    table = fold_latest(stream, columns)
+    table = fold_latest(stream, columns, values=columns.value in schema.names)
     if table is not None:
         yield from fit_stream_schema(table, schema).to_batches(max_chunksize=65_536)
 
