@@ -68,7 +68,8 @@ def test_folding_as_rows_arrive_is_one_fold(monkeypatch: pytest.MonkeyPatch) -> 
         rows.append((key % 2, pos, b"k%d" % key, value, pos if value else None))
     batches = [batch(rows[i : i + 97]) for i in range(0, len(rows), 97)]
     whole = fold_latest(batches, COLS)
-    monkeypatch.setattr(latest, "FOLD_ROWS", 100)  # a fold after every batch or two
+    monkeypatch.setattr(latest, "STEP_ROWS", 100)  # a step after every batch or two
+    monkeypatch.setattr(latest, "FOLD_ROWS", 150)  # and the steps folded together often
     stepwise = fold_latest(batches, COLS)
     assert whole is not None and stepwise is not None
     assert whole.equals(stepwise)

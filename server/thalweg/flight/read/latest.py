@@ -8,9 +8,8 @@ position. A key is deleted when that row is a tombstone (a null value) or a chan
 event's delete (``__deleted``). Rows without a key name no row and are left out, as are
 records that failed to decode (they are in the dead-letter lane).
 
-The fold runs as the rows arrive: whenever ``FOLD_ROWS`` rows or ``FOLD_BYTES`` wait,
-the kept rows are folded again, so memory holds about one row per key plus one step,
-never the whole history.
+The fold runs as the rows arrive, a step at a time, so memory holds about one row per
+key plus one step, never the whole history.
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ import pyarrow.compute as pc
 
 from thalweg.records.columns import MetadataColumns
 
-FOLD_ROWS = 1_048_576
-FOLD_BYTES = 64 * 1024 * 1024
+STEP_ROWS = 262_144  # arriving rows folded alone, while the read goes on
+STEP_BYTES = 32 * 1024 * 1024
+FOLD_ROWS = 1_048_576  # the folded steps folded together again past this many rows
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _ROW = "_thalweg_row"
 _TOMBSTONE = "_thalweg_tombstone"  # the value was null, when its bytes are not kept
@@ -37,31 +37,44 @@ def fold_latest(
     position and decode-error columns), deleted keys left out; None when no batch came.
 
     Each partition folds alone (a key is hashed without its partition, on one thread:
-    grouping by partition and key on Arrow's threads cost twice as much), and all of
-    them fold again whenever ``FOLD_ROWS`` rows or ``FOLD_BYTES`` wait, so memory stays
-    bounded however many partitions the read spans. Without ``values`` the value's
-    bytes are kept only as whether they were null (a tombstone): a reader that did not
-    ask for them should not have every payload held twice while the fold runs.
+    grouping by partition and key on Arrow's threads cost twice as much). Arriving rows
+    are folded a step at a time (``STEP_ROWS``/``STEP_BYTES``), each step alone, so the
+    fold runs while the read brings the next segment and no row is hashed again for
+    every step; the steps' winners are folded together once they hold ``FOLD_ROWS``
+    rows, so memory stays about one row per key plus a step. Without ``values`` the
+    value's bytes are kept only as whether they were null (a tombstone): a reader that
+    did not ask for them should not have every payload held while the fold runs.
     """
-    kept: dict[int, list[pa.Table]] = {}
-    rows_waiting = bytes_waiting = 0
+    steps: dict[int, list[pa.Table]] = {}  # each partition's folded steps, in order
+    waiting: dict[int, list[pa.Table]] = {}  # rows not folded yet
+    rows_waiting = bytes_waiting = held = 0
+    limit = FOLD_ROWS
     schema: pa.Schema | None = None
     for arrived in batches:
         batch = arrived if values else _value_as_tombstone(arrived, columns.value)
         schema = batch.schema
         for partition, rows in _by_partition(batch, columns.partition):
-            kept.setdefault(partition, []).append(rows)
+            waiting.setdefault(partition, []).append(rows)
         rows_waiting += batch.num_rows
         bytes_waiting += batch.nbytes
-        if rows_waiting >= FOLD_ROWS or bytes_waiting >= FOLD_BYTES:
-            kept = {p: [_fold(t, columns)] for p, t in kept.items()}
-            rows_waiting = bytes_waiting = 0
+        if rows_waiting < STEP_ROWS and bytes_waiting < STEP_BYTES:
+            continue
+        for partition, parts in waiting.items():
+            step = _fold(parts, columns)
+            steps.setdefault(partition, []).append(step)
+            held += step.num_rows
+        waiting, rows_waiting, bytes_waiting = {}, 0, 0
+        if held >= limit:
+            steps = {p: [_fold(t, columns)] for p, t in steps.items()}
+            held = sum(t[0].num_rows for t in steps.values())
+            limit = max(FOLD_ROWS, 2 * held)  # more keys than FOLD_ROWS: fold less often
     if schema is None:
         return None
-    if not kept:
+    parts_of = {p: [*steps.get(p, []), *waiting.get(p, [])] for p in sorted({*steps, *waiting})}
+    if not parts_of:
         return schema.empty_table()
     newest = pa.concat_tables(
-        [_fold(kept[p], columns) for p in sorted(kept)], promote_options="permissive"
+        [_fold(parts, columns) for parts in parts_of.values()], promote_options="permissive"
     )
     return newest.filter(pc.invert(_deleted(newest, columns)))
 
