@@ -1,8 +1,10 @@
 """Upsert sinks under faults: ``twg stream`` with Debezium change events into a Postgres
-and an Iceberg sink in ``mode = "upsert"`` is SIGKILLed three times while events flow,
-and PostgreSQL is stopped for several seconds between two kills. Afterwards both tables
-equal the fold of the topic (per key the newest event by position, deleted keys absent)
-row for row, and ``twg verify`` — which folds the lane the same way — finds nothing."""
+and an Iceberg sink in ``mode = "upsert"`` keyed by ``id``, and a Postgres sink keyed by
+the record key (no ``key``: a tombstone or a delete event removes the row), is
+SIGKILLed three times while events flow, and PostgreSQL is stopped for several seconds
+between two kills. Afterwards the three tables equal the fold of the topic (per key the
+newest event by position, deleted keys absent) row for row, and ``twg verify`` — which
+folds the lane the same way — finds nothing."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ KILLS = 3
 
 def settled(pg: PostgresServer, data: Path, want: dict[int, dict[str, Any]]) -> bool:
     try:
-        return rows(pg, "public", "customers") == want == iceberg_rows(data)
+        by_id = rows(pg, "public", "customers")
+        return by_id == want == iceberg_rows(data) == rows(pg, "public", "by_record_key")
     except Exception:  # a table not made yet, Postgres starting
         return False
 
@@ -79,6 +82,15 @@ kind = "postgres"
 topics = ["{topic}"]
 dsn = "{pg.dsn}"
 {upsert}
+
+[[sinks]]
+name = "bykey"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{pg.dsn}"
+table = "by_record_key"
+mode = "upsert"
+commit_interval_s = 0.5
 """
     group = f"g-{uuid.uuid4().hex[:8]}"
     config.write_text(config_text(broker.bootstrap, topic, group, data, extra=sinks))
@@ -117,6 +129,7 @@ dsn = "{pg.dsn}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert rows(pg, "public", "customers") == fold == iceberg_rows(data)
+        assert rows(pg, "public", "by_record_key") == fold
         assert_verified(config)
     finally:
         if proc.poll() is None:
