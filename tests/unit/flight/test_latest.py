@@ -9,6 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from thalweg.errors import InvariantError
 from thalweg.flight.read import latest
 from thalweg.flight.read.latest import fold_latest
 from thalweg.records.columns import MetadataColumns
@@ -97,3 +98,10 @@ def test_without_values_the_fold_keeps_only_whether_a_value_was_null() -> None:
     # a@0 was deleted by its tombstone either way; the rows left are the same.
     assert slim.select(["v", COLS.partition]).equals(whole.select(["v", COLS.partition]))
     assert slim.column("v").to_pylist() == [4, 9, 7]
+
+
+def test_rows_out_of_position_order_are_refused_not_folded_wrong() -> None:
+    # The fold keeps a key's last row: a read that sent a partition's rows backwards
+    # would make an older row the newest.
+    with pytest.raises(InvariantError, match="partition 0's rows came out of order"):
+        fold_latest([batch([(0, 5, b"a", b"1", 1)]), batch([(0, 3, b"a", b"2", 2)])], COLS)

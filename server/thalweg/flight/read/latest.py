@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.errors import InvariantError
 from thalweg.records.columns import MetadataColumns
 
 STEP_ROWS = 262_144  # arriving rows folded alone, while the read goes on
@@ -49,11 +50,13 @@ def fold_latest(
     waiting: dict[int, list[pa.Table]] = {}  # rows not folded yet
     rows_waiting = bytes_waiting = held = 0
     limit = FOLD_ROWS
+    after: dict[int, int] = {}  # each partition's last position so far
     schema: pa.Schema | None = None
     for arrived in batches:
         batch = arrived if values else _value_as_tombstone(arrived, columns.value)
         schema = batch.schema
         for partition, rows in _by_partition(batch, columns.partition):
+            _in_order(rows, columns.position, partition, after)
             waiting.setdefault(partition, []).append(rows)
         rows_waiting += batch.num_rows
         bytes_waiting += batch.nbytes
@@ -100,6 +103,23 @@ def _by_partition(batch: pa.RecordBatch, column: str) -> Iterator[tuple[int, pa.
         return
     for p in pc.unique(parts).to_pylist():
         yield int(p), pa.Table.from_batches([batch.filter(pc.equal(parts, p))])
+
+
+def _in_order(rows: pa.Table, position: str, partition: int, after: dict[int, int]) -> None:
+    """The fold keeps a key's *last* row, so a partition's rows must come in position
+    order; a read that broke it would give a wrong table, never silently.
+
+    Raises:
+        InvariantError: ``rows`` start at or before a position this partition had.
+    """
+    positions = rows.column(position)
+    first, last = positions[0].as_py(), positions[-1].as_py()
+    if partition in after and first <= after[partition]:
+        raise InvariantError(
+            f"latest view: partition {partition}'s rows came out of order "
+            f"(position {first} after {after[partition]})"
+        )
+    after[partition] = last
 
 
 def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
