@@ -6,9 +6,10 @@
    broker is stopped — nothing can be read from the source again — and PostgreSQL comes
    back: recovery from the raw lane brings it to parity. Both sinks hold every produced
    record exactly once and equal the decoded lane row for row.
-2. ``twg stream`` with both sinks, and an Iceberg sink routing each record to a table
-   by a field (``"shard_{shard}"``: a flush lands table by table, then its control
-   record), is SIGKILLed five times during ingest; each sink ends with every record
+2. ``twg stream`` with both sinks, an Iceberg sink routing each record to a table by a
+   field (``"shard_{shard}"``: a flush lands table by table, then its control record)
+   and an Arrow IPC sink routing each to a directory the same way (then its control
+   directory), is SIGKILLed five times during ingest; each sink ends with every record
    exactly once.
 """
 
@@ -161,6 +162,17 @@ def routed_rows(data: Path) -> list[tuple[int, int]]:
     return out
 
 
+def routed_files(data: Path) -> list[tuple[int, int]]:
+    """(shard, n) of every row in the routed Arrow IPC sink's directories."""
+    out = []
+    for i in range(SHARDS):
+        for f in sorted((data.parent / "ipc" / f"shard_{i}").glob("topic=*/partition=*/*.arrow")):
+            with pa.memory_map(str(f)) as src:
+                t = pa.ipc.open_file(src).read_all()
+            out += [(i, v) for v in t.column("n").to_pylist()]
+    return out
+
+
 def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stopped(
     gateway_factory: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
@@ -263,6 +275,13 @@ kind = "iceberg"
 topics = ["{topic}"]
 table = "shard_{{shard}}"
 commit_interval_s = 0.3
+
+[[sinks]]
+name = "files"
+kind = "arrow_ipc"
+topics = ["{topic}"]
+path = "{data.parent / "ipc" / "shard_{shard}"}"
+commit_interval_s = 0.3
 """
     group = f"g-{uuid.uuid4().hex[:8]}"
     path.write_text(config_text(bootstrap, topic, group, data, extra=sinks))
@@ -313,13 +332,24 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             check=alive,
             interval=0.5,
         )
+        wait_until(
+            lambda: safe_count(lambda: len(routed_files(data))) >= total,
+            120,
+            "routed arrow ipc directories",
+            check=alive,
+            interval=0.5,
+        )
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert_exactly_once(data, topic, pg, total)
+        want = sorted((n % SHARDS, n) for n in range(total))
         routed = routed_rows(data)
         assert len(routed) == total, f"routed tables hold {len(routed)} rows of {total}"
-        assert sorted(routed) == sorted((n % SHARDS, n) for n in range(total))
+        assert sorted(routed) == want
+        files = routed_files(data)
+        assert len(files) == total, f"routed directories hold {len(files)} rows of {total}"
+        assert sorted(files) == want
         assert_verified(config)
     finally:
         if proc.poll() is None:
