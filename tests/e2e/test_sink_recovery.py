@@ -6,11 +6,11 @@
    broker is stopped — nothing can be read from the source again — and PostgreSQL comes
    back: recovery from the raw lane brings it to parity. Both sinks hold every produced
    record exactly once and equal the decoded lane row for row.
-2. ``twg stream`` with both sinks, an Iceberg sink routing each record to a table by a
-   field (``"shard_{shard}"``: a flush lands table by table, then its control record)
-   and an Arrow IPC sink routing each to a directory the same way (then its control
-   directory), is SIGKILLed five times during ingest; each sink ends with every record
-   exactly once.
+2. ``twg stream`` with both sinks and three routed ones — an Iceberg sink with a table
+   per field value (``"shard_{shard}"``: a flush lands table by table, then its control
+   record), a Postgres sink the same way (one transaction) and an Arrow IPC sink with a
+   directory per value (then its control directory) — is SIGKILLed five times during
+   ingest; each sink ends with every record exactly once.
 """
 
 from __future__ import annotations
@@ -173,6 +173,15 @@ def routed_files(data: Path) -> list[tuple[int, int]]:
     return out
 
 
+def routed_pg_rows(pg: PostgresServer) -> list[tuple[int, int]]:
+    """(shard, n) of every row in the routed Postgres sink's tables."""
+    out = []
+    for i in range(SHARDS):
+        with contextlib.suppress(Exception):  # a table not made yet
+            out += [(i, int(n)) for (n,) in pg.query(f'SELECT "n" FROM public."pshard_{i}"')]
+    return out
+
+
 def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stopped(
     gateway_factory: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
@@ -277,6 +286,14 @@ table = "shard_{{shard}}"
 commit_interval_s = 0.3
 
 [[sinks]]
+name = "dbshards"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{pg.dsn}"
+table = "pshard_{{shard}}"
+commit_interval_s = 0.3
+
+[[sinks]]
 name = "files"
 kind = "arrow_ipc"
 topics = ["{topic}"]
@@ -339,6 +356,13 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             check=alive,
             interval=0.5,
         )
+        wait_until(
+            lambda: safe_count(lambda: len(routed_pg_rows(pg))) >= total,
+            120,
+            "routed postgres tables",
+            check=alive,
+            interval=0.5,
+        )
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -350,6 +374,7 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
         files = routed_files(data)
         assert len(files) == total, f"routed directories hold {len(files)} rows of {total}"
         assert sorted(files) == want
+        assert sorted(routed_pg_rows(pg)) == want, "routed postgres tables: not each once"
         assert_verified(config)
     finally:
         if proc.poll() is None:
