@@ -6,11 +6,12 @@
    broker is stopped — nothing can be read from the source again — and PostgreSQL comes
    back: recovery from the raw lane brings it to parity. Both sinks hold every produced
    record exactly once and equal the decoded lane row for row.
-2. ``twg stream`` with both sinks and three routed ones — an Iceberg sink with a table
+2. ``twg stream`` with both sinks and four routed ones — an Iceberg sink with a table
    per field value (``"shard_{shard}"``: a flush lands table by table, then its control
-   record), a Postgres sink the same way (one transaction) and an Arrow IPC sink with a
-   directory per value (then its control directory) — is SIGKILLed five times during
-   ingest; each sink ends with every record exactly once.
+   record), a Postgres sink the same way (one transaction), an Arrow IPC sink with a
+   directory per value (then its control directory) and a Flight sink with a path per
+   value — is SIGKILLed five times during ingest; each exactly-once sink ends with every
+   record once, the Flight receiver with every record at its path (at least once).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyarrow import flight
 from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -173,6 +175,25 @@ def routed_files(data: Path) -> list[tuple[int, int]]:
     return out
 
 
+class Receiver(flight.FlightServerBase):  # type: ignore[misc]
+    """A Flight server that keeps every ``do_put``'s ``n`` column per descriptor path."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.got: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        path = "/".join(p.decode() for p in descriptor.path)
+        values = reader.read_all().column("n").to_pylist()
+        with self._lock:
+            self.got.setdefault(path, []).extend(values)
+
+    def received(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return [(path, v) for path, vs in self.got.items() for v in vs]
+
+
 def routed_pg_rows(pg: PostgresServer) -> list[tuple[int, int]]:
     """(shard, n) of every row in the routed Postgres sink's tables."""
     out = []
@@ -260,7 +281,9 @@ def test_postgres_down_20s_then_recovered_from_the_raw_lane_with_the_broker_stop
         pg.stop()
 
 
-def write_config(path: Path, bootstrap: str, topic: str, data: Path, pg: PostgresServer) -> None:
+def write_config(
+    path: Path, bootstrap: str, topic: str, data: Path, pg: PostgresServer, receiver: str
+) -> None:
     sinks = f"""
 [recovery]
 poll_interval_s = 0.2
@@ -299,6 +322,14 @@ kind = "arrow_ipc"
 topics = ["{topic}"]
 path = "{data.parent / "ipc" / "shard_{shard}"}"
 commit_interval_s = 0.3
+
+[[sinks]]
+name = "downstream"
+kind = "flight"
+topics = ["{topic}"]
+location = "{receiver}"
+path = "recv/{{shard}}"
+commit_interval_s = 0.3
 """
     group = f"g-{uuid.uuid4().hex[:8]}"
     path.write_text(config_text(bootstrap, topic, group, data, extra=sinks))
@@ -311,7 +342,9 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
     pg = PostgresServer(tmp_path / "pg").init().start()
     topic = make_topic(broker.bootstrap, "sinkcrash")
     data, config, log = tmp_path / "lane", tmp_path / "twg.toml", tmp_path / "gateway.log"
-    write_config(config, broker.bootstrap, topic, data, pg)
+    receiver = Receiver()
+    threading.Thread(target=receiver.serve, daemon=True).start()
+    write_config(config, broker.bootstrap, topic, data, pg, f"grpc://127.0.0.1:{receiver.port}")
     producer = Paced(broker.bootstrap, topic, rate=6000, total=total)
     rng = seeded_rng("THALWEG_SINK_CRASH_SEED")
     proc = start_gateway(config, log)
@@ -357,6 +390,13 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             interval=0.5,
         )
         wait_until(
+            lambda: len({v for _, v in receiver.received()}) >= total,
+            120,
+            "the flight receiver",
+            check=alive,
+            interval=0.5,
+        )
+        wait_until(
             lambda: safe_count(lambda: len(routed_pg_rows(pg))) >= total,
             120,
             "routed postgres tables",
@@ -375,8 +415,12 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
         assert len(files) == total, f"routed directories hold {len(files)} rows of {total}"
         assert sorted(files) == want
         assert sorted(routed_pg_rows(pg)) == want, "routed postgres tables: not each once"
+        # Flight is at-least-once: every record at its path, a replayed one maybe again.
+        sent = receiver.received()
+        assert {(f"recv/{n % SHARDS}", n) for n in range(total)} == set(sent)
         assert_verified(config)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         pg.stop()
+        receiver.shutdown()
