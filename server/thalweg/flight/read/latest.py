@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from thalweg.errors import InvariantError
 from thalweg.records.columns import MetadataColumns
 
-STEP_ROWS = 262_144  # arriving rows folded alone, while the read goes on
-STEP_BYTES = 32 * 1024 * 1024
+STEP_ROWS = 1_048_576  # arriving rows folded alone, a step at a time
+STEP_BYTES = 128 * 1024 * 1024
 FOLD_ROWS = 1_048_576  # the folded steps folded together again past this many rows
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _ROW = "_thalweg_row"
@@ -39,10 +39,12 @@ def fold_latest(
 
     Each partition folds alone (a key is hashed without its partition, on one thread:
     grouping by partition and key on Arrow's threads cost twice as much). Arriving rows
-    are folded a step at a time (``STEP_ROWS``/``STEP_BYTES``), each step alone, so the
-    fold runs while the read brings the next segment and no row is hashed again for
-    every step; the steps' winners are folded together once they hold ``FOLD_ROWS``
-    rows, so memory stays about one row per key plus a step. Without ``values`` the
+    are folded a step at a time (``STEP_ROWS``/``STEP_BYTES``), each step alone, so no
+    row is hashed again for every step; the steps' winners are folded together once
+    they hold ``FOLD_ROWS`` rows, so memory stays about one row per key plus a step.
+    The steps are large: one hash over a million rows cost less than four over a
+    quarter each, even with those overlapping the read (one partition: 0.70x DuckDB
+    with 256 k-row steps, 0.93-0.97x with one). Without ``values`` the
     value's bytes are kept only as whether they were null (a tombstone): a reader that
     did not ask for them should not have every payload held while the fold runs.
     """
