@@ -1,9 +1,9 @@
 """A disk that fills up for real (a small tmpfs: the kernel answers ENOSPC) under the data
-directory, mid-run, and space that comes back.
+directory — or under a bucket lane's local cache — mid-run, and space that comes back.
 
 While the disk is full nothing is committed that is not durable: the broker's committed
 offset (``twg stream``) and the batch manifest's ``committed`` (``twg batch``) stay at the
-rows the lane holds, the gateway says it is not ready and why, and the run waits rather
+rows the lane (or the bucket) holds, the gateway says it is not ready and why, and the run waits rather
 than dropping rows. Once space returns every record lands, once, and no temp file of a
 refused write is left.
 """
@@ -29,8 +29,17 @@ from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway, TansuBroker
 from tests.e2e.upkeep import lane_files, nested, ranges
-from tests.helpers import SmallDisk, committed_offsets, produce_json, wait_until
+from tests.helpers import (
+    SmallDisk,
+    assert_verified,
+    bucket_offsets,
+    committed_offsets,
+    produce_json,
+    wait_until,
+)
 from tests.integration.test_batch import lane, manifest, rows
+from tests.integration.test_object_store import bucket, open_store, store_cfg
+from tests.moto_server import MotoServer
 from thalweg.lane.layout import segment_name
 
 pytestmark = pytest.mark.integration
@@ -288,3 +297,62 @@ def test_retention_makes_room_on_a_full_disk_and_the_ingest_goes_on(
     offsets = raw.column(0).to_pylist()
     assert len(offsets) == len(set(offsets))
     assert temp_files(gw.data_dir) == []
+
+
+def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catches_up(
+    broker: TansuBroker,
+    moto: MotoServer,
+    topic_factory: Callable[..., str],
+    producer: Producer,
+    gateway_factory: Callable[..., RunningGateway],
+    small_disk: Callable[[int], SmallDisk],
+    tmp_path: Path,
+) -> None:
+    """A bucket lane writes each segment in its local cache before the PUT: a cache disk
+    that fills stops the writes there, and the commit stays at what the bucket holds."""
+    topic = topic_factory(2)
+    total = 40_000
+    produce_digests(broker, producer, topic, total, partitions=2)  # lanes of about 5 MiB
+    disk = small_disk(1024)
+    cache = disk.path / "cache"
+    url = f"s3://{bucket(moto)}/lanes"
+    gw = gateway_factory(
+        [topic],
+        data_dir=cache,
+        gateway={"data_dir": url, "object_store": store_cfg(moto, url, cache)},
+        raw_lane={"roll_rows": 2_000},
+        max_poll_records=1_000,
+    )
+    source = gw.gateway.cfg.sources[0]
+    store = open_store(moto, url)
+
+    def health() -> str:
+        try:
+            with urllib.request.urlopen(f"{gw.admin_url}/health", timeout=5) as r:
+                return r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.read().decode()
+
+    wait_until(
+        lambda: "No space left on device" in health(),
+        60,
+        "/health to say the lane is down for want of space in the cache",
+    )
+    # The commit first: a PUT that lands in between moves the bucket's end, never back.
+    committed = committed_offsets(source.bootstrap_servers, source.group_id, topic, [0, 1])
+    held, _ = bucket_offsets(store, topic, 2, tmp_path / "check-full")
+    for p in (0, 1):
+        in_bucket = {o for q, o in held if q == p}
+        upto = committed.get(p, 0)
+        assert set(range(upto)) <= in_bucket, f"partition {p} committed past the bucket"
+    assert 0 < len(held) < total  # filled mid-ingest
+    disk.grow(64 * 1024)
+    for p in (0, 1):
+        assert gw.committed(topic, p, total // 2, timeout=120) == total // 2
+    seen, overlapping = bucket_offsets(store, topic, 2, tmp_path / "check-after")
+    assert overlapping == []
+    assert set(seen) == {(p, o) for p in (0, 1) for o in range(total // 2)}
+    assert max(seen.values()) == 1  # every record in the bucket, once
+    assert temp_files(cache) == []  # the refused writes left nothing behind
+    gw.stop()
+    assert_verified(gw.gateway.cfg)
