@@ -3,9 +3,9 @@ directory — or under a bucket lane's local cache — mid-run, and space that c
 
 While the disk is full nothing is committed that is not durable: the broker's committed
 offset (``twg stream``) and the batch manifest's ``committed`` (``twg batch``) stay at the
-rows the lane (or the bucket) holds, the gateway says it is not ready and why, and the run waits rather
-than dropping rows. Once space returns every record lands, once, and no temp file of a
-refused write is left.
+rows the lane (or the bucket) holds, the gateway says it is not ready and why, and the
+run waits rather than dropping rows. Once space returns every record lands, once, and no
+temp file of a refused write is left.
 """
 
 from __future__ import annotations
@@ -326,18 +326,19 @@ def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catch
     source = gw.gateway.cfg.sources[0]
     store = open_store(moto, url)
 
-    def health() -> str:
+    def admin(path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(f"{gw.admin_url}/health", timeout=5) as r:
-                return r.read().decode()
+            with urllib.request.urlopen(f"{gw.admin_url}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
-            return exc.read().decode()
+            return exc.code, exc.read().decode()
 
     wait_until(
-        lambda: "No space left on device" in health(),
+        lambda: "No space left on device" in admin("/health")[1],
         60,
         "/health to say the lane is down for want of space in the cache",
     )
+    assert admin("/ready")[0] == 503  # not ready while nothing can be made durable
     # The commit first: a PUT that lands in between moves the bucket's end, never back.
     committed = committed_offsets(source.bootstrap_servers, source.group_id, topic, [0, 1])
     held, _ = bucket_offsets(store, topic, 2, tmp_path / "check-full")
@@ -349,6 +350,7 @@ def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catch
     disk.grow(64 * 1024)
     for p in (0, 1):
         assert gw.committed(topic, p, total // 2, timeout=120) == total // 2
+    wait_until(lambda: admin("/ready")[0] == 200, 30, "ready again once writes succeed")
     seen, overlapping = bucket_offsets(store, topic, 2, tmp_path / "check-after")
     assert overlapping == []
     assert set(seen) == {(p, o) for p in (0, 1) for o in range(total // 2)}
