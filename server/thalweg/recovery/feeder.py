@@ -229,6 +229,10 @@ class SinkFeeder:
         work = self._work(lanes)
         summary.lag_before = sum(b - a for _, gaps in work for a, b in gaps)
         for key, gaps in work:
+            if self._other_epoch_pending(key):
+                await self._settle()
+                await self.flush()
+                summary.flushes += 1
             for a, b in gaps:
                 pos = a
                 while pos < b:
@@ -331,6 +335,15 @@ class SinkFeeder:
         return out
 
     # -- flushing ----------------------------------------------------------------------
+
+    def _other_epoch_pending(self, key: CoverageKey) -> bool:
+        """Whether rows of another epoch of ``key``'s partition wait to be flushed.
+
+        A flush never holds two epochs of one partition: rows carry no epoch, and a
+        routed sink's replay after a cut (``sinks/routes.not_held``) tells what a table
+        holds by position — two epochs whose positions overlap (a broker that came back
+        with other offsets) in one flush could not be told apart."""
+        return any(k[:2] == key[:2] and k[2] != key[2] for k in self._pending)
 
     async def _flush_if_due(self, *, behind: bool = False) -> bool:
         """Flush when the interval passed, the buffer is full, or ``commit_rows`` or

@@ -167,8 +167,8 @@ def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Tab
     flush covers (per partition and epoch) that its own coverage already holds — a
     replay after a flush was cut between its tables and its control record. Only the
     overlap of the two counts, so an earlier epoch's coverage never hides a new epoch's
-    rows of a flush that spans the change, unless the replayed ranges of both epochs
-    hold the same position (then they are not told apart: rows carry no epoch)."""
+    rows: rows carry no epoch, and a flush never holds two epochs of one partition (the
+    feeder flushes between them, ``recovery/feeder.py``)."""
     if not own or not rows.num_rows:
         return rows
     parts = rows.column(PARTITION).to_numpy(zero_copy_only=False)

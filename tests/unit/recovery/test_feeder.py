@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from tests.helpers import feeder_pass
 from thalweg.config import parse_config
+from thalweg.lane.epochs import Divergence, close_epoch, mark_diverged
 from thalweg.lane.layout import META_COVERS_FROM, Lane, LaneLayout, segment_name
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
@@ -127,3 +128,40 @@ def test_commit_rows_and_commit_bytes_commit_before_the_interval(tmp_path: Path)
     assert flushes(commit_rows=25) == 4  # 30, 30, 30 rows, then the last 10
     row_bytes = pa.table({"n": pa.array([1], pa.int64())}).nbytes
     assert flushes(commit_bytes=row_bytes) == 10  # every window
+
+
+def test_a_flush_never_holds_two_epochs_of_one_partition(tmp_path: Path) -> None:
+    """Rows of epoch 0 wait unflushed when the partition's epoch closes and epoch 1
+    starts over the same positions: they are flushed before epoch 1's rows are written,
+    so a routed sink's replay can tell the epochs' rows apart by position."""
+    layout = LaneLayout(tmp_path)
+    write_segment(layout, list(range(10)), list(range(10)), covers_from=0)
+    cfg = parse_config(
+        {
+            "gateway": {"data_dir": str(tmp_path)},
+            "sources": [SOURCE],
+            "sinks": [
+                {"name": "f", "kind": "arrow_ipc", "topics": ["t"], "commit_interval_s": 3600}
+            ],
+        }
+    )
+
+    async def run() -> tuple[int, int]:
+        [f] = build_feeders(cfg, layout, MetadataColumns("_twg_"))
+        try:
+            await f.open()
+            first = await f.pass_once()  # written, not due: epoch 0's rows wait
+            assert first.rows == 10 and first.flushes == 0
+            reason = "offset_went_back"
+            mark_diverged(layout, Divergence("t", 0, 0, reason, 10, 0, 10, "test"))
+            assert close_epoch(layout, "t", 0) == 1
+            write_segment(layout, list(range(5, 15)), list(range(5, 15)), covers_from=5)
+            second = await f.pass_once(final=True)
+            return second.rows, second.flushes
+        finally:
+            await f.close()
+
+    # Epoch 0's rows went in a flush of their own before epoch 1's were written.
+    assert asyncio.run(run()) == (10, 2)
+    names = sorted(p.name for p in (tmp_path / "sinks" / "f").rglob("*.arrow"))
+    assert [n[:7] for n in names] == ["e000000", "e000001"]
