@@ -198,15 +198,19 @@ def changelog(seed: int, keys: int = 300, events: int = 1500) -> list[tuple[byte
     return out
 
 
+@pytest.mark.parametrize("prefix", ["_twg_", "meta_"])
 def test_a_plain_keyed_changelog_folds_by_the_record_key(
     topic_factory: Callable[..., str],
     producer: Producer,
     gateway_factory: Callable[..., RunningGateway],
     postgres: PostgresServer,
     tmp_path: Path,
+    prefix: str,
 ) -> None:
     """No envelope and no ``key``: the record key names the row, a null value deletes
-    it — in Postgres, in Iceberg and in ``twg verify``."""
+    it — in Postgres, in Iceberg and in ``twg verify``; under the default metadata
+    prefix and another (the sinks name the key, value and position columns by it)."""
+    key_col = f"{prefix}source_key"
     topic = topic_factory(PARTITIONS)
     events = changelog(seed=7)
     fold: dict[bytes, int] = {}
@@ -217,7 +221,9 @@ def test_a_plain_keyed_changelog_folds_by_the_record_key(
             fold[key] = json.loads(value)["n"]
     schema, sink, lake = upsert_sinks(postgres, topic, "c")
     data = tmp_path / "lane"
-    rg = gateway_factory([topic], data_dir=data, sinks=[sink, lake])
+    rg = gateway_factory(
+        [topic], data_dir=data, sinks=[sink, lake], gateway={"metadata_prefix": prefix}
+    )
     parts = {0: 0, 1: 0}
     for key, value in events:
         p = sum(key) % PARTITIONS  # a key stays in one partition
@@ -227,11 +233,11 @@ def test_a_plain_keyed_changelog_folds_by_the_record_key(
     rg.wait_durable(topic, parts)
 
     def tables() -> tuple[dict[bytes, int], dict[bytes, int]]:
-        got = postgres.query(f'SELECT "_twg_source_key", "n" FROM "{schema}"."customers"')
+        got = postgres.query(f'SELECT "{key_col}", "n" FROM "{schema}"."customers"')
         db = {bytes(k): int(n) for k, n in got}
         ice = iceberg_table(data, "lake", "thalweg.customers").scan().to_arrow()
-        assert ice.num_rows == len(set(ice["_twg_source_key"].to_pylist())), "a key twice"
-        return db, dict(zip(ice["_twg_source_key"].to_pylist(), ice["n"].to_pylist(), strict=True))
+        assert ice.num_rows == len(set(ice[key_col].to_pylist())), "a key twice"
+        return db, dict(zip(ice[key_col].to_pylist(), ice["n"].to_pylist(), strict=True))
 
     def caught_up() -> bool:
         try:
@@ -247,12 +253,13 @@ def test_a_plain_keyed_changelog_folds_by_the_record_key(
             f"WHERE table_schema = '{schema}' AND table_name = 'customers'"
         )
     ]
-    assert "_twg_source_value" not in cols, "the value's bytes kept though not asked for"
+    assert f"{prefix}source_value" not in cols, "the value's bytes kept though not asked for"
+    assert f"{prefix}position" in cols and f"{prefix}record_id" in cols
     rg.stop()
     assert_verified(rg.gateway.cfg, broker=False)
     # verify folds by the record key too: a kept key's row removed is found missing.
     postgres.query(
-        f"""DELETE FROM "{schema}"."customers" WHERE "_twg_source_key" = '\\x{min(fold).hex()}'"""
+        f"""DELETE FROM "{schema}"."customers" WHERE "{key_col}" = '\\x{min(fold).hex()}'"""
         " RETURNING 1"
     )
     report = verify(rg.gateway.cfg, broker=False, sink="db")

@@ -128,9 +128,10 @@ class Upserts(_SinkBase):
         """``mode = "upsert"`` without ``key``: rows are named by the record key."""
         return self.mode == "upsert" and not self.key
 
-    def row_key(self) -> list[str]:
-        """The columns an upsert folds by: ``key``, or the record key's column."""
-        return list(self.key) if self.key else [RECORD_KEY]
+    def row_key(self, record_key: str = RECORD_KEY) -> list[str]:
+        """The columns an upsert folds by: ``key``, or the record key's column
+        (``record_key``: its name under the gateway's metadata prefix)."""
+        return list(self.key) if self.key else [record_key]
 
     def read_metadata(self) -> list[str]:
         """Keyed by the record key, the rows carry it and the value (a null value is a

@@ -28,7 +28,6 @@ from thalweg.config.models import FilesSourceConfig, SourceConfig, ThalwegConfig
 from thalweg.engine.context import RAW_LANE, LaneContext, new_backoff
 from thalweg.engine.gateway import tune_gc
 from thalweg.engine.ingest.runner import SourceRunner
-from thalweg.engine.preflight import prefixed_sinks
 from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
 from thalweg.lane.read.live import LiveTail
@@ -157,14 +156,10 @@ class BatchRun:
         committed, the sinks are not fed, and a re-run resumes after the last durable row.
 
         Raises:
-            ConfigError: the data_dir cannot be used, the lane topic holds partitions
-                this manifest does not know (a stream's topic), or a sink cannot run
-                under the configured metadata prefix.
+            ConfigError: the data_dir cannot be used, or the lane topic holds partitions
+                this manifest does not know (a stream's topic).
         """
         g = self.cfg.gateway
-        refused = prefixed_sinks(self.cfg)  # as a stream's start refuses them
-        if refused:
-            raise ConfigError(refused[0])
         layout = LaneLayout(g.data_dir)
         try:
             layout.claim(g.metadata_prefix)

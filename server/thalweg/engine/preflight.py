@@ -17,8 +17,7 @@ from thalweg.contracts import compile_object, load_contract
 from thalweg.errors import ConfigError
 from thalweg.pipeline.dag import Dag
 from thalweg.pipeline.quality import QualityNode
-from thalweg.records.columns import DEFAULT_PREFIX, MetadataColumns
-from thalweg.sinks import routes
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.loader import load_sink_class
 
 
@@ -69,34 +68,7 @@ def preflight(cfg: ThalwegConfig) -> Preflight:
             load_sink_class(sink.kind)
         except ConfigError as exc:
             problems.append(f"sinks.{sink.name}: {exc}")
-    problems += prefixed_sinks(cfg)
     return Preflight(problems, notes)
-
-
-def prefixed_sinks(cfg: ThalwegConfig) -> list[str]:
-    """The sinks that name metadata columns by the default prefix (``_twg_``): a
-    Postgres table's record id, an upsert's position and key, a routed sink's replay.
-    Under another ``metadata_prefix`` they would fail at their first write or replay,
-    so they are refused at start until the prefix is carried into them (status.md)."""
-    prefix = cfg.gateway.metadata_prefix
-    if prefix == DEFAULT_PREFIX:
-        return []
-    out = []
-    for sink in cfg.sinks:
-        why = None
-        if sink.kind == "postgres":
-            why = "a postgres sink"
-        elif getattr(sink, "mode", "append") == "upsert":
-            why = "mode = 'upsert'"
-        elif routes.routed(str(getattr(sink, "table", None) or getattr(sink, "path", None) or "")):
-            why = "a table or path that names a column"
-        if why is not None:
-            out.append(
-                f"sinks.{sink.name}: {why} is not supported yet with gateway.metadata_prefix "
-                f"= {prefix!r}: such sinks name metadata columns {DEFAULT_PREFIX!r}… "
-                f"(docs/status.md); use the default prefix or another sink"
-            )
-    return out
 
 
 def _unfed_nodes(cfg: ThalwegConfig) -> list[str]:

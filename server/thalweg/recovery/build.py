@@ -63,7 +63,7 @@ def build_feeders(
             leaf = next((n.name for n in dag.nodes if n.sink == s.name), None)
             above = dag.materialised_above(leaf, include_self=True) if leaf else None
             transform = node_transform(cfg, s.name, layout, columns, observer, metrics, above)
-            sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir)
+            sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir, columns)
             sinks.append((s, sink, transform, above))
     for node in dag.nodes:
         if not dag.materialised(node.name):
@@ -75,7 +75,9 @@ def build_feeders(
             transform = chain_transform(
                 cfg, node.name, topic, lane.metadata, layout, columns, observer, metrics, above
             )
-            sinks.append((lane, NodeLaneSink(lane, cfg.gateway.data_dir), transform, above))
+            sinks.append(
+                (lane, NodeLaneSink(lane, cfg.gateway.data_dir, columns), transform, above)
+            )
     if only is not None and not sinks:
         known = [s.name for s in cfg.sinks]
         known += [f"node:{n.name}" for n in dag.nodes if dag.materialised(n.name)]

@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 
 from thalweg.lane.durable import TMP_MARK, ensure_dir, write_file_durably
+from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import ipc_routes, routes
 from thalweg.sinks.base import (
@@ -41,8 +42,8 @@ class ArrowIpcSink(BufferedSink):
     guarantee = "exactly-once"
     suffix = ".arrow"
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         # A routed path ("out/{tenant}"): the files in the directories the rows name,
         # the coverage in a control directory (sinks/ipc_routes.py).
         self._template = str(cfg.path) if cfg.path is not None else ""
@@ -122,7 +123,13 @@ class ArrowIpcSink(BufferedSink):
             }
             cfg = self.cfg
             named = routes.assign(
-                by_topic, self._template, self._dirs, cfg.max_paths, self.name, whole=False
+                by_topic,
+                self._template,
+                self._dirs,
+                cfg.max_paths,
+                self.name,
+                self.columns,
+                whole=False,
             )
             self._dirs.update(name for name, _ in named)
         try:
@@ -142,7 +149,7 @@ class ArrowIpcSink(BufferedSink):
         for d, rows in sorted(parts.items()):
             pdir = Path(d) / f"topic={quote(topic, safe='')}" / f"partition={partition}"
             own = {key: ipc_routes.held(pdir, epoch, self.suffix)}
-            fresh = routes.not_held(rows, own, {key: [(start, end)]}, topic)
+            fresh = routes.not_held(rows, own, {key: [(start, end)]}, topic, self.columns)
             if fresh.num_rows:
                 self._write_at(pdir / file_name(epoch, start, end, self.suffix), fresh)
 

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from thalweg.errors import ThalwegError
+from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 
 # (topic, partition, epoch): an epoch's positions are names in one broker log only.
@@ -89,13 +90,15 @@ class SinkRefusedError(SinkSchemaError):
         self.records = records
 
 
-def name_records(into: dict[tuple[str, int], set[int]], topic: str, rows: pa.Table) -> None:
+def name_records(
+    into: dict[tuple[str, int], set[int]], topic: str, rows: pa.Table, columns: MetadataColumns
+) -> None:
     """Add the (topic, partition) → positions of ``rows`` to ``into`` (for a
     :class:`SinkRefusedError` that names what it refuses)."""
     if not rows.num_rows:
         return
-    parts = rows.column("_twg_source_partition").to_pylist()
-    positions = rows.column("_twg_position").to_pylist()
+    parts = rows.column(columns.partition).to_pylist()
+    positions = rows.column(columns.position).to_pylist()
     for p, pos in zip(parts, positions, strict=True):
         into.setdefault((topic, int(p)), set()).add(int(pos))
 
@@ -176,6 +179,8 @@ class Sink(ABC):
     Args:
         cfg: its ``[[sinks]]`` table (a model of ``thalweg.config.sinks``).
         data_dir: the gateway's ``data_dir`` (embedded defaults live under it).
+        columns: the gateway's metadata columns (its ``metadata_prefix``): the names the
+            rows carry and the destination gets.
     """
 
     kind: ClassVar[str]
@@ -183,10 +188,11 @@ class Sink(ABC):
     # duplicated by a replay (docs/sinks.md says which and why).
     guarantee: ClassVar[str]
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         self.cfg = cfg
         self.name: str = cfg.name
         self.data_dir = Path(data_dir)
+        self.columns = columns if columns is not None else MetadataColumns()
 
     async def open(self) -> Landed | None:
         """Connect; the coverage the destination records itself, or None if it keeps
@@ -223,8 +229,8 @@ class BufferedSink(Sink):
     """Rows buffered per topic until ``flush``, which commits them in one ``_commit``
     on a worker thread (the backends' clients block)."""
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         self._rows: dict[str, list[pa.Table]] = {}
         self._spans: list[Span] = []
         self._health = SinkHealth(SinkState.UP)

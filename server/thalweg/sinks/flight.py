@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks import routes
 from thalweg.sinks.base import BufferedSink, Ranges, SinkUnavailableError
 
@@ -35,8 +36,8 @@ class FlightSink(BufferedSink):
     kind = "flight"
     guarantee = "at-least-once"
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         self._client: flight.FlightClient | None = None
         self._routed = routes.routed(cfg.path)  # a put per value of a row's field
         self._paths: set[str] = set()  # the routed paths put to since start (max_paths)
@@ -72,7 +73,13 @@ class FlightSink(BufferedSink):
         # none, or one path past max_paths, refused by name (sinks/routes.py).
         puts = (
             routes.assign(
-                by_topic, self.cfg.path, self._paths, self.cfg.max_paths, self.name, whole=False
+                by_topic,
+                self.cfg.path,
+                self._paths,
+                self.cfg.max_paths,
+                self.name,
+                self.columns,
+                whole=False,
             )
             if self._routed
             else {(self.descriptor_path(t), t): table for t, table in by_topic.items()}

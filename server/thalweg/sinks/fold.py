@@ -10,16 +10,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.base import SinkRefusedError, SinkSchemaError, name_records
 
-POSITION = "_twg_position"
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
-VALUE = "_twg_source_value"  # null for a tombstone
-PARTITION = "_twg_source_partition"
 
 
 def newest_per_key(
-    data: pa.Table, key: list[str], topic: str, sink: str, *, keep_value: bool = True
+    data: pa.Table,
+    key: list[str],
+    topic: str,
+    sink: str,
+    columns: MetadataColumns,
+    *,
+    keep_value: bool = True,
 ) -> pa.Table:
     """Each key's row of the highest lane position. A delete without every key column
     (a tombstone with no image) names no row and is left out; any other row without
@@ -32,9 +36,10 @@ def newest_per_key(
             sink's dead-letter lane, the rest lands).
         SinkSchemaError: the rows have no position.
     """
-    data = with_deletes(data, keep_value=keep_value)
-    if POSITION not in data.column_names:
-        raise SinkSchemaError(f"sink {sink!r}: the rows of {topic!r} have no {POSITION}")
+    position = columns.position
+    data = with_deletes(data, columns.value, keep_value=keep_value)
+    if position not in data.column_names:
+        raise SinkSchemaError(f"sink {sink!r}: the rows of {topic!r} have no {position}")
     missing = [k for k in key if k not in data.column_names]
     known = (
         pa.array([False] * data.num_rows)
@@ -47,45 +52,47 @@ def newest_per_key(
         raise SinkRefusedError(
             f"sink {sink!r}: {poison.num_rows} row(s) of {topic!r} have no value for the "
             f"key column(s) {key} (mode = 'upsert' names a row by them)",
-            records=_records(poison, topic),
+            records=_records(poison, topic, columns),
         )
     if missing:
         return data.slice(0, 0)  # deletes only, naming no row: nothing to fold
     data = data.filter(known)
-    top = data.group_by(key).aggregate([(POSITION, "max")])
-    top = top.rename_columns([*key, POSITION])  # the keys, then the aggregate
+    top = data.group_by(key).aggregate([(position, "max")])
+    top = top.rename_columns([*key, position])  # the keys, then the aggregate
     # Joined on a slim table (Arrow joins no struct columns), then taken whole.
-    rows = numbered(data, key).join(top, [*key, POSITION], join_type="inner")
+    rows = numbered(data, key, position).join(top, [*key, position], join_type="inner")
     return taken(data, rows.column(ROW))
 
 
-def _records(rows: pa.Table, topic: str) -> dict[tuple[str, int], set[int]] | None:
+def _records(
+    rows: pa.Table, topic: str, columns: MetadataColumns
+) -> dict[tuple[str, int], set[int]] | None:
     """The records of ``rows``; None without the partition column (the feeder then
     finds them by halving)."""
-    if PARTITION not in rows.column_names:
+    if columns.partition not in rows.column_names:
         return None
     out: dict[tuple[str, int], set[int]] = {}
-    name_records(out, topic, rows)
+    name_records(out, topic, rows, columns)
     return out
 
 
-def with_deletes(data: pa.Table, *, keep_value: bool) -> pa.Table:
-    """A plain keyed changelog's deletes: rows that came with their value but without a
-    change event's ``__deleted`` get one, true for a tombstone (a null value). The
-    value's bytes are then dropped unless the sink's ``metadata`` asked for them."""
-    if VALUE not in data.column_names:
+def with_deletes(data: pa.Table, value: str, *, keep_value: bool) -> pa.Table:
+    """A plain keyed changelog's deletes: rows that came with their ``value`` column but
+    without a change event's ``__deleted`` get one, true for a tombstone (a null value).
+    The value's bytes are then dropped unless the sink's ``metadata`` asked for them."""
+    if value not in data.column_names:
         return data
     if DELETED not in data.column_names:
-        data = data.append_column(DELETED, pc.is_null(data.column(VALUE)))
-    return data if keep_value else data.drop_columns([VALUE])
+        data = data.append_column(DELETED, pc.is_null(data.column(value)))
+    return data if keep_value else data.drop_columns([value])
 
 
 ROW = "_thalweg_row"  # a row's index, through a join
 
 
-def numbered(data: pa.Table, key: list[str]) -> pa.Table:
-    """The key columns and the position of ``data``, with each row's index."""
-    slim = data.select([*key, POSITION])
+def numbered(data: pa.Table, key: list[str], position: str) -> pa.Table:
+    """The key columns and the ``position`` column of ``data``, with each row's index."""
+    slim = data.select([*key, position])
     return slim.append_column(ROW, pa.array(np.arange(data.num_rows, dtype=np.int64)))
 
 

@@ -46,6 +46,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.upsert_util import create_match_filter
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import iceberg_routes, routes
 from thalweg.sinks.base import (
@@ -55,7 +56,7 @@ from thalweg.sinks.base import (
     SinkSchemaError,
     SinkUnavailableError,
 )
-from thalweg.sinks.fold import POSITION, ROW, deleted, newest_per_key, numbered, taken
+from thalweg.sinks.fold import ROW, deleted, newest_per_key, numbered, taken
 from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
 from thalweg.sinks.iceberg_types import iceberg_types, parse_transform, same_types
 
@@ -68,11 +69,11 @@ class IcebergSink(BufferedSink):
     kind = "iceberg"
     guarantee = "exactly-once"
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         self._catalog: Catalog | None = None
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
-        self._key: list[str] = cfg.row_key() if self._upsert else []
+        self._key: list[str] = cfg.row_key(self.columns.source("key")) if self._upsert else []
         self._keep_value = "source_value" in cfg.metadata  # else dropped (sinks/fold.py)
         self._routed = routes.routed(cfg.table)  # a table per row value (iceberg_routes)
         self._tables: set[str] = set()
@@ -173,6 +174,7 @@ class IcebergSink(BufferedSink):
             self._tables,
             cfg.max_tables,
             self.name,
+            self.columns,
             deletes_name_nothing=self._upsert,
         )
         try:
@@ -192,7 +194,7 @@ class IcebergSink(BufferedSink):
         ident = f"{self.cfg.namespace}.{name}"
         table = self._load(ident)
         own = {} if table is None else table_coverage(table, self.name)
-        rows = routes.not_held(rows, own, covered, topic)
+        rows = routes.not_held(rows, own, covered, topic, self.columns)
         self._append(topic, ident, rows if rows.num_rows else None, covered)
         self._tables.add(name)
 
@@ -247,7 +249,9 @@ class IcebergSink(BufferedSink):
         newest = (
             None
             if data is None
-            else newest_per_key(data, self._key, topic, self.name, keep_value=self._keep_value)
+            else newest_per_key(
+                data, self._key, topic, self.name, self.columns, keep_value=self._keep_value
+            )
         )
         if newest is not None:
             self._evolve(table, newest.schema, ident)
@@ -257,7 +261,9 @@ class IcebergSink(BufferedSink):
                 merged[key] = merge_ranges([*merged.get(key, []), *rs])
             record = {COVERAGE_PREFIX + self.name: encode_coverage(merged)}
             fresh, replaced = (
-                (None, None) if newest is None else _newer_than_held(table, newest, self._key)
+                (None, None)
+                if newest is None
+                else _newer_than_held(table, newest, self._key, self.columns.position)
             )
             kept = None if fresh is None else fresh.filter(pc.invert(deleted(fresh)))
             try:
@@ -327,22 +333,24 @@ class IcebergSink(BufferedSink):
         self._catalog = None
 
 
-def _newer_than_held(table: Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
-    """The rows of ``newest`` whose key the table holds from no newer position, and of
-    those, the ones whose key the table holds (their old rows are to be deleted)."""
+def _newer_than_held(
+    table: Table, newest: pa.Table, key: list[str], position: str
+) -> tuple[pa.Table, pa.Table]:
+    """The rows of ``newest`` whose key the table holds from no newer ``position``, and
+    of those, the ones whose key the table holds (their old rows are to be deleted)."""
     if not newest.num_rows or table.current_snapshot() is None:
         return newest, newest.slice(0, 0)
     held = table.scan(
-        row_filter=create_match_filter(newest, key), selected_fields=(*key, POSITION)
+        row_filter=create_match_filter(newest, key), selected_fields=(*key, position)
     ).to_arrow()
     if not held.num_rows:
         return newest, newest.slice(0, 0)
     held = held.rename_columns([*key, "_held"]).cast(
         pa.schema([*(newest.schema.field(k) for k in key), pa.field("_held", pa.int64())])
     )
-    joined = numbered(newest, key).join(held, key, join_type="left outer")
+    joined = numbered(newest, key, position).join(held, key, join_type="left outer")
     held_at = joined.column("_held")
-    newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(POSITION), held_at))
+    newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(position), held_at))
     fresh = joined.filter(newer)
     replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
     return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thalweg.lane.layout import NODES_DIR, LaneLayout
+from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.arrow_ipc import ArrowIpcSink
 
@@ -59,8 +60,8 @@ class NodeLaneSink(ArrowIpcSink):
     kind = "node_lane"
     suffix = ".parquet"
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         self.root = Path(data_dir) / NODES_DIR / cfg.node
 
     def _write_table(self, path: Path, table: pa.Table) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
-from thalweg.records.columns import RECORD_ID_TYPE
+from thalweg.records.columns import RECORD_ID_TYPE, MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import routes
 from thalweg.sinks.base import (
@@ -47,13 +47,11 @@ from thalweg.sinks.base import (
     SinkSchemaError,
     SinkUnavailableError,
 )
-from thalweg.sinks.fold import DELETED, POSITION, newest_per_key
+from thalweg.sinks.fold import DELETED, newest_per_key
 
 log = logging.getLogger(__name__)
 
 COVERAGE_TABLE = "_thalweg_coverage"
-# A node's derived rows (docs/pipeline.md): the index of a row among its record's rows.
-DERIVED_INDEX = "_twg_derived_index"
 
 
 def quote_ident(name: str) -> str:
@@ -64,16 +62,19 @@ class PostgresSink(BufferedSink):
     kind = "postgres"
     guarantee = "exactly-once"
 
-    def __init__(self, cfg: Any, data_dir: Path) -> None:
-        super().__init__(cfg, data_dir)
+    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        super().__init__(cfg, data_dir, columns)
         self._conn: Any = None
-        self._record_id = "_twg_record_id"
+        self._record_id = self.columns.record_id
+        # A node's derived rows (docs/pipeline.md): a row's index among its record's rows.
+        self._derived_index = self.columns.prefix + "derived_index"
+        self._position = self.columns.position
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
         # A table per value of a row's field ("{tenant}_orders", sinks/routes.py): the
         # tables made so far, counted against max_tables.
         self._routed = routes.routed(cfg.table)
         self._tables: set[str] = set()
-        self._key: list[str] = cfg.row_key() if self._upsert else []
+        self._key: list[str] = cfg.row_key(self.columns.source("key")) if self._upsert else []
         # Keyed by the record key, the rows came with their value (a tombstone deletes):
         # its bytes stay only when the sink's metadata asks for them.
         self._keep_value = "source_value" in cfg.metadata
@@ -218,6 +219,7 @@ class PostgresSink(BufferedSink):
             self._tables,
             cfg.max_tables,
             self.name,
+            self.columns,
             deletes_name_nothing=self._upsert,
         )
 
@@ -277,7 +279,8 @@ class PostgresSink(BufferedSink):
         return target, stage, self._evolve(cur, name, stage)
 
     def _load(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
-        key = [self._record_id] + ([DERIVED_INDEX] if DERIVED_INDEX in data.column_names else [])
+        derived = self._derived_index
+        key = [self._record_id] + ([derived] if derived in data.column_names else [])
         target, stage, exact = self._staged_into(cur, name, topic, data, key)
         cols = ", ".join(quote_ident(n) for n in data.column_names)
         cur.execute(
@@ -295,13 +298,16 @@ class PostgresSink(BufferedSink):
         key column (a tombstone with no image: its delete came as an event before it)
         change nothing."""
         # Folded here, in Arrow: the table is sent at most one row per key.
-        data = newest_per_key(data, self._key, topic, self.name, keep_value=self._keep_value)
+        data = newest_per_key(
+            data, self._key, topic, self.name, self.columns, keep_value=self._keep_value
+        )
         if not data.num_rows:
             return
         target, stage, _ = self._staged_into(cur, name, topic, data, self._key)
         keys = ", ".join(quote_ident(k) for k in self._key)
         same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
-        older = f"t.{quote_ident(POSITION)} < n.{quote_ident(POSITION)}"
+        position = quote_ident(self._position)
+        older = f"t.{position} < n.{position}"
         deleted = f"n.{quote_ident(DELETED)}" if DELETED in data.column_names else "false"
         cur.execute(
             f"DELETE FROM {target} t USING pg_temp.{quote_ident(stage)} n "
@@ -314,7 +320,7 @@ class PostgresSink(BufferedSink):
             if c not in self._key
         )
         kept = f"NOT coalesce({deleted.removeprefix('n.')}, false)"
-        newer = f"{target}.{quote_ident(POSITION)} < EXCLUDED.{quote_ident(POSITION)}"
+        newer = f"{target}.{position} < EXCLUDED.{position}"
         update = f"UPDATE SET {sets} WHERE {newer}" if sets else "NOTHING"
         cur.execute(
             f"INSERT INTO {target} ({cols}) SELECT {cols} FROM pg_temp.{quote_ident(stage)} "

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.sinks import fold
 from thalweg.sinks.base import Ranges, SinkRefusedError, name_records
@@ -24,8 +25,6 @@ from thalweg.sinks.base import Ranges, SinkRefusedError, name_records
 # A {name} in a sink's table name: the topic, or a column of each row.
 FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _UNSAFE = r"[^A-Za-z0-9_]"
-PARTITION = "_twg_source_partition"
-POSITION = "_twg_position"
 
 
 def safe_name(text: str) -> str:
@@ -115,6 +114,7 @@ def assign(
     known: set[str],
     max_tables: int,
     sink: str,
+    columns: MetadataColumns,
     *,
     whole: bool = True,
     deletes_name_nothing: bool = False,
@@ -139,11 +139,11 @@ def assign(
             unnamed = unnamed.filter(pc.invert(fold.deleted(unnamed)))
         if unrouted is not None and unnamed.num_rows:
             why.append(unrouted)
-            name_records(refused, topic, unnamed)
+            name_records(refused, topic, unnamed, columns)
         for name, part in parts.items():
             if RESERVED in name.split("/"):
                 why.append(f"{part.num_rows} row(s) name {RESERVED!r}, the sink's own")
-                name_records(refused, topic, part)
+                name_records(refused, topic, part, columns)
                 continue
             out[(name, topic)] = part
     names_now = {name for name, _ in out}
@@ -156,13 +156,15 @@ def assign(
         )
         past = set(new[room:])
         for name, topic in [k for k in out if k[0] in past]:
-            name_records(refused, topic, out.pop((name, topic)))
+            name_records(refused, topic, out.pop((name, topic)), columns)
     if refused:
         raise SinkRefusedError(f"sink {sink!r}: {'; '.join(why)}", records=refused)
     return out
 
 
-def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Table:
+def not_held(
+    rows: pa.Table, own: Ranges, covered: Ranges, topic: str, columns: MetadataColumns
+) -> pa.Table:
     """The rows a routed table (or directory) does not hold yet: those at positions the
     flush covers (per partition and epoch) that its own coverage already holds — a
     replay after a flush was cut between its tables and its control record. Only the
@@ -171,8 +173,8 @@ def not_held(rows: pa.Table, own: Ranges, covered: Ranges, topic: str) -> pa.Tab
     feeder flushes between them, ``recovery/feeder.py``)."""
     if not own or not rows.num_rows:
         return rows
-    parts = rows.column(PARTITION).to_numpy(zero_copy_only=False)
-    positions = rows.column(POSITION).to_numpy(zero_copy_only=False)
+    parts = rows.column(columns.partition).to_numpy(zero_copy_only=False)
+    positions = rows.column(columns.position).to_numpy(zero_copy_only=False)
     held = np.zeros(rows.num_rows, dtype=bool)
     for p in np.unique(parts):
         ranges = merge_ranges(

@@ -45,7 +45,7 @@ from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks import routes
 from thalweg.sinks.base import Ranges
-from thalweg.sinks.fold import DELETED, VALUE, with_deletes
+from thalweg.sinks.fold import DELETED, with_deletes
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
 
@@ -189,12 +189,12 @@ def _folded(
     Folded as the sink folds (``sinks.fold``): a routed sink (``"{tenant}_orders"``)
     folds each table alone, so the table a row names is part of its key here."""
     layout = LaneLayout(Path(cfg.gateway.data_dir))
-    key = sink_cfg.row_key()
+    key = sink_cfg.row_key(columns.source("key"))
     template = getattr(sink_cfg, "table", "")
     routing = routes.fields(template)
     wanted = list(dict.fromkeys([*key, *routing, columns.position, DELETED]))
     if sink_cfg.record_keyed:
-        wanted.append(VALUE)
+        wanted.append(columns.value)
     parts = []
     for seg in layout.segments(Lane.RAW, topic, partition):
         twin = layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
@@ -204,7 +204,9 @@ def _folded(
     if rows is None or any(k not in rows.column_names for k in key):
         return np.zeros(0, np.int64)  # no row names a key (tombstones only)
     positions = rows.column(columns.position).to_numpy(zero_copy_only=False)
-    rows = with_deletes(rows.filter(pa.array(np.isin(positions, want))), keep_value=False)
+    rows = with_deletes(
+        rows.filter(pa.array(np.isin(positions, want))), columns.value, keep_value=False
+    )
     if routing:
         named, _ = routes.names(rows, template, topic)
         rows = rows.append_column(ROUTED, named)
@@ -345,7 +347,9 @@ def _postgres(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinati
 
     from thalweg.sinks.postgres import COVERAGE_TABLE, PostgresSink, quote_ident
 
-    sink = PostgresSink(sink_cfg, cfg.gateway.data_dir)
+    sink = PostgresSink(
+        sink_cfg, cfg.gateway.data_dir, MetadataColumns(cfg.gateway.metadata_prefix)
+    )
     schema = sink_cfg.schema_name
     with pg.connect(sink_cfg.dsn.get_secret_value()) as conn, conn.cursor() as cur:
 
@@ -396,7 +400,7 @@ def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinatio
     from thalweg.sinks.iceberg import IcebergSink
     from thalweg.sinks.iceberg_coverage import table_coverage
 
-    sink = IcebergSink(sink_cfg, cfg.gateway.data_dir)
+    sink = IcebergSink(sink_cfg, cfg.gateway.data_dir, MetadataColumns(cfg.gateway.metadata_prefix))
     props = sink.catalog_properties()
     uri = str(props.get("uri", ""))
     if uri.startswith("sqlite:///") and not os.path.exists(uri.removeprefix("sqlite:///")):

@@ -126,6 +126,7 @@ def test_an_upsert_without_key_is_keyed_by_the_record_key_and_reads_the_value() 
     sink = parse_config(cfg([{**DB, "mode": "upsert", "metadata": ["ingest_ts"]}])).sinks[0]
     assert isinstance(sink, PostgresSinkConfig) and sink.record_keyed
     assert sink.row_key() == ["_twg_source_key"]
+    assert sink.row_key("meta_source_key") == ["meta_source_key"]  # another prefix
     assert sink.read_metadata() == ["ingest_ts", "source_key", "source_value"]
     keyed = parse_config(cfg([{**DB, "mode": "upsert", "key": ["id"]}])).sinks[0]
     assert isinstance(keyed, PostgresSinkConfig) and not keyed.record_keyed

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.base import SinkRefusedError, SinkSchemaError
 from thalweg.sinks.fold import newest_per_key, with_deletes
+
+COLS = MetadataColumns()
 
 ROWS = st.lists(
     st.tuples(st.one_of(st.none(), st.integers(0, 12)), st.sampled_from(["a", "b"])),
@@ -45,15 +48,15 @@ def test_the_fold_is_each_keys_newest_row_in_lane_order(
             if k not in newest or r["_twg_position"] > newest[k]["_twg_position"]:  # type: ignore[operator]
                 newest[k] = r
         want = sorted(newest.values(), key=lambda r: r["row"])  # type: ignore[arg-type, return-value]
-        assert newest_per_key(table, key, "t", "s").to_pylist() == want
+        assert newest_per_key(table, key, "t", "s", COLS).to_pylist() == want
 
 
 def test_rows_without_the_key_columns_are_refused_unless_they_are_all_deletes() -> None:
     tombstones = pa.table({"_twg_position": [1, 2], "__deleted": [True, True]})
-    assert newest_per_key(tombstones, ["id"], "t", "s").num_rows == 0
+    assert newest_per_key(tombstones, ["id"], "t", "s", COLS).num_rows == 0
     with pytest.raises(SinkSchemaError, match="'id'"):
         newest_per_key(
-            tombstones.set_column(1, "__deleted", pa.array([True, False])), ["id"], "t", "s"
+            tombstones.set_column(1, "__deleted", pa.array([True, False])), ["id"], "t", "s", COLS
         )
 
 
@@ -67,24 +70,24 @@ def test_a_changelog_tombstone_is_a_delete_and_the_value_goes_unless_kept() -> N
             "_twg_position": [1, 2, 3],
         }
     )
-    folded = newest_per_key(rows, ["_twg_source_key"], "t", "s", keep_value=False)
+    folded = newest_per_key(rows, ["_twg_source_key"], "t", "s", COLS, keep_value=False)
     assert folded.column_names == ["_twg_source_key", "_twg_position", "__deleted"]
     assert folded.to_pylist() == [
         {"_twg_source_key": b"a", "_twg_position": 2, "__deleted": True},
         {"_twg_source_key": b"b", "_twg_position": 3, "__deleted": False},
     ]
-    kept = with_deletes(rows, keep_value=True)
+    kept = with_deletes(rows, COLS.value, keep_value=True)
     assert kept.column("__deleted").to_pylist() == [False, True, False]
     assert "_twg_source_value" in kept.column_names
     envelope = rows.append_column("__deleted", pa.array([True, False, False]))
-    assert with_deletes(envelope, keep_value=True).column("__deleted").to_pylist() == [
+    assert with_deletes(envelope, COLS.value, keep_value=True).column("__deleted").to_pylist() == [
         True,
         False,
         False,
     ]
-    assert with_deletes(rows.drop_columns(["_twg_source_value"]), keep_value=False).equals(
-        rows.drop_columns(["_twg_source_value"])
-    )
+    assert with_deletes(
+        rows.drop_columns(["_twg_source_value"]), COLS.value, keep_value=False
+    ).equals(rows.drop_columns(["_twg_source_value"]))
 
 
 def test_a_row_that_is_not_a_delete_and_lacks_a_key_value_is_refused_by_name() -> None:
@@ -99,9 +102,9 @@ def test_a_row_that_is_not_a_delete_and_lacks_a_key_value_is_refused_by_name() -
         }
     )
     with pytest.raises(SinkRefusedError, match=r"1 row\(s\) of 't' have no value") as e:
-        newest_per_key(rows, ["id"], "t", "s")
+        newest_per_key(rows, ["id"], "t", "s", COLS)
     assert e.value.records == {("t", 0): {11}}
     no_column = rows.drop_columns(["id"])
     with pytest.raises(SinkRefusedError) as e:
-        newest_per_key(no_column, ["id"], "t", "s")
+        newest_per_key(no_column, ["id"], "t", "s", COLS)
     assert e.value.records == {("t", 0): {10, 11}}

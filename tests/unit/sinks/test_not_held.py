@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.routes import not_held
+
+COLS = MetadataColumns()
 
 
 def test_rows_inside_the_tables_own_coverage_of_the_flushs_keys_are_left_out() -> None:
@@ -23,9 +26,9 @@ def test_rows_inside_the_tables_own_coverage_of_the_flushs_keys_are_left_out() -
         ("t", 1, 2): [(5, 6)],  # holds 5 of partition 1
         ("u", 0, 0): [(0, 100)],  # another topic
     }
-    kept = not_held(rows, own, covered, "t")
+    kept = not_held(rows, own, covered, "t", COLS)
     assert list(zip(*kept.to_pydict().values(), strict=True)) == [(0, 5), (1, 4), (1, 9)]
-    assert not_held(rows, {}, covered, "t").equals(rows)
+    assert not_held(rows, {}, covered, "t", COLS).equals(rows)
 
 
 def test_a_flush_across_an_epoch_change_keeps_the_new_epochs_rows() -> None:
@@ -39,4 +42,4 @@ def test_a_flush_across_an_epoch_change_keeps_the_new_epochs_rows() -> None:
     )
     covered = {("t", 0, 0): [(90, 100)], ("t", 0, 1): [(0, 20)]}
     own = {("t", 0, 0): [(0, 100)]}
-    assert not_held(rows, own, covered, "t")["_twg_position"].to_pylist() == [3, 19]
+    assert not_held(rows, own, covered, "t", COLS)["_twg_position"].to_pylist() == [3, 19]

@@ -10,9 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from thalweg.records.columns import MetadataColumns
 from thalweg.sinks import ipc_routes
 from thalweg.sinks.base import SinkRefusedError
 from thalweg.sinks.routes import assign, pattern, routed, safe_name, split
+
+COLS = MetadataColumns()
 
 
 def test_rows_go_to_the_table_their_fields_name() -> None:
@@ -87,25 +90,27 @@ def _rows(tenants: list[str | None], topic_first: int = 0, deleted: bool = False
 
 
 def test_two_topics_naming_one_table_stay_apart_and_reserved_or_empty_names_are_refused() -> None:
-    out = assign({"a": _rows(["x", "y"]), "b": _rows(["x"], 10)}, "{tenant}", set(), 5, "s")
+    out = assign({"a": _rows(["x", "y"]), "b": _rows(["x"], 10)}, "{tenant}", set(), 5, "s", COLS)
     assert {k: v["_twg_position"].to_pylist() for k, v in out.items()} == {
         ("x", "a"): [0],
         ("y", "a"): [1],
         ("x", "b"): [10],
     }
     with pytest.raises(SinkRefusedError, match="_thalweg_coverage") as reserved:
-        assign({"a": _rows(["_thalweg_coverage", "x"])}, "{tenant}", set(), 5, "s")
+        assign({"a": _rows(["_thalweg_coverage", "x"])}, "{tenant}", set(), 5, "s", COLS)
     assert reserved.value.records == {("a", 0): {0}}
     with pytest.raises(SinkRefusedError, match="no value") as empty:
-        assign({"a": _rows(["", "x"])}, "out/{tenant}", set(), 5, "s", whole=False)
+        assign({"a": _rows(["", "x"])}, "out/{tenant}", set(), 5, "s", COLS, whole=False)
     assert empty.value.records == {("a", 0): {0}}
 
 
 def test_an_upserts_delete_that_names_no_table_is_left_out_not_refused() -> None:
     tombstones = _rows([None, None], deleted=True)
-    assert assign({"a": tombstones}, "{tenant}", set(), 5, "s", deletes_name_nothing=True) == {}
+    assert (
+        assign({"a": tombstones}, "{tenant}", set(), 5, "s", COLS, deletes_name_nothing=True) == {}
+    )
     with pytest.raises(SinkRefusedError):
-        assign({"a": tombstones}, "{tenant}", set(), 5, "s")
+        assign({"a": tombstones}, "{tenant}", set(), 5, "s", COLS)
 
 
 def test_a_relative_template_finds_its_directories(tmp_path: Path, monkeypatch: Any) -> None:
