@@ -24,7 +24,7 @@ _TRANSFORM = (
 # A {name} in a sink's table name: the topic, or a column of each row.
 TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The record key's column under the default metadata prefix: an upsert sink's key when
-# none is configured (sinks name metadata columns by the default prefix: docs/sinks.md).
+# none is configured (a sink asks ``row_key`` with its gateway's own name for it).
 RECORD_KEY = "_twg_source_key"
 
 
