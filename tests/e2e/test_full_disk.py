@@ -70,6 +70,26 @@ def lane_rows(root: Path, topic: str) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
+def admin(gw: RunningGateway, path: str) -> tuple[int, str]:
+    """The status and body of one of the gateway's admin endpoints (an error's too)."""
+    try:
+        with urllib.request.urlopen(f"{gw.admin_url}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_full(gw: RunningGateway) -> None:
+    """Until ``/health`` names the full disk; ``/ready`` then says not ready (nothing can
+    be made durable)."""
+    wait_until(
+        lambda: "No space left on device" in admin(gw, "/health")[1],
+        60,
+        "/health to say a lane write is refused for want of space",
+    )
+    assert admin(gw, "/ready")[0] == 503
+
+
 def produce_digests(
     broker: TansuBroker, producer: Producer, topic: str, total: int, partitions: int = 1
 ) -> None:
@@ -164,19 +184,7 @@ def test_twg_stream_on_a_full_disk_commits_nothing_ahead_of_the_lane_and_catches
     source = gateway.cfg.sources[0]
     end = gateway.catalog.durable_end
 
-    def admin(path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"{gw.admin_url}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    wait_until(
-        lambda: "No space left on device" in admin("/health")[1],
-        60,
-        "/health to say the raw lane is down for want of space",
-    )
-    assert admin("/ready")[0] == 503  # not ready while nothing can be made durable
+    wait_full(gw)
     # The commit first: a write that lands in between moves the durable end, never back.
     committed = committed_offsets(source.bootstrap_servers, source.group_id, topic, [0, 1])
     durable = {p: end(topic, p) for p in (0, 1)}
@@ -185,7 +193,7 @@ def test_twg_stream_on_a_full_disk_commits_nothing_ahead_of_the_lane_and_catches
         assert committed.get(p, -1) <= durable[p]  # the commit invariant holds
     disk.grow(64 * 1024)
     gw.wait_durable(topic, {0: total // 2, 1: total // 2}, timeout=120)
-    wait_until(lambda: admin("/ready")[0] == 200, 30, "ready again once writes succeed")
+    wait_until(lambda: admin(gw, "/ready")[0] == 200, 30, "ready again once writes succeed")
     for p in (0, 1):
         assert gw.committed(topic, p, total // 2, timeout=30) == total // 2
     table = pa.concat_tables(
@@ -326,19 +334,7 @@ def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catch
     source = gw.gateway.cfg.sources[0]
     store = open_store(moto, url)
 
-    def admin(path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"{gw.admin_url}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    wait_until(
-        lambda: "No space left on device" in admin("/health")[1],
-        60,
-        "/health to say the lane is down for want of space in the cache",
-    )
-    assert admin("/ready")[0] == 503  # not ready while nothing can be made durable
+    wait_full(gw)
     # The commit first: a PUT that lands in between moves the bucket's end, never back.
     committed = committed_offsets(source.bootstrap_servers, source.group_id, topic, [0, 1])
     held, _ = bucket_offsets(store, topic, 2, tmp_path / "check-full")
@@ -350,7 +346,7 @@ def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catch
     disk.grow(64 * 1024)
     for p in (0, 1):
         assert gw.committed(topic, p, total // 2, timeout=120) == total // 2
-    wait_until(lambda: admin("/ready")[0] == 200, 30, "ready again once writes succeed")
+    wait_until(lambda: admin(gw, "/ready")[0] == 200, 30, "ready again once writes succeed")
     seen, overlapping = bucket_offsets(store, topic, 2, tmp_path / "check-after")
     assert overlapping == []
     assert set(seen) == {(p, o) for p in (0, 1) for o in range(total // 2)}

@@ -373,36 +373,23 @@ def test_sigkill_five_times_with_both_sinks_leaves_every_record_once_in_each(
             check=alive,
             interval=0.5,
         )
-        # A flush of the routed sink lands table by table, then its control record: a
-        # kill between them replays the flush, and each table keeps its rows once.
-        wait_until(
-            lambda: safe_count(lambda: len(routed_rows(data))) >= total,
-            120,
-            "routed iceberg tables",
-            check=alive,
-            interval=0.5,
-        )
-        wait_until(
-            lambda: safe_count(lambda: len(routed_files(data))) >= total,
-            120,
-            "routed arrow ipc directories",
-            check=alive,
-            interval=0.5,
-        )
-        wait_until(
-            lambda: len({v for _, v in receiver.received()}) >= total,
-            120,
-            "the flight receiver",
-            check=alive,
-            interval=0.5,
-        )
-        wait_until(
-            lambda: safe_count(lambda: len(routed_pg_rows(pg))) >= total,
-            120,
-            "routed postgres tables",
-            check=alive,
-            interval=0.5,
-        )
+        # A flush of a routed sink lands table by table (or directory by directory),
+        # then its control record: a kill between them replays the flush, and each
+        # table keeps its rows once.
+        routed_counts: dict[str, Callable[[], int]] = {
+            "routed iceberg tables": lambda: len(routed_rows(data)),
+            "routed arrow ipc directories": lambda: len(routed_files(data)),
+            "routed postgres tables": lambda: len(routed_pg_rows(pg)),
+            "the flight receiver": lambda: len({v for _, v in receiver.received()}),
+        }
+        for what, count in routed_counts.items():
+            wait_until(
+                lambda count=count: safe_count(count) >= total,
+                120,
+                what,
+                check=alive,
+                interval=0.5,
+            )
         wait_started(proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
