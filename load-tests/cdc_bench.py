@@ -102,7 +102,7 @@ def chunks(tables: list[pa.Table], rows: int) -> list[pa.Table]:
 
 def folded(chunk: pa.Table) -> tuple[pa.Table, pa.Table]:
     """A commit's rows folded to each key's newest: (the deletes, the rest)."""
-    newest = newest_per_key(chunk, ["id"], TOPIC, "bare")
+    newest = newest_per_key(chunk, ["id"], TOPIC, "bare", MetadataColumns())
     gone = pc.fill_null(newest.column("__deleted"), False)
     return newest.filter(gone), newest.filter(pc.invert(gone))
 
