@@ -60,6 +60,7 @@ _MIN_BLOCK = 1 << 20
 _CHUNK_CELLS = 1 << 22
 _CHUNK_ROWS = 4096  # and at most this many rows
 _SCAN_CHUNK = 256
+_LINE_SCAN = 256 * 1024  # bytes searched for line breaks at a time
 _ROW_HINT = re.compile(r" in row (\d+)$")
 
 
@@ -550,7 +551,7 @@ def _has_null(t: pa.DataType) -> bool:
 
 def _has_line_breaks(values: pa.Array) -> bool:
     """Whether any value holds a CR or LF byte. A ``bytes.find`` over the values' data
-    (memchr speed, 0.02 µs a record) instead of two replace passes (0.3 µs a record,
+    (memchr speed, a slice at a time) instead of two replace passes (0.3 µs a record,
     and far more under load) for the common case of payloads without them."""
     t = values.type
     if not (
@@ -569,5 +570,10 @@ def _has_line_breaks(values: pa.Array) -> bool:
         else np.int32
     )
     bounds = np.frombuffer(offsets, width)[values.offset : values.offset + len(values) + 1]
-    chunk = data[int(bounds[0]) : int(bounds[-1])].to_pybytes()
-    return b"\n" in chunk or b"\r" in chunk
+    # In slices: one copy of a whole batch's bytes cost more than the search (a fresh
+    # 90 MB allocation faults in every page: 55 ms, against 6 ms in 256 KiB slices).
+    for at in range(int(bounds[0]), int(bounds[-1]), _LINE_SCAN):
+        chunk = data[at : min(at + _LINE_SCAN, int(bounds[-1]))].to_pybytes()
+        if b"\n" in chunk or b"\r" in chunk:
+            return True
+    return False

@@ -164,3 +164,15 @@ def test_line_breaks_are_found_only_within_the_values_asked_about() -> None:
     assert _has_line_breaks(values.slice(1, 1))
     assert _has_line_breaks(pa.array(['{"a":\n1}'], pa.large_string()))
     assert not _has_line_breaks(pa.array([], pa.binary()))
+
+
+def test_line_breaks_are_found_in_any_slice_of_a_large_batch() -> None:
+    from thalweg.codecs import json as codec
+
+    filler = b'{"a": "' + b"x" * 1000 + b'"}'
+    rows = [filler] * (3 * codec._LINE_SCAN // len(filler))
+    for at in (0, len(rows) // 2, len(rows) - 1):  # first, a middle and the last slice
+        values = pa.array([*rows[:at], b'{"a":\n1}', *rows[at + 1 :]], pa.binary())
+        assert codec._has_line_breaks(values)
+        assert not codec._has_line_breaks(values.slice(at + 1))
+    assert not codec._has_line_breaks(pa.array(rows, pa.binary()))
