@@ -354,3 +354,32 @@ def test_the_limits_are_configured_per_source() -> None:
                 ]
             }
         )
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=200), st.integers(0, 2**31))
+def test_the_prescreen_bound_holds_across_its_slices(lengths: list[int], seed: int) -> None:
+    """The pre-screen counts brackets a slice of the batch's bytes at a time: each
+    row's bound is never below its exact count, and equals the bound of one pass over
+    the whole batch, whatever slice boundaries the rows span."""
+    import random
+
+    import numpy as np
+
+    from thalweg.codecs import limits
+
+    rng = random.Random(seed)
+    rows = [bytes(rng.choice(b'{[a":,]}') for _ in range(n)) for n in lengths]
+    values = pa.array(rows, pa.binary())
+    every = np.arange(len(rows))
+    slice_bytes = limits._COUNT_SLICE
+    try:
+        limits._COUNT_SLICE = 1 << 40  # one pass
+        whole = limits._bound_counts(values, b"{[", every).tolist()
+        limits._COUNT_SLICE = 4 * limits._BLOCK  # many slices, boundaries inside rows
+        sliced = limits._bound_counts(values, b"{[", every).tolist()
+    finally:
+        limits._COUNT_SLICE = slice_bytes
+    exact = [r.count(b"{") + r.count(b"[") for r in rows]
+    assert sliced == whole
+    assert all(b >= e for b, e in zip(sliced, exact, strict=True))
