@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeReason, DecodeResult, assemble
+from thalweg.codecs.wrapper import SchemaWrapper
 
 OP, DELETED, SOURCE, TS_MS = "__op", "__deleted", "__source", "__ts_ms"
 CDC_COLUMNS = (OP, DELETED, SOURCE, TS_MS)
@@ -56,6 +57,7 @@ class DebeziumEnvelope:
         self._inner = inner
         self._schema = schema if schema is not None else pa.schema([])
         self._lock = threading.Lock()
+        self._wrapper = SchemaWrapper()  # JsonConverter's schema, cut before parsing
 
     @property
     def schema(self) -> pa.Schema:
@@ -66,7 +68,7 @@ class DebeziumEnvelope:
             return self._decode(values)
 
     def _decode(self, values: pa.Array) -> DecodeResult:
-        inner = self._inner.decode(values)
+        inner = self._inner.decode(self._wrapper.unwrap(values))
         n = len(values)
         env = _envelope(inner.table, n)
         failures = {f.row: f for f in inner.failures}
