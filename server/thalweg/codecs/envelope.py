@@ -68,10 +68,18 @@ class DebeziumEnvelope:
             return self._decode(values)
 
     def _decode(self, values: pa.Array) -> DecodeResult:
-        inner = self._inner.decode(self._wrapper.unwrap(values))
+        unwrapped, cut = self._wrapper.unwrap(values)
+        inner = self._inner.decode(unwrapped)
         n = len(values)
         env = _envelope(inner.table, n)
         failures = {f.row: f for f in inner.failures}
+        if "schema" in inner.table.column_names:
+            # A cut event that names "schema" again after its payload: whole, the
+            # reader refuses a key twice, and so it is refused here.
+            again = cut & np.asarray(inner.table.column("schema").is_valid())
+            for row in np.flatnonzero(again):
+                why = "the event names 'schema' twice"
+                failures[int(row)] = DecodeFailure(int(row), DecodeReason.SYNTAX, why)
         decoded = np.ones(n, dtype=bool)
         decoded[list(failures)] = False
         tombstone = np.asarray(values.is_null()) & decoded

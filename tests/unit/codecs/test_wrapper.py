@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from thalweg.codecs import DecodeReason
 from thalweg.codecs.envelope import DebeziumEnvelope
@@ -43,7 +44,7 @@ def decode(vals: list[bytes | None]) -> pa.Table:
 def test_wrapped_events_decode_as_their_payloads_alone() -> None:
     events = [change(i, name=f"n{i}") for i in range(5)]
     wrapped = [compact({"schema": schema("id", "name"), "payload": e}) for e in events]
-    cut = SchemaWrapper().unwrap(pa.array(wrapped, pa.binary())).to_pylist()
+    cut = SchemaWrapper().unwrap(pa.array(wrapped, pa.binary()))[0].to_pylist()
     assert all(c.startswith(b'{"payload":{"before"') for c in cut)
     assert [json.loads(c) for c in cut] == [{"payload": e} for e in events]
     # The same rows as the payloads unwrapped by hand.
@@ -60,7 +61,7 @@ def test_each_schema_is_learnt_and_other_shapes_pass_as_they_came() -> None:
         compact(change(4, name="d")),  # not wrapped
         compact({"schema": first, "payload": change(5, name="e")}),
     ]
-    cut = SchemaWrapper().unwrap(pa.array(vals, pa.binary())).to_pylist()
+    cut = SchemaWrapper().unwrap(pa.array(vals, pa.binary()))[0].to_pylist()
     assert [c is not None and c.startswith(b'{"payload":') for c in cut] == [
         True,
         False,
@@ -76,21 +77,46 @@ def test_each_schema_is_learnt_and_other_shapes_pass_as_they_came() -> None:
     assert got.column("__deleted").to_pylist() == [False, True, False, False, False, False]
 
 
-def test_only_the_last_few_schemas_are_kept() -> None:
+def test_whether_an_event_is_cut_depends_on_its_bytes_alone() -> None:
+    """More schemas in a batch than the wrapper keeps are all cut; an event it cannot
+    cut does not stop the ones after it — a batch decodes every event as alone."""
     wrapper = SchemaWrapper()
     many = [
         compact({"schema": schema("id", f"c{k}"), "payload": change(k)})
         for k in range(SchemaWrapper.KEEP + 3)
     ]
-    cut = wrapper.unwrap(pa.array(many, pa.binary())).to_pylist()
-    # One batch learns at most KEEP schemas: the rest parse whole, and decode all the same.
-    assert sum(c.startswith(b'{"payload":') for c in cut) == SchemaWrapper.KEEP
+    spaced = json.dumps({"schema": schema("id"), "payload": change(99)}).encode()
+    vals, cut = wrapper.unwrap(pa.array([spaced, *many], pa.binary()))
+    assert cut.tolist() == [False] + [True] * len(many)
+    assert all(v.startswith(b'{"payload":') for v in vals.to_pylist()[1:])
+    alone = [SchemaWrapper().unwrap(pa.array([v], pa.binary()))[1][0] for v in many]
+    assert alone == [True] * len(many)
     assert decode(many).column("id").to_pylist() == list(range(SchemaWrapper.KEEP + 3))
 
 
-def test_a_schema_that_is_not_json_is_not_learnt_and_the_event_fails_as_before() -> None:
-    broken = b'{"schema":{"type":"struct",,"payload":' + compact(change(1, name="a")) + b"}"
-    assert SchemaWrapper().unwrap(pa.array([broken], pa.binary())).to_pylist() == [broken]
-    result = DebeziumEnvelope(JsonArrowDecoder(COLS)).decode(pa.array([broken], pa.binary()))
-    assert [f.row for f in result.failures] == [0]
-    assert result.failures[0].reason is DecodeReason.SYNTAX
+@pytest.mark.parametrize(
+    "bad_schema",
+    [
+        b'{"type":"struct",,',  # not JSON
+        b'{"type":"struct","type":"x"}',  # a key twice
+        b'{"type":"struct","default":1e999}',  # no double holds it
+        b'{"type":"struct","doc":"\\ud800"}',  # a lone surrogate
+    ],
+)
+def test_a_schema_the_reader_would_refuse_is_not_cut_and_the_event_fails_as_before(
+    bad_schema: bytes,
+) -> None:
+    event = b'{"schema":' + bad_schema + b',"payload":' + compact(change(1, name="a")) + b"}"
+    spaced = json.dumps({"schema": schema("id"), "payload": change(2)}).encode()
+    for batch in ([event], [spaced, event], [event, spaced]):
+        vals, cut = SchemaWrapper().unwrap(pa.array(batch, pa.binary()))
+        assert not cut.any() and vals.to_pylist() == batch
+        result = DebeziumEnvelope(JsonArrowDecoder(COLS)).decode(pa.array(batch, pa.binary()))
+        assert [f.row for f in result.failures] == [batch.index(event)]
+        assert result.failures[0].reason is DecodeReason.SYNTAX
+
+
+def test_an_event_naming_schema_again_after_its_payload_is_refused_as_whole() -> None:
+    twice = compact({"schema": schema("id"), "payload": change(1)})[:-1] + b',"schema":{}}'
+    result = DebeziumEnvelope(JsonArrowDecoder(COLS)).decode(pa.array([twice], pa.binary()))
+    assert [(f.row, f.reason) for f in result.failures] == [(0, DecodeReason.SYNTAX)]

@@ -105,3 +105,17 @@ def test_rows_out_of_position_order_are_refused_not_folded_wrong() -> None:
     # would make an older row the newest.
     with pytest.raises(InvariantError, match="partition 0's rows came out of order"):
         fold_latest([batch([(0, 5, b"a", b"1", 1)]), batch([(0, 3, b"a", b"2", 2)])], COLS)
+
+
+def test_a_payload_field_named_like_the_folds_own_columns_is_kept_apart() -> None:
+    # A payload may have any name outside the metadata prefix: the fold's tombstone
+    # flag lives under the prefix, so a field called "_thalweg_tombstone" is a field.
+    rows = pa.Table.from_batches(
+        [batch([(0, 0, b"a", b"1", 1), (0, 1, b"b", b"2", 2), (0, 2, b"a", None, None)])]
+    )
+    rows = rows.append_column("_thalweg_tombstone", pa.array([True, True, False]))
+    for values in (True, False):
+        got = fold_latest(rows.to_batches(), COLS, values=values)
+        assert got is not None
+        assert got.column("v").to_pylist() == [2]  # a was deleted, b stays
+        assert got.column("_thalweg_tombstone").to_pylist() == [True]

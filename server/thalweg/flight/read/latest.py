@@ -28,7 +28,6 @@ STEP_BYTES = 128 * 1024 * 1024
 FOLD_ROWS = 1_048_576  # the folded steps folded together again past this many rows
 DELETED = "__deleted"  # a change event's delete (codecs/envelope.py)
 _ROW = "_thalweg_row"
-_TOMBSTONE = "_thalweg_tombstone"  # the value was null, when its bytes are not kept
 
 
 def fold_latest(
@@ -55,7 +54,7 @@ def fold_latest(
     after: dict[int, int] = {}  # each partition's last position so far
     schema: pa.Schema | None = None
     for arrived in batches:
-        batch = arrived if values else _value_as_tombstone(arrived, columns.value)
+        batch = arrived if values else _value_as_tombstone(arrived, columns)
         schema = batch.schema
         for partition, rows in _by_partition(batch, columns.partition):
             _in_order(rows, columns.position, partition, after)
@@ -81,16 +80,25 @@ def fold_latest(
     newest = pa.concat_tables(
         [_fold(parts, columns) for parts in parts_of.values()], promote_options="permissive"
     )
-    return newest.filter(pc.invert(_deleted(newest, columns)))
+    return newest.filter(pc.invert(_deleted(newest, columns, values=values)))
 
 
-def _value_as_tombstone(batch: pa.RecordBatch, value: str) -> pa.RecordBatch:
-    """``batch`` with its value column replaced by whether the value was null."""
-    at = batch.schema.get_field_index(value)
+def _value_as_tombstone(batch: pa.RecordBatch, columns: MetadataColumns) -> pa.RecordBatch:
+    """``batch`` with its value column replaced by whether the value was null (named
+    under the metadata prefix: no payload field can have that name).
+
+    Raises:
+        InvariantError: the rows have no value column (the read always asks for it).
+    """
+    at = batch.schema.get_field_index(columns.value)
     if at < 0:
-        return batch
+        raise InvariantError("the latest view's rows came without their value column")
     gone = pc.is_null(batch.column(at))
-    return batch.remove_column(at).append_column(_TOMBSTONE, gone)
+    return batch.remove_column(at).append_column(_tombstone(columns), gone)
+
+
+def _tombstone(columns: MetadataColumns) -> str:
+    return columns.prefix + "fold_tombstone"
 
 
 def _by_partition(batch: pa.RecordBatch, column: str) -> Iterator[tuple[int, pa.Table]]:
@@ -145,12 +153,12 @@ def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
     return rows.take(pa.array(picked))
 
 
-def _deleted(rows: pa.Table, columns: MetadataColumns) -> pa.ChunkedArray | pa.Array:
-    """Tombstones (a null value) and change events' deletes."""
-    if _TOMBSTONE in rows.column_names:
-        gone = rows.column(_TOMBSTONE)
-    else:
-        gone = pc.is_null(rows.column(columns.value))
+def _deleted(
+    rows: pa.Table, columns: MetadataColumns, *, values: bool
+) -> pa.ChunkedArray | pa.Array:
+    """Tombstones (a null value, or its flag when the bytes were not kept) and change
+    events' deletes."""
+    gone = pc.is_null(rows.column(columns.value)) if values else rows.column(_tombstone(columns))
     if DELETED in rows.column_names:
         gone = pc.or_(gone, pc.fill_null(rows.column(DELETED), False))
     return gone
