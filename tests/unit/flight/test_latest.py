@@ -103,7 +103,7 @@ def test_without_values_the_fold_keeps_only_whether_a_value_was_null() -> None:
 def test_rows_out_of_position_order_are_refused_not_folded_wrong() -> None:
     # The fold keeps a key's last row: a read that sent a partition's rows backwards
     # would make an older row the newest.
-    with pytest.raises(InvariantError, match="partition 0's rows came out of order"):
+    with pytest.raises(InvariantError, match="partition 0's rows came out of position order"):
         fold_latest([batch([(0, 5, b"a", b"1", 1)]), batch([(0, 3, b"a", b"2", 2)])], COLS)
 
 
@@ -119,3 +119,8 @@ def test_a_payload_field_named_like_the_folds_own_columns_is_kept_apart() -> Non
         assert got is not None
         assert got.column("v").to_pylist() == [2]  # a was deleted, b stays
         assert got.column("_thalweg_tombstone").to_pylist() == [True]
+
+
+def test_rows_going_back_within_a_batch_are_refused_too() -> None:
+    with pytest.raises(InvariantError, match="out of position order"):
+        fold_latest([batch([(0, 5, b"a", b"1", 1), (0, 4, b"a", b"2", 2)])], COLS)

@@ -117,19 +117,21 @@ def _by_partition(batch: pa.RecordBatch, column: str) -> Iterator[tuple[int, pa.
 
 def _in_order(rows: pa.Table, position: str, partition: int, after: dict[int, int]) -> None:
     """The fold keeps a key's *last* row, so a partition's rows must come in position
-    order; a read that broke it would give a wrong table, never silently.
+    order, within a batch and from one batch to the next; a read that broke it would
+    give a wrong table, never silently (one vectorised pass a batch).
 
     Raises:
-        InvariantError: ``rows`` start at or before a position this partition had.
+        InvariantError: ``rows`` go back, or start at or before a position this
+            partition had.
     """
-    positions = rows.column(position)
-    first, last = positions[0].as_py(), positions[-1].as_py()
-    if partition in after and first <= after[partition]:
+    positions = rows.column(position).to_numpy()
+    before = after.get(partition)
+    if (before is not None and positions[0] <= before) or (np.diff(positions) <= 0).any():
         raise InvariantError(
-            f"latest view: partition {partition}'s rows came out of order "
-            f"(position {first} after {after[partition]})"
+            f"latest view: partition {partition}'s rows came out of position order "
+            f"(after {before}: {positions[:3].tolist()}…)"
         )
-    after[partition] = last
+    after[partition] = int(positions[-1])
 
 
 def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
