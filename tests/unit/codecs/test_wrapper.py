@@ -120,3 +120,19 @@ def test_an_event_naming_schema_again_after_its_payload_is_refused_as_whole() ->
     twice = compact({"schema": schema("id"), "payload": change(1)})[:-1] + b',"schema":{}}'
     result = DebeziumEnvelope(JsonArrowDecoder(COLS)).decode(pa.array([twice], pa.binary()))
     assert [(f.row, f.reason) for f in result.failures] == [(0, DecodeReason.SYNTAX)]
+
+
+def test_a_schema_the_reader_cannot_type_no_longer_stops_its_event() -> None:
+    # Defaults of different types in one fields list: read whole, the reader refuses a
+    # list whose items change type, and the event was a dead letter for its schema.
+    fields = [
+        {"type": "int32", "default": 0, "field": "id"},
+        {"type": "string", "default": "none", "field": "name"},
+    ]
+    odd = {"type": "struct", "fields": fields}
+    whole = json.dumps({"schema": odd, "payload": change(1, name="a")}).encode()  # spaced
+    cut = compact({"schema": odd, "payload": change(1, name="a")})
+    refused = DebeziumEnvelope(JsonArrowDecoder(COLS)).decode(pa.array([whole], pa.binary()))
+    assert [f.reason for f in refused.failures] == [DecodeReason.TYPE_CONFLICT]
+    assert "/schema/fields" in refused.failures[0].message
+    assert decode([cut]).column("name").to_pylist() == ["a"]
