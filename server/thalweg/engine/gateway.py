@@ -147,6 +147,9 @@ class _GatewayIngesting(Ingesting):
     def group_partitions(self, topic: str) -> list[int]:
         return self._g.owners.partitions(topic)
 
+    def awaiting_assignment(self, topic: str) -> bool:
+        return self._g.owners.awaiting(topic)
+
     def read_through(self, topic: str) -> None:
         if self._g.sync is not None:
             self._g.sync.warm(topic)

@@ -33,7 +33,9 @@ raised                          gRPC status        when
 :class:`PermissionDeniedError`  PERMISSION_DENIED  a write the token may not make
 :class:`UnavailableError`       UNAVAILABLE        a per-caller stream limit; a follow
                                                    stream too far behind; a transient
-                                                   gateway fault
+                                                   gateway fault; a partition asked of
+                                                   a group member before its
+                                                   assignment arrived
 :class:`ServerFailedError`      UNKNOWN            the broker refused a put
 :class:`InternalError`          INTERNAL           a gateway bug (``UNKNOWN`` in
                                                    get_schema)

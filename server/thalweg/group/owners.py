@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 class OwnerDirectory:
@@ -42,6 +42,8 @@ class OwnerDirectory:
         self._owners: dict[str, dict[int, str | None]] = {}
         self._generation: int | None = None
         self._since: float | None = None
+        self._expected: set[str] = set()
+        self._expect_any = False
 
     @property
     def active(self) -> bool:
@@ -59,6 +61,30 @@ class OwnerDirectory:
             self._since = time.time()
         if self._on_publish is not None:
             self._on_publish(self)
+
+    def expect(self, topics: Iterable[str] | None) -> None:
+        """A source joins the group with the owner assignor for ``topics`` (None: by a
+        pattern, its topics known only once assigned).
+
+        Until the group's map names such a topic, this member cannot tell a partition
+        it will be handed (or will learn another member owns) from one that does not
+        exist: a gateway restarted into a running group is asked for partitions the
+        others' maps already send to it, seconds before its own assignment arrives.
+        :meth:`awaiting` says so, and a read is told to retry rather than refused.
+        """
+        with self._lock:
+            if topics is None:
+                self._expect_any = True
+            else:
+                self._expected.update(topics)
+
+    def awaiting(self, topic: str) -> bool:
+        """Whether ``topic``'s partitions are not known yet because this member's
+        group assignment has not arrived (see :meth:`expect`)."""
+        with self._lock:
+            if topic in self._owners:
+                return False
+            return topic in self._expected or (self._expect_any and self._generation is None)
 
     def owner(self, topic: str, partition: int) -> str | None:
         """The owner's advertised location; None when unknown or it advertises none."""

@@ -71,6 +71,8 @@ class KafkaSource:
         self.cfg = cfg
         self._columns = columns
         self._owners = owners
+        if owners is not None:
+            owners.expect(None if cfg.topics_pattern is not None else cfg.topics)
         self._consumer: AIOKafkaConsumer | None = None
         self._last_heartbeat_ok: float | None = None
         self._joined = False

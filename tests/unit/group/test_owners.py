@@ -15,10 +15,16 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from tests.unit.lane.test_lane import COLS
+from thalweg.errors import TicketError
+from thalweg.flight.read.plan import plan_read
+from thalweg.flight.read.tickets import parse_ticket
 from thalweg.group.owners import OwnerDirectory
 from thalweg.kafka.assignor import PROTOCOL, owner_assignor
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.read.catalog import Ingesting, LaneCatalog
 from thalweg.lane.read.elsewhere import first_gap, held_elsewhere, record_elsewhere
+from thalweg.lane.read.live import LiveTail
 from thalweg_client.spread import fit, position_column, relocation
 
 
@@ -166,3 +172,55 @@ def test_malformed_maps_publish_nothing(raw: bytes) -> None:
     assignor = owner_assignor(directory, lambda: 1)
     assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], raw))
     assert not directory.active
+
+
+class _Member(Ingesting):
+    """What the gateway tells its catalog of the group (engine/gateway.py's adapter)."""
+
+    def __init__(self, owners: OwnerDirectory) -> None:
+        self.owners = owners
+
+    def configured_topics(self) -> list[str]:
+        return ["t", "other"]
+
+    def group_partitions(self, topic: str) -> list[int]:
+        return self.owners.partitions(topic)
+
+    def awaiting_assignment(self, topic: str) -> bool:
+        return self.owners.awaiting(topic)
+
+
+def _plan(catalog: LaneCatalog, topic: str, partition: int) -> None:
+    body = {"topic": topic, "lane": "raw", "partitions": [partition], "end": "follow"}
+    plan_read(catalog, parse_ticket(json.dumps(body).encode()))
+
+
+def test_a_member_whose_assignment_has_not_arrived_says_retry_not_no_such_partition(
+    tmp_path: Path,
+) -> None:
+    """Restarted into a running group, a gateway is asked for partitions the others'
+    maps already send to it before its own assignment arrives (the rolling-restart
+    soak failure of session 24): that is UNAVAILABLE, which readers retry. Once the
+    map names the topic, a partition it does not hold is a bad ticket again."""
+    owners = OwnerDirectory()
+    owners.expect(["t"])
+    catalog = LaneCatalog(LaneLayout(tmp_path), COLS, LiveTail(), ingesting=_Member(owners))
+    assert owners.awaiting("t") and not owners.awaiting("other")
+    with pytest.raises(fl.FlightUnavailableError, match="assignment has not arrived"):
+        _plan(catalog, "t", 2)
+    with pytest.raises(TicketError, match="has no partition 2"):
+        _plan(catalog, "other", 2)  # a topic no group source subscribes to
+
+    owners.publish(1, {"t": {0: "grpc://a:1", 1: "grpc://b:2"}})
+    assert not owners.awaiting("t")
+    _plan(catalog, "t", 1)
+    with pytest.raises(TicketError, match="has no partition 2"):
+        _plan(catalog, "t", 2)
+
+
+def test_a_pattern_source_awaits_only_until_its_first_map() -> None:
+    owners = OwnerDirectory()
+    owners.expect(None)
+    assert owners.awaiting("anything")
+    owners.publish(1, {"t": {0: None}})
+    assert not owners.awaiting("anything") and not owners.awaiting("t")

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.errors import InvariantError, TicketError
+from thalweg.flight.errors import UnavailableError
 from thalweg.flight.read.tickets import End, OffsetPosition, ReadTicket, Start, TimestampPosition
 from thalweg.lane.layout import Lane
 from thalweg.lane.read.catalog import LaneCatalog
@@ -121,6 +122,12 @@ def plan_read(
     known = catalog.partitions(ticket.topic)
     wanted = known if ticket.partitions is None else sorted(set(ticket.partitions))
     missing = [p for p in wanted if p not in known]
+    if missing and catalog.awaiting_assignment(ticket.topic):
+        # Restarted into a running group: the others already send readers here.
+        raise UnavailableError(
+            f"topic {ticket.topic!r}: partition {missing[0]} is not known yet — this "
+            "gateway's consumer-group assignment has not arrived; retry"
+        )
     if missing:
         raise TicketError(
             f"topic {ticket.topic!r} has no partition {missing[0]} "

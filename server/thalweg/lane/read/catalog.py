@@ -69,6 +69,11 @@ class Ingesting:
         listed so a read is sent to their owner, though nothing of them is local."""
         return []
 
+    def awaiting_assignment(self, topic: str) -> bool:
+        """Whether this member's consumer-group assignment for ``topic`` has not arrived
+        yet, so a partition it does not know may still be the group's."""
+        return False
+
     def read_through(self, topic: str) -> None:
         """Before a read of ``topic`` is planned: with lanes in an object store, fetch a
         topic this replica has nothing of yet."""
@@ -122,6 +127,10 @@ class LaneCatalog:
             | set(self.live.partitions(topic))
             | set(self._ingesting.group_partitions(topic))
         )
+
+    def awaiting_assignment(self, topic: str) -> bool:
+        """See :meth:`Ingesting.awaiting_assignment`."""
+        return self._ingesting.awaiting_assignment(topic)
 
     def has_decoded(self, topic: str) -> bool:
         return topic in self._ingesting.decoded_topics() or self.layout.has_decoded(topic)
