@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,30 @@ class Follower:
             return len(self.seen)
 
 
+def probe_until_joined(
+    rg: RunningGateway, topic: str, joined: Callable[[], bool]
+) -> list[BaseException]:
+    """Ask ``rg`` for partition 0 over and over while it joins the group, and return how
+    it refused. Before its assignment arrives a member cannot tell a partition of the
+    topic from none: it must say retry (UNAVAILABLE), never a bad ticket — the rolling-
+    restart soak failure of session 24 was a reader told INVALID_ARGUMENT there."""
+    body = json.dumps({"topic": topic, "partitions": [0], "end": "now"}).encode()
+    refusals: list[BaseException] = []
+    client = fl.FlightClient(rg.gateway.flight_url)
+    deadline = time.monotonic() + 60
+    try:
+        while not joined():
+            assert time.monotonic() < deadline, "both members in the owner map"
+            try:
+                client.do_get(fl.Ticket(body)).read_all()
+            except (fl.FlightError, pa.ArrowException) as exc:
+                refusals.append(exc)
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return refusals
+
+
 def test_any_replica_reaches_every_partition_and_follows_a_move(
     broker: TansuBroker,
     topic_factory: Callable[..., str],
@@ -83,7 +108,8 @@ def test_any_replica_reaches_every_partition_and_follows_a_move(
     group = f"replicas-{uuid.uuid4().hex[:8]}"
     a = gateway_factory([topic], group_id=group)
     b = gateway_factory([topic], group_id=group)
-    wait_until(lambda: both_members([a, b], topic), 60, "both members in the owner map")
+    refusals = probe_until_joined(b, topic, lambda: both_members([a, b], topic))
+    assert all(isinstance(e, fl.FlightUnavailableError) for e in refusals), refusals
     first = produce_json(
         broker.bootstrap,
         topic,
