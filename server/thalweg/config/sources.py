@@ -205,6 +205,24 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
+    static_hold_ms: int | None = Field(
+        None,
+        ge=0,
+        description="With group_instance_id: how long the group keeps a departed static "
+        "member's partitions unassigned for it when the broker rebalances without it "
+        "(tansu does when a restarted member was the leader; Kafka waits "
+        "session_timeout_ms before any rebalance). Its return then moves nothing; past "
+        "it, a rebalance hands them to the members present. Default: session_timeout_ms, "
+        "at least 30 s (a restart plus the broker's join rounds: tansu took 10 s to take "
+        "a restarted leader back); 0 hands them over at once.",
+    )
+
+    def static_hold_s(self) -> float:
+        """``static_hold_ms`` in seconds, its default resolved."""
+        if self.static_hold_ms is not None:
+            return self.static_hold_ms / 1000
+        return max(self.session_timeout_ms, 30_000) / 1000
+
     dlq_topic: str | None = Field(
         None,
         description="Also produce dead letters to this Kafka topic, with __twg.errors.* "

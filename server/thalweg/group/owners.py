@@ -44,6 +44,7 @@ class OwnerDirectory:
         self._since: float | None = None
         self._expected: set[str] = set()
         self._expect_any = False
+        self._held: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -52,13 +53,23 @@ class OwnerDirectory:
         with self._lock:
             return self._generation is not None
 
-    def publish(self, generation: int, owners: Mapping[str, Mapping[int, str | None]]) -> None:
-        """Replace the map with a new generation's (the topics of one source)."""
+    def publish(
+        self,
+        generation: int,
+        owners: Mapping[str, Mapping[int, str | None]],
+        held: Mapping[str, float] | None = None,
+    ) -> None:
+        """Replace the map with a new generation's (the topics of one source).
+
+        ``held``: owner locations whose member is absent and waited for (static
+        membership, :mod:`thalweg.kafka.hold`), and since when; shown in ``/stats``.
+        """
         with self._lock:
             for topic, parts in owners.items():
                 self._owners[topic] = dict(parts)
             self._generation = generation
             self._since = time.time()
+            self._held = dict(held or {})
         if self._on_publish is not None:
             self._on_publish(self)
 
@@ -115,7 +126,8 @@ class OwnerDirectory:
             return sorted(self._owners.get(topic, {}))
 
     def snapshot(self) -> dict[str, object]:
-        """The map for ``/stats``: generation, when it arrived, and owners by topic."""
+        """The map for ``/stats``: generation, when it arrived, owners by topic, and the
+        owner locations held for an absent static member (since when)."""
         with self._lock:
             return {
                 "location": self.location,
@@ -126,4 +138,5 @@ class OwnerDirectory:
                     t: {str(p): loc for p, loc in sorted(parts.items())}
                     for t, parts in sorted(self._owners.items())
                 },
+                "held": dict(sorted(self._held.items())),
             }

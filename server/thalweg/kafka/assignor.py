@@ -8,7 +8,9 @@ over the members ordered by their advertised location rather than by member id (
 the broker draws anew at every restart): the same gateways always get the same split.
 A gateway restarted with static membership thus gets its partitions back even from a
 broker that answers a returning static member with a full rebalance (tansu), and keeps
-them without any rebalance where the broker implements KIP-345. The broker stores and
+them without any rebalance where the broker implements KIP-345. When such a rebalance
+forms a generation without the returning member, its partitions are held for it for a
+bounded time rather than split among the others (:mod:`thalweg.kafka.hold`). The broker stores and
 forwards these bytes without reading them, so this works on every Kafka-protocol
 broker (tested on tansu) and needs no coordination of Thalweg's own.
 
@@ -37,6 +39,7 @@ from aiokafka.coordinator.protocol import (
 )
 
 from thalweg.group.owners import OwnerDirectory
+from thalweg.kafka.hold import StaticHold
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,11 @@ PROTOCOL = "thalweg-owners-v1"
 
 
 def owner_assignor(
-    directory: OwnerDirectory, generation: Callable[[], int], *, by_location: bool = False
+    directory: OwnerDirectory,
+    generation: Callable[[], int],
+    *,
+    by_location: bool = False,
+    hold: StaticHold | None = None,
 ) -> type[RoundRobinPartitionAssignor]:
     """A round-robin assignor class that publishes the group's owners to ``directory``.
 
@@ -57,6 +64,8 @@ def owner_assignor(
         directory: where the map lands; its ``location`` is what this member announces.
         generation: the member's current group generation (read when an assignment
             arrives, after the client stored the new one).
+        hold: with ``by_location``, keeps an absent owner's partitions unassigned for
+            its grace (the owner map still names it), so its return moves nothing.
     """
 
     class OwnerAssignor(RoundRobinPartitionAssignor):  # type: ignore[misc]
@@ -65,7 +74,12 @@ def owner_assignor(
 
         @classmethod
         def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-            data = json.dumps({"v": 1, "location": directory.location}).encode()
+            body: dict[str, Any] = {"v": 1, "location": directory.location}
+            if hold is not None and (spent := hold.expired()):
+                # Changed join metadata is what makes a broker rebalance a stable group
+                # (tansu answers an unchanged rejoin with the stored assignment).
+                body["release"] = spent
+            data = json.dumps(body).encode()
             return ConsumerProtocolMemberMetadata(cls.version, list(topics), data)
 
         @classmethod
@@ -75,18 +89,29 @@ def owner_assignor(
             members: Mapping[str, ConsumerProtocolMemberMetadata],
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
             locations = {m: _location(meta.user_data) for m, meta in members.items()}
-            keys = locations if by_location else {}
-            split = _split(cluster, members, keys, cls.version)
             _warn_on_shared_locations(locations)
+            held = _held(members, locations, directory, hold) if by_location else {}
+            everyone = dict(members)
+            for loc in held:  # a stand-in per held location: the split all would get
+                everyone[_HELD + loc] = ConsumerProtocolMemberMetadata(
+                    cls.version, sorted({t for m in members.values() for t in m.subscription}), b""
+                )
+                locations[_HELD + loc] = loc
+            keys = locations if by_location else {}
+            split = _split(cluster, everyone, keys, cls.version)
             owners: dict[str, dict[str, str | None]] = {}
             for member, given in split.items():
                 for topic, partitions in given.assignment:
                     for p in partitions:
                         owners.setdefault(topic, {})[str(p)] = locations.get(member)
-            data = json.dumps({"v": 1, "owners": owners}, sort_keys=True).encode()
+            body: dict[str, Any] = {"v": 1, "owners": owners}
+            if held:
+                body["held"] = held
+            data = json.dumps(body, sort_keys=True).encode()
             return {
                 m: ConsumerProtocolMemberAssignment(a.version, a.assignment, data)
                 for m, a in split.items()
+                if m in members
             }
 
         @classmethod
@@ -95,9 +120,37 @@ def owner_assignor(
             if owners is None:
                 log.warning("group assignment carries no owner map; serving alone")
                 return
-            directory.publish(generation(), owners)
+            held = _held_of(assignment.user_data)
+            if hold is not None:
+                hold.learn(held)
+            directory.publish(generation(), owners, held)
 
     return OwnerAssignor
+
+
+# The member id of a held location's stand-in: no broker-drawn member id starts so.
+_HELD = "\x00held:"
+
+
+def _held(
+    members: Mapping[str, ConsumerProtocolMemberMetadata],
+    locations: Mapping[str, str | None],
+    directory: OwnerDirectory,
+    hold: StaticHold | None,
+) -> dict[str, float]:
+    """The last map's owner locations (of the topics subscribed now) that no member of
+    this generation advertises and whose grace has not run out."""
+    if hold is None or hold.grace_s <= 0:
+        return {}
+    topics = {t for meta in members.values() for t in meta.subscription}
+    known = {
+        loc
+        for topic, parts in directory.owners().items()
+        if topic in topics
+        for loc in parts.values()
+        if loc is not None
+    }
+    return hold.choose({loc for loc in locations.values() if loc is not None}, known)
 
 
 def _split(
@@ -148,6 +201,14 @@ def _owners(user_data: bytes | None) -> dict[str, dict[int, str | None]] | None:
         }
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _held_of(user_data: bytes | None) -> dict[str, float]:
+    try:
+        raw = json.loads(user_data or b"").get("held", {})
+        return {str(loc): float(since) for loc, since in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _warn_on_shared_locations(locations: Mapping[str, str | None]) -> None:

@@ -2,6 +2,9 @@
 
 Auto-commit is always off: the engine commits a position only after the raw lane covering
 it is durable. Library errors are wrapped into :class:`SourceError` here, at the edge.
+
+Its length: start (login, subscribe, the group's assignors), fetch, commit and the
+broker's log bounds all drive the one consumer this class owns.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.clients import new_consumer, security_kwargs
 from thalweg.kafka.columnar_fetch import ColumnarFetch
 from thalweg.kafka.dlq import DeadLetterTopic
+from thalweg.kafka.hold import StaticHold
 from thalweg.kafka.login import check_login, refusal
 from thalweg.kafka.unpack import KafkaColumns
 from thalweg.records.columns import MetadataColumns
@@ -156,8 +160,16 @@ class KafkaSource:
         second join round: 10 s instead of 5 s), so a group is all of one version."""
         if self._owners is None:
             return ()
-        stable = self.cfg.group_instance_id is not None
-        return (owner_assignor(self._owners, self.generation, by_location=stable),)
+        cfg = self.cfg
+        if cfg.group_instance_id is None:
+            return (owner_assignor(self._owners, self.generation),)
+        hold = StaticHold(cfg.static_hold_s(), self._rejoin)
+        return (owner_assignor(self._owners, self.generation, by_location=True, hold=hold),)
+
+    def _rejoin(self) -> None:
+        """Ask the group to rebalance: a held static member's grace ran out."""
+        if (coordinator := getattr(self._consumer, "_coordinator", None)) is not None:
+            coordinator.request_rejoin()
 
     def generation(self) -> int:
         """The member's consumer-group generation (-1 before it joined)."""
