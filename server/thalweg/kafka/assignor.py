@@ -150,7 +150,8 @@ def _held(
         for loc in parts.values()
         if loc is not None
     }
-    return hold.choose({loc for loc in locations.values() if loc is not None}, known)
+    released = {loc for meta in members.values() for loc in _released(meta.user_data)}
+    return hold.choose({loc for loc in locations.values() if loc is not None}, known, released)
 
 
 def _split(
@@ -201,6 +202,14 @@ def _owners(user_data: bytes | None) -> dict[str, dict[int, str | None]] | None:
         }
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _released(user_data: bytes | None) -> list[str]:
+    try:
+        found = json.loads(user_data or b"{}").get("release", [])
+    except (ValueError, AttributeError):
+        return []
+    return [loc for loc in found if isinstance(loc, str)] if isinstance(found, list) else []
 
 
 def _held_of(user_data: bytes | None) -> dict[str, float]:

@@ -80,6 +80,7 @@ class KafkaSource:
         self._consumer: AIOKafkaConsumer | None = None
         self._last_heartbeat_ok: float | None = None
         self._joined = False
+        self._hold: StaticHold | None = None  # static membership's (thalweg.kafka.hold)
         # Fetched record batches come as columns (thalweg.kafka.unpack), not records.
         self._columnar = ColumnarFetch()
 
@@ -163,7 +164,7 @@ class KafkaSource:
         cfg = self.cfg
         if cfg.group_instance_id is None:
             return (owner_assignor(self._owners, self.generation),)
-        hold = StaticHold(cfg.static_hold_s(), self._rejoin)
+        self._hold = hold = StaticHold(cfg.static_hold_s(), self._rejoin)
         return (owner_assignor(self._owners, self.generation, by_location=True, hold=hold),)
 
     def _rejoin(self) -> None:
@@ -380,6 +381,8 @@ class KafkaSource:
 
     async def stop(self) -> None:
         """Leave the group and close connections."""
+        if self._hold is not None:
+            self._hold.cancel()
         consumer = self._consumer
         if consumer is not None:
             # Keep the reference until stop() returns: a rebalance callback may still be

@@ -5,11 +5,16 @@ and the split hands them to the members present."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+
+import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
 from tests.unit.group.test_owners import Partitions, member
 from thalweg.config.models import KafkaSourceConfig
 from thalweg.group.owners import OwnerDirectory
+from thalweg.kafka import hold as hold_module
 from thalweg.kafka.assignor import owner_assignor
 from thalweg.kafka.hold import StaticHold
 
@@ -110,6 +115,73 @@ def test_a_new_leader_keeps_the_first_leaders_clock_and_no_hold_without_a_grace(
     none.on_assignment(out["m-c"])
     out = none.assign(cluster, {"m-c": three["m-c"]})  # type: ignore[arg-type]
     assert dict(out["m-c"].assignment) == {"t": [0, 1, 2, 3]}
+
+
+def test_a_clock_from_an_earlier_absence_does_not_cut_a_later_hold_short() -> None:
+    """A member that learned a hold which then ended (the owner came back) keeps no
+    clock for it: when it leads at that owner's next absence, the grace starts anew."""
+    clock = Clock()
+    cluster = Partitions({"t": 3})
+    three = {"m-a": member(A, ["t"]), "m-b": member(B, ["t"]), "m-c": member(C, ["t"])}
+    lead_b = owner_assignor(
+        OwnerDirectory(), lambda: 1, by_location=True, hold=StaticHold(8.0, clock=clock)
+    )
+    dir_c = OwnerDirectory()
+    c = owner_assignor(dir_c, lambda: 1, by_location=True, hold=StaticHold(8.0, clock=clock))
+    c.on_assignment(lead_b.assign(cluster, three)["m-c"])  # type: ignore[arg-type]
+    c.on_assignment(lead_b.assign(cluster, {k: three[k] for k in ("m-b", "m-c")})["m-c"])  # type: ignore[arg-type]
+    clock.now += 3
+    c.on_assignment(lead_b.assign(cluster, three)["m-c"])  # type: ignore[arg-type]  # a back
+    clock.now += 600  # a later rolling restart; c leads now
+    out = c.assign(cluster, {k: three[k] for k in ("m-b", "m-c")})  # type: ignore[arg-type]
+    assert json.loads(out["m-c"].user_data)["held"] == {A: clock.now}
+    assert dict(out["m-c"].assignment) == {"t": [2]}
+
+
+def test_the_leader_releases_what_any_member_says_is_spent() -> None:
+    """A member whose clock runs ahead rejoins naming the hold spent: the leader hands
+    the partitions over then, rather than hold them and be asked again and again."""
+    clock = Clock()
+    cluster = Partitions({"t": 3})
+    leader = owner_assignor(
+        OwnerDirectory(), lambda: 1, by_location=True, hold=StaticHold(8.0, clock=clock)
+    )
+    three = {"m-a": member(A, ["t"]), "m-b": member(B, ["t"]), "m-c": member(C, ["t"])}
+    leader.on_assignment(leader.assign(cluster, three)["m-a"])  # type: ignore[arg-type]
+    two = {"m-a": three["m-a"], "m-c": three["m-c"]}
+    assert "held" in json.loads(leader.assign(cluster, two)["m-a"].user_data)  # type: ignore[arg-type]
+    ahead = ConsumerProtocolMemberMetadata(
+        0, ["t"], json.dumps({"location": C, "release": [B]}).encode()
+    )
+    out = leader.assign(cluster, {"m-a": three["m-a"], "m-c": ahead})  # type: ignore[arg-type]
+    assert "held" not in json.loads(out["m-a"].user_data)
+    assert dict(out["m-a"].assignment) == {"t": [0, 2]} and dict(out["m-c"].assignment) == {
+        "t": [1]
+    }
+
+
+def test_a_spent_hold_still_in_the_map_asks_again_but_not_in_a_tight_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rebalance request can be lost, so one still held asks again — at most every
+    ``REJOIN_EVERY_S``, however often the map repeats it."""
+    monkeypatch.setattr(hold_module, "REJOIN_EVERY_S", 0.5)
+
+    async def run() -> list[float]:
+        asked: list[float] = []
+        loop = asyncio.get_running_loop()
+        hold = StaticHold(0.1, lambda: asked.append(loop.time()))
+        since, start = hold._clock(), loop.time()
+        while len(asked) < 3 and loop.time() - start < 10:
+            hold.learn({B: since})  # the map keeps holding it (a request lost)
+            await asyncio.sleep(0.05)
+        hold.cancel()
+        return asked
+
+    asked = asyncio.run(run())
+    assert len(asked) == 3
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert min(gaps) >= 0.5 - 0.01, gaps
 
 
 def test_the_rebalance_is_asked_for_once_a_grace_runs_out_and_not_after_a_return() -> None:
