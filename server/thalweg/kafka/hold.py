@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 REJOIN_SLACK_S = 0.2
 # At most one rebalance asked for in this long: a request can be lost (aiokafka drops one
 # made between its JoinGroup and SyncGroup), so a spent hold still in the map asks again,
-# but a member whose clock runs ahead of the leader's never asks in a tight loop.
-REJOIN_EVERY_S = 2.0
+# but a member whose clock runs ahead of the leader's never asks in a tight loop. Longer
+# than a join round (tansu's: ~7 s), or the asks made while the asked-for rebalance runs
+# would start another one after it.
+REJOIN_EVERY_S = 10.0
 
 
 class StaticHold:
