@@ -10,9 +10,9 @@ A gateway restarted with static membership thus gets its partitions back even fr
 broker that answers a returning static member with a full rebalance (tansu), and keeps
 them without any rebalance where the broker implements KIP-345. When such a rebalance
 forms a generation without the returning member, its partitions are held for it for a
-bounded time rather than split among the others (:mod:`thalweg.kafka.hold`). The broker stores and
-forwards these bytes without reading them, so this works on every Kafka-protocol
-broker (tested on tansu) and needs no coordination of Thalweg's own.
+bounded time rather than split among the others (:mod:`thalweg.kafka.hold`). The
+broker stores and forwards these bytes without reading them, so this works on every
+Kafka-protocol broker (tested on tansu) and needs no coordination of Thalweg's own.
 
 Members announce this protocol alone: a second one (plain ``roundrobin``, for a group
 that still has an older gateway) cost tansu a second join round — 10 s to the first
@@ -90,12 +90,11 @@ def owner_assignor(
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
             locations = {m: _location(meta.user_data) for m, meta in members.items()}
             _warn_on_shared_locations(locations)
-            held = _held(members, locations, directory, hold) if by_location else {}
+            topics = sorted({t for meta in members.values() for t in meta.subscription})
+            held = _held(topics, members, locations, directory, hold) if by_location else {}
             everyone = dict(members)
             for loc in held:  # a stand-in per held location: the split all would get
-                everyone[_HELD + loc] = ConsumerProtocolMemberMetadata(
-                    cls.version, sorted({t for m in members.values() for t in m.subscription}), b""
-                )
+                everyone[_HELD + loc] = ConsumerProtocolMemberMetadata(cls.version, topics, b"")
                 locations[_HELD + loc] = loc
             keys = locations if by_location else {}
             split = _split(cluster, everyone, keys, cls.version)
@@ -133,20 +132,21 @@ _HELD = "\x00held:"
 
 
 def _held(
+    topics: Iterable[str],
     members: Mapping[str, ConsumerProtocolMemberMetadata],
     locations: Mapping[str, str | None],
     directory: OwnerDirectory,
     hold: StaticHold | None,
 ) -> dict[str, float]:
-    """The last map's owner locations (of the topics subscribed now) that no member of
-    this generation advertises and whose grace has not run out."""
+    """The last map's owner locations (of the ``topics`` subscribed now) that no member
+    of this generation advertises and whose grace has not run out."""
     if hold is None or hold.grace_s <= 0:
         return {}
-    topics = {t for meta in members.values() for t in meta.subscription}
+    subscribed = set(topics)
     known = {
         loc
         for topic, parts in directory.owners().items()
-        if topic in topics
+        if topic in subscribed
         for loc in parts.values()
         if loc is not None
     }
