@@ -70,6 +70,24 @@ def committed_offsets(
         c.close()
 
 
+def group_state(bootstrap: str, group: str, timeout: float = 10) -> str:
+    """The broker's word on ``group``: its state and members (for a failure message: a
+    group that never settles is the broker's state as much as the members')."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=timeout)[group]
+        got = desc.result(timeout)
+        members = ", ".join(
+            f"{m.client_id}/{m.member_id[-8:]}:{len(m.assignment.topic_partitions)}"
+            for m in got.members
+        )
+        return f"group {group}: {got.state} with {len(got.members)} members [{members}]"
+    except Exception as exc:  # a diagnostic: what went wrong is the answer
+        return f"group {group}: not described ({exc!r})"
+
+
 def wait_committed(
     bootstrap: str, group: str, topic: str, partition: int, want: int, timeout: float = 15
 ) -> int:
@@ -263,11 +281,15 @@ def safe_count(count: Callable[[], int]) -> int:
         return -1
 
 
-def start_stream(config: Path, log: Path, level: str = "info") -> subprocess.Popen[bytes]:
+def start_stream(
+    config: Path, log: Path, level: str = "info", client_level: str | None = None
+) -> subprocess.Popen[bytes]:
     """``twg stream --config config`` in its own session (stderr appended to ``log``),
-    once it printed its start-up line: its signal handlers are set and Flight listens."""
+    once it printed its start-up line: its signal handlers are set and Flight listens.
+    ``client_level``: aiokafka's log level (``info`` logs every join of the group)."""
+    client = ["--client-log-level", client_level] if client_level else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thalweg.cli.main", "--log-level", level, "stream",
+        [sys.executable, "-m", "thalweg.cli.main", "--log-level", level, *client, "stream",
          "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=open(log, "ab"),  # noqa: SIM115 (the child owns it)

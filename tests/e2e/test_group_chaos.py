@@ -28,6 +28,7 @@ from tests.e2e.test_replica_faults import lane_offsets, shared_dir, write_config
 from tests.helpers import (
     assert_verified,
     committed_offsets,
+    group_state,
     produce_until_stopped,
     seeded_rng,
     start_stream,
@@ -56,7 +57,8 @@ class Group:
 
     def start(self, i: int) -> None:
         log = self.tmp_path / f"gw{i}.log"
-        self.procs[i] = start_stream(self.configs[i], log)
+        # aiokafka's info: every join, sync and assignment, should the group not settle.
+        self.procs[i] = start_stream(self.configs[i], log, client_level="info")
 
     def alive(self, i: int) -> bool:
         p = self.procs[i]
@@ -175,7 +177,10 @@ def test_six_gateways_under_random_kills_pauses_and_restarts_keep_every_record_o
         wait_until(
             lambda: committed() == per,
             180,
-            lambda: f"all committed: {committed()} of {per}; {group.actions}",
+            lambda: (
+                f"all committed: {committed()} of {per}; {group.actions}; "
+                + group_state(broker.bootstrap, group_id)
+            ),
         )
     finally:
         stop.set()

@@ -23,13 +23,18 @@ from thalweg.config import ThalwegConfig, load_config
 from thalweg.errors import ConfigError, ShutdownTimeoutError, ThalwegError
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, client_level: str | None) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # aiokafka's info is a line per join, sync and assignment of every rebalance: too
+    # much for every day, and exactly what a group that never settles needs.
+    client = getattr(logging, client_level.upper()) if client_level else None
+    if client is None:
+        client = max(logging.WARNING, logging.getLogger().level)
+    logging.getLogger("aiokafka").setLevel(client)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,8 +53,16 @@ def _setup_logging(level: str) -> None:
     show_default=True,
     help="Log verbosity (logs go to stderr).",
 )
+@click.option(
+    "--client-log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=None,
+    help="The Kafka client's (aiokafka's) log verbosity; default: warning, or "
+    "--log-level when that is higher. 'info' logs every group join, sync and "
+    "assignment: for a consumer group that does not settle.",
+)
 @click.pass_context
-def cli(ctx: click.Context, output: str, log_level: str) -> None:
+def cli(ctx: click.Context, output: str, log_level: str, client_log_level: str | None) -> None:
     """Thalweg: Kafka and Pulsar topics into Arrow, served over Arrow Flight.
 
     \b
@@ -60,7 +73,7 @@ def cli(ctx: click.Context, output: str, log_level: str) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["output"] = output
-    _setup_logging(log_level)
+    _setup_logging(log_level, client_log_level)
 
 
 # Set by a SIGINT/SIGTERM that arrives before the event loop runs (imports, binding

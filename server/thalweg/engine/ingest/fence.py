@@ -110,7 +110,14 @@ class OwnershipFence:
             raise OwnershipLostError(f"not written: partition ownership in doubt ({reason})")
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick, and doubt when a tick comes late or the client lost its membership."""
+        """Tick, and doubt when a tick comes late or the client lost its membership.
+
+        The clock starts here, not at construction: a source's start waits for the
+        group's first assignment, and a long wait is not a paused loop (soak, session
+        26: a group that formed no generation for three minutes was reported as six
+        event loops "paused" for 180 s)."""
+        with self._lock:
+            self._last_tick = time.monotonic()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), TICK_S)

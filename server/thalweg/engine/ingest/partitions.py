@@ -84,19 +84,32 @@ class Partitions:
             s.source.resume(ready)
 
     async def revoked(self, keys: list[PartitionKey]) -> None:
+        """Flush and let go of ``keys``. Every one of them is let go, even when a flush
+        fails: a revoked partition left behind would be flushed later, beside its new
+        owner's segments (soak, session 26: a conflict on one partition stopped the
+        revoke, and the next one's buffer landed a second later as another writer's)."""
         s = self.s
         if s.fence is not None and not s.fence.membership_ok():
             s.fence.doubt("revoked after the group forgot this member")
+        failed: Exception | None = None
         for key in keys:
-            if s.in_doubt:
+            if s.in_doubt or failed is not None:
                 # Another member may own it already: whatever is buffered is left for it
                 # to read again (nothing of it was committed).
                 self.drop(key, "revoked while ownership is in doubt")
             else:
-                await self._checkpoint.flush_now(key)
+                try:
+                    await self._checkpoint.flush_now(key)
+                except Exception as exc:
+                    failed = exc
+                    if s.fence is not None:
+                        # A flush of this partition still in flight must not land either.
+                        s.fence.doubt(f"a revoked partition's flush failed: {exc}")
             self.forget(key)
             s.ctx.live.forget(*key)
         self.report()
+        if failed is not None:
+            raise failed
 
     async def assign_one(self, key: PartitionKey) -> bool:
         """Set a partition up to be consumed; False when it is held (diverged)."""

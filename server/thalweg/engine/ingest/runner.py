@@ -46,6 +46,8 @@ from thalweg.sources.base import PartitionKey, Source
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
+# How often a start that has not finished is logged (a group that does not settle).
+START_WARN_EVERY_S = 30.0
 
 __all__ = ["SourceRunner"]
 
@@ -186,8 +188,22 @@ class SourceRunner:
         """
         starting = asyncio.ensure_future(self.source.start(self._on_assigned, self._on_revoked))
         stopping = asyncio.ensure_future(stop.wait())
+        began = time.monotonic()
         try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            while not (starting.done() or stopping.done()):
+                await asyncio.wait(
+                    {starting, stopping},
+                    timeout=START_WARN_EVERY_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not (starting.done() or stopping.done()):
+                    log.warning(
+                        "source %s: still starting after %.0f s (a Kafka source waits for "
+                        "its group's first assignment: the broker has not completed a "
+                        "rebalance; --client-log-level info shows each join)",
+                        self.cfg.name,
+                        time.monotonic() - began,
+                    )
         except asyncio.CancelledError:
             starting.cancel()
             raise
