@@ -205,6 +205,15 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(3_000, gt=0)
+    leave_group_on_stop: Literal["always", "unless_leader"] = Field(
+        "unless_leader",
+        description="Without group_instance_id: whether a stopping gateway sends "
+        "LeaveGroup (its partitions move at once) when it leads the group. "
+        "'unless_leader': the leader lets its session time out instead — tansu keeps a "
+        "leader that leaves mid-rebalance and the group is never assigned again "
+        "(docs/lanes.md); the cost is session_timeout_ms before the leader's partitions "
+        "move. 'always': for Kafka clusters.",
+    )
     static_hold_ms: int | None = Field(
         None,
         ge=0,

@@ -27,6 +27,7 @@ from thalweg.kafka.clients import new_consumer, security_kwargs
 from thalweg.kafka.columnar_fetch import ColumnarFetch
 from thalweg.kafka.dlq import DeadLetterTopic
 from thalweg.kafka.hold import StaticHold
+from thalweg.kafka.leave import leave_unless_leader
 from thalweg.kafka.login import check_login, refusal
 from thalweg.kafka.unpack import KafkaColumns
 from thalweg.records.columns import MetadataColumns
@@ -78,6 +79,7 @@ class KafkaSource:
         if owners is not None:
             owners.expect(None if cfg.topics_pattern is not None else cfg.topics)
         self._consumer: AIOKafkaConsumer | None = None
+        self._led = -1  # the generation this member led (assigned), if any
         self._last_heartbeat_ok: float | None = None
         self._joined = False
         self._hold: StaticHold | None = None  # static membership's (thalweg.kafka.hold)
@@ -163,9 +165,17 @@ class KafkaSource:
             return ()
         cfg = self.cfg
         if cfg.group_instance_id is None:
-            return (owner_assignor(self._owners, self.generation),)
+            return (owner_assignor(self._owners, self.generation, on_lead=self._on_lead),)
         self._hold = hold = StaticHold(cfg.static_hold_s(), self._rejoin)
         return (owner_assignor(self._owners, self.generation, by_location=True, hold=hold),)
+
+    def _on_lead(self) -> None:
+        self._led = self.generation()
+
+    def _leads(self) -> bool:
+        """Whether this member led the group's current generation (it still leads a
+        rebalance that started since: the broker keeps the leader until the next)."""
+        return self._led >= 0 and self._led == self.generation()
 
     def _rejoin(self) -> None:
         """Ask the group to rebalance: a held static member's grace ran out."""
@@ -385,6 +395,11 @@ class KafkaSource:
             self._hold.cancel()
         consumer = self._consumer
         if consumer is not None:
+            cfg = self.cfg
+            # (A static member never leaves; the owner map's assignor says who leads.)
+            dynamic = self._owners is not None and cfg.group_instance_id is None
+            if dynamic and cfg.leave_group_on_stop == "unless_leader":
+                leave_unless_leader(consumer, self._leads, cfg.name)
             # Keep the reference until stop() returns: a rebalance callback may still be
             # running (a stop during start-up) and asks the consumer for committed offsets.
             # Bounded: a stop that lands mid-rebalance can wait on a JoinGroup the broker

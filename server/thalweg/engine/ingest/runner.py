@@ -7,6 +7,9 @@ are ``watch``; ownership doubts are the ``fence``. The loop drives them: every t
 beats the health clock, stops writing while ownership is in doubt, pauses while more
 than ``max_buffered_bytes`` is not yet durable, fetches within the poll budget, admits
 and buffers each partition's batch, and starts the flushes that are due.
+
+Its length: the loop and its start (login and connect retries, the wait for a group's
+first assignment, said every ``START_WARN_EVERY_S``) share the runner's state.
 """
 
 from __future__ import annotations
