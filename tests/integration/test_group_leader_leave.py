@@ -144,11 +144,11 @@ class Pair:
             lambda: (
                 a.generation() == b.generation() >= 1
                 and len(self.held[0]) + len(self.held[1]) == PARTITIONS
-                and (a._leads() or b._leads())
+                and (a._leads_others() or b._leads_others())
             ),
             "both sources in one generation",
         )
-        return 0 if a._leads() else 1
+        return 0 if a._leads_others() else 1
 
     def _callbacks(self, i: int) -> tuple[Any, Any]:
         async def assigned(keys: list[PartitionKey]) -> None:
@@ -192,17 +192,24 @@ async def test_a_leader_stopping_mid_rebalance_leaves_the_group_to_the_others(
         await newcomer.close()
 
 
-async def test_a_member_that_does_not_lead_leaves_at_once(
+async def test_a_member_that_does_not_lead_and_a_lone_leader_leave_at_once(
     broker: TansuBroker, topic_factory: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Only the leader waits out its session: any other member hands its partitions
-    over as it stops."""
+    """Only a leader with others waits out its session: any other member hands its
+    partitions over as it stops, and so does a leader left alone (a lone gateway's
+    restart joins at once)."""
     caplog.set_level(logging.INFO, "aiokafka.consumer.group_coordinator")
     pair = Pair(broker.bootstrap, topic_factory(PARTITIONS), f"leave-{uuid.uuid4().hex[:8]}")
     try:
-        follower = 1 - await pair.start()
+        leader = await pair.start()
+        follower = 1 - leader
         await pair.sources[follower].stop()
-        assert "LeaveGroup request succeeded" in caplog.text
+        assert caplog.text.count("LeaveGroup request succeeded") == 1
+        alone = pair.sources[leader]
+        await wait_for(lambda: len(pair.held[leader]) == PARTITIONS, "the leader alone")
+        assert not alone._leads_others()
+        await alone.stop()
+        assert caplog.text.count("LeaveGroup request succeeded") == 2
     finally:
         await pair.stop()
 

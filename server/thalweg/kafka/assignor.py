@@ -52,7 +52,7 @@ def owner_assignor(
     *,
     by_location: bool = False,
     hold: StaticHold | None = None,
-    on_lead: Callable[[], None] | None = None,
+    on_lead: Callable[[int], None] | None = None,
 ) -> type[RoundRobinPartitionAssignor]:
     """A round-robin assignor class that publishes the group's owners to ``directory``.
 
@@ -67,8 +67,9 @@ def owner_assignor(
             arrives, after the client stored the new one).
         hold: with ``by_location``, keeps an absent owner's partitions unassigned for
             its grace (the owner map still names it), so its return moves nothing.
-        on_lead: called when this member assigns, i.e. leads the generation being
-            formed (the client stored its number already; ``thalweg.kafka.leave``).
+        on_lead: called with the number of members when this member assigns, i.e.
+            leads the generation being formed (the client stored its number already;
+            ``thalweg.kafka.leave``).
     """
 
     class OwnerAssignor(RoundRobinPartitionAssignor):  # type: ignore[misc]
@@ -92,7 +93,7 @@ def owner_assignor(
             members: Mapping[str, ConsumerProtocolMemberMetadata],
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
             if on_lead is not None:
-                on_lead()
+                on_lead(len(members))
             locations = {m: _location(meta.user_data) for m, meta in members.items()}
             _warn_on_shared_locations(locations)
             topics = sorted({t for meta in members.values() for t in meta.subscription})

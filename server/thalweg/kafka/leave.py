@@ -9,11 +9,16 @@ clear the leader; the stable state's does). A member that goes silent instead is
 dropped when its session times out, and the next joiner leads (soak, session 27: a
 six-gateway group got no assignment for three minutes after its leader's SIGTERM). A
 rebalance may start at any moment, unseen by the leader until its next heartbeat, so the
-only safe rule is that the leader never leaves.
+rule is that a leader with other members does not leave.
 
-The cost: when the leader stops, the group waits its session timeout before handing its
-partitions over (any other member still leaves at once). ``leave_group_on_stop =
-"always"`` (a Kafka cluster) hands them over at once.
+A leader *alone* in its generation still leaves: a lone gateway that restarts then
+joins at once, where a member left behind for its session held the restarted one's
+join for over 60 s on noida (CI, session 27). It strands the group only if another
+member joins in the instant it stops.
+
+The cost: when a leader with others stops, the group waits its session timeout before
+handing its partitions over (any other member still leaves at once).
+``leave_group_on_stop = "always"`` (a Kafka cluster) hands them over at once.
 
 aiokafka leaves from its coordinator's ``_maybe_leave_group`` after the coordination
 task ends, so that is where the decision is taken — at the moment of leaving, with the
@@ -32,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def leave_unless_leader(consumer: Any, leads: Callable[[], bool], source: str) -> None:
     """Make ``consumer``'s coming stop skip LeaveGroup while ``leads()`` says this member
-    leads the group's current generation."""
+    leads the group's current generation with others in it."""
     coordinator = getattr(consumer, "_coordinator", None)
     leave: Callable[[], Awaitable[None]] | None = getattr(coordinator, "_maybe_leave_group", None)
     reset = getattr(coordinator, "reset_generation", None)

@@ -79,7 +79,7 @@ class KafkaSource:
         if owners is not None:
             owners.expect(None if cfg.topics_pattern is not None else cfg.topics)
         self._consumer: AIOKafkaConsumer | None = None
-        self._led = -1  # the generation this member led (assigned), if any
+        self._led = (-1, 0)  # the generation this member led (assigned) and its members
         self._last_heartbeat_ok: float | None = None
         self._joined = False
         self._hold: StaticHold | None = None  # static membership's (thalweg.kafka.hold)
@@ -169,13 +169,16 @@ class KafkaSource:
         self._hold = hold = StaticHold(cfg.static_hold_s(), self._rejoin)
         return (owner_assignor(self._owners, self.generation, by_location=True, hold=hold),)
 
-    def _on_lead(self) -> None:
-        self._led = self.generation()
+    def _on_lead(self, members: int) -> None:
+        self._led = (self.generation(), members)
 
-    def _leads(self) -> bool:
-        """Whether this member led the group's current generation (it still leads a
-        rebalance that started since: the broker keeps the leader until the next)."""
-        return self._led >= 0 and self._led == self.generation()
+    def _leads_others(self) -> bool:
+        """Whether this member led the group's current generation with other members in
+        it (it still leads a rebalance that started since: the broker keeps the leader
+        until the next). A leader alone leaves: a restart of a lone gateway then joins
+        at once, where waiting out the old member took over 60 s on noida."""
+        generation, members = self._led
+        return generation >= 0 and generation == self.generation() and members > 1
 
     def _rejoin(self) -> None:
         """Ask the group to rebalance: a held static member's grace ran out."""
@@ -399,7 +402,7 @@ class KafkaSource:
             # (A static member never leaves; the owner map's assignor says who leads.)
             dynamic = self._owners is not None and cfg.group_instance_id is None
             if dynamic and cfg.leave_group_on_stop == "unless_leader":
-                leave_unless_leader(consumer, self._leads, cfg.name)
+                leave_unless_leader(consumer, self._leads_others, cfg.name)
             # Keep the reference until stop() returns: a rebalance callback may still be
             # running (a stop during start-up) and asks the consumer for committed offsets.
             # Bounded: a stop that lands mid-rebalance can wait on a JoinGroup the broker
