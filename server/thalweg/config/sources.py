@@ -210,10 +210,9 @@ class KafkaSourceConfig(_SourceBase, KafkaSecurity):
         description="Without group_instance_id: whether a stopping gateway sends "
         "LeaveGroup (its partitions move at once) when it leads the group. "
         "'unless_leader': a leader with other members lets its session time out instead "
-        "(a leader alone leaves) — tansu keeps a "
-        "leader that leaves mid-rebalance and the group is never assigned again "
-        "(docs/lanes.md); the cost is session_timeout_ms before the leader's partitions "
-        "move. 'always': for Kafka clusters.",
+        "(a leader alone leaves) — tansu keeps a leader that leaves mid-rebalance and "
+        "the group is never assigned again (ADR 0039); the cost is session_timeout_ms "
+        "before the leader's partitions move. 'always': for Kafka clusters.",
     )
     static_hold_ms: int | None = Field(
         None,

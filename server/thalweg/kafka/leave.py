@@ -1,4 +1,5 @@
-"""A group's leader does not send LeaveGroup when it stops; its session runs out instead.
+"""A group's leader with other members does not send LeaveGroup when it stops; its
+session runs out instead.
 
 tansu (the Kafka-compatible broker the tests and the quickstart run) keeps a member that
 leaves *during a rebalance* as the group's leader when that member led it: every later
