@@ -31,9 +31,8 @@ def _setup_logging(level: str, client_level: str | None) -> None:
     )
     # aiokafka's info is a line per join, sync and assignment of every rebalance: too
     # much for every day, and exactly what a group that never settles needs.
-    client = getattr(logging, client_level.upper()) if client_level else None
-    if client is None:
-        client = max(logging.WARNING, logging.getLogger().level)
+    default = max(logging.WARNING, logging.getLogger().level)
+    client = getattr(logging, client_level.upper()) if client_level else default
     logging.getLogger("aiokafka").setLevel(client)
 
 

@@ -193,20 +193,21 @@ class SourceRunner:
         stopping = asyncio.ensure_future(stop.wait())
         began = time.monotonic()
         try:
-            while not (starting.done() or stopping.done()):
-                await asyncio.wait(
+            while True:
+                done, _ = await asyncio.wait(
                     {starting, stopping},
                     timeout=START_WARN_EVERY_S,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                if not (starting.done() or stopping.done()):
-                    log.warning(
-                        "source %s: still starting after %.0f s (a Kafka source waits for "
-                        "its group's first assignment: the broker has not completed a "
-                        "rebalance; --client-log-level info shows each join)",
-                        self.cfg.name,
-                        time.monotonic() - began,
-                    )
+                if done:
+                    break
+                log.warning(
+                    "source %s: still starting after %.0f s (a Kafka source waits for "
+                    "its group's first assignment: the broker has not completed a "
+                    "rebalance; --client-log-level info shows each join)",
+                    self.cfg.name,
+                    time.monotonic() - began,
+                )
         except asyncio.CancelledError:
             starting.cancel()
             raise
