@@ -118,6 +118,41 @@ def test_segment_reads_push_projection_and_filter_into_the_scan(tmp_path: Path) 
     assert table.column(COLS.position).to_pylist() == [7, 8, 9]
 
 
+def test_a_decoded_read_takes_from_the_raw_twin_only_what_the_decoded_file_lacks(
+    tmp_path: Path,
+) -> None:
+    from thalweg.lane.read.reader import LaneReader
+
+    layout, w = writer(tmp_path)
+    r = raw([0, 1, 2])
+    # A decoded file without the partition column (as an older lane's could be): the read
+    # takes it from the raw twin, and the key, which only the raw file holds.
+    decoded = pa.table(
+        {
+            "x": [1, 2, 3],
+            COLS.offset: r.column(COLS.offset),
+            COLS.position: r.column(COLS.position),
+            COLS.decode_error: [None] * 3,
+        }
+    )
+    w.write("t", 0, r, decoded, 0, 3)
+    dpath = layout.partition_dir(Lane.DECODED, "t", 0)
+    [path] = list(dpath.glob("*.parquet"))
+    stored = pq.read_table(path)
+    if COLS.partition in stored.column_names:
+        pq.write_table(stored.drop_columns([COLS.partition]), path)
+    reader = LaneReader(layout, COLS)
+    wanted = {"x", COLS.source("key"), COLS.partition, COLS.position}
+    [(twin, dec)] = list(
+        reader.read_pairs("t", 0, 0, 3, decoded=True, with_raw=True, wanted=wanted)
+    )
+    assert twin is not None and dec is not None
+    # The raw twin gave only what the decoded file lacks: no second position column.
+    assert set(twin.column_names) == {COLS.source("key"), COLS.partition}
+    assert twin.column(COLS.partition).to_pylist() == [0, 0, 0]
+    assert dec.column(COLS.position).to_pylist() == [0, 1, 2]
+
+
 def test_the_decoded_lane_can_use_its_own_codec(tmp_path: Path) -> None:
     layout = LaneLayout(tmp_path)
     w = SegmentWriter(layout, COLS, RawLaneConfig(decoded_compression="lz4"))

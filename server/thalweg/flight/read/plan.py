@@ -37,6 +37,17 @@ class ReadPlan:
     full_schema: pa.Schema
     predicate: pc.Expression | None = None
 
+    @property
+    def shape_schema(self) -> pa.Schema:
+        """What a segment read is shaped to before ``finish``: the full schema's fields
+        the stream sends or filters by. Shaping to the full schema made null columns
+        for every metadata field a projected read then dropped (a tenth of a latest
+        view's read)."""
+        if self.ticket.columns is None:
+            return self.full_schema
+        needed = {*self.ticket.columns, *(c.column for c in self.ticket.filter or [])}
+        return pa.schema([f for f in self.full_schema if f.name in needed])
+
     def finish(self, table: pa.Table) -> pa.Table:
         """Filter, then project, a shaped table (exact whatever the source pushed down)."""
         if self.predicate is not None:

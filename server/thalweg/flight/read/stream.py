@@ -350,10 +350,10 @@ def _shape(
     if plan.ticket.lane is Lane.RAW:
         if raw is None:
             raise InvariantError("raw is not set")
-        return plan.finish(fit_stream_schema(raw, plan.full_schema))
+        return plan.finish(fit_stream_schema(raw, plan.shape_schema))
     if dec is None:
         raise InvariantError("dec is not set")
     shaped = shape_decoded(
-        dec, raw, plan.full_schema, catalog.columns, plan.ticket.metadata, _now_us()
+        dec, raw, plan.shape_schema, catalog.columns, plan.ticket.metadata, _now_us()
     )
     return plan.finish(shaped)

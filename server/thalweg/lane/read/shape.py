@@ -83,9 +83,10 @@ def shape_decoded(
         if raw is None:
             raise InvariantError("raw is not set")
         extra = {name: raw.column(name) for name in raw.column_names}
-        extra[columns.emit_ts] = constant(
-            emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows
-        )
+        if columns.emit_ts in schema.names:  # a projected read may not send it
+            extra[columns.emit_ts] = constant(
+                emit_ts_us, schema.field(columns.emit_ts).type, raw.num_rows
+            )
         for name, col in extra.items():
             if name not in decoded.column_names or name == columns.emit_ts:
                 decoded = decoded.append_column(name, col)
