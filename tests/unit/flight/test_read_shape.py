@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from tests.unit.lane.test_lane import COLS, raw, writer
 from thalweg.flight.read.plan import plan_read
 from thalweg.flight.read.stream import read_stream
 from thalweg.flight.read.tickets import parse_ticket
+from thalweg.lane.read.cache import SegmentCache
 from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.lane.read.live import LiveTail
 
 
-def _catalog(tmp_path: Path) -> LaneCatalog:
+def _catalog(tmp_path: Path, cache: SegmentCache | None = None) -> LaneCatalog:
     layout, w = writer(tmp_path)
     r = raw(list(range(6)))
     decoded = pa.table(
@@ -31,7 +33,7 @@ def _catalog(tmp_path: Path) -> LaneCatalog:
         }
     )
     w.write("t", 0, r, decoded, 0, 6)
-    return LaneCatalog(layout, COLS, LiveTail())
+    return LaneCatalog(layout, COLS, LiveTail(), cache=cache)
 
 
 def _read(catalog: LaneCatalog, **ticket: object) -> tuple[pa.Schema, pa.Table]:
@@ -66,3 +68,19 @@ def test_an_unprojected_read_is_shaped_whole(tmp_path: Path) -> None:
     shaped, got = _read(_catalog(tmp_path))
     assert shaped.names == got.schema.names
     assert got.column(COLS.emit_ts).null_count == 0  # stamped when sent
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["parquet", "cache"])
+def test_a_read_whose_raw_twin_gives_only_the_emit_time_keeps_every_row(
+    tmp_path: Path, cached: bool
+) -> None:
+    # Every column asked for but the emit time is in the decoded file: the raw twin is
+    # read for no column, and still stands for its rows.
+    cache = SegmentCache(64 * 1024 * 1024) if cached else None
+    catalog = _catalog(tmp_path, cache)
+    if cache is not None:
+        _read(catalog)  # a whole read puts both files in the cache
+        assert cache.nbytes > 0
+    _, got = _read(catalog, columns=["x", COLS.emit_ts], start={"offset": 1})
+    assert got.column("x").to_pylist() == [11, 12, 13, 14, 15]
+    assert got.column(COLS.emit_ts).null_count == 0
