@@ -43,7 +43,9 @@ bench: $(BIN)/twg
 
 # The fault tests (tests/e2e) SOAK_RUNS times each with fresh seeds, round by round; not
 # in CI (hours on two cores). Failures are kept with their seeds under build/soak;
-# SOAK_ARGS="--budget-min 90 --only crash" bounds or narrows it.
+# SOAK_ARGS="--budget-min 90 --only crash" bounds or narrows it. SIGINT or SIGTERM ends
+# it with a summary of the runs done; the summary names the commit, so soaks of one
+# version add up across sittings.
 SOAK_RUNS ?= 20
 soak: $(BIN)/twg
 	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) $(SOAK_ARGS)

@@ -18,6 +18,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ FAULT_TESTS = [
     "test_group_chaos.py",  # six gateways: random kill -9, SIGSTOP, SIGTERM
 ]
 
+STOP_WAIT_S = 60  # an interrupted run's teardown
+
 SEEDS = [
     "THALWEG_CRASH_SEED",
     "THALWEG_DAG_CRASH_SEED",
@@ -78,7 +81,7 @@ def run_once(test: str, out: Path, round_: int) -> tuple[bool, float, Path]:
     with log.open("w") as fh:
         fh.write(" ".join(f"{k}={v}" for k, v in seeds.items()) + f" pytest tests/e2e/{test}\n")
         fh.flush()
-        code = subprocess.call(
+        run = subprocess.Popen(
             [
                 sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                 f"--basetemp={basetemp}", f"tests/e2e/{test}",
@@ -88,11 +91,27 @@ def run_once(test: str, out: Path, round_: int) -> tuple[bool, float, Path]:
             stdout=fh,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
+        try:
+            code = run.wait()
+        except KeyboardInterrupt:
+            # The run in flight gets the interrupt too, so its fixtures stop the brokers
+            # and gateways they started (killed, they were left running).
+            run.send_signal(signal.SIGINT)
+            try:
+                run.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                run.kill()
+            _forget(log, basetemp)  # neither passed nor failed: not kept
+            raise
     took = time.monotonic() - started
     if code == 0:
-        log.unlink()  # only failures are kept
-        shutil.rmtree(basetemp, ignore_errors=True)
+        _forget(log, basetemp)  # only failures are kept
     return code == 0, took, log
+
+
+def _forget(log: Path, basetemp: Path) -> None:
+    log.unlink(missing_ok=True)
+    shutil.rmtree(basetemp, ignore_errors=True)
 
 
 def main() -> int:
@@ -109,22 +128,35 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_min * 60 if args.budget_min else float("inf")
     tally = {t: Tally() for t in tests}
     began = time.monotonic()
-    for round_ in range(1, args.runs + 1):
-        if time.monotonic() >= deadline:
-            print(f"time budget spent after {round_ - 1} rounds", flush=True)
-            break
-        for test in tests:
-            ok, took, log = run_once(test, args.out, round_)
-            t = tally[test]
-            t.runs += 1
-            t.seconds += took
-            if not ok:
-                t.failures.append(str(log))
-            print(f"round {round_:2d} {test:34s} {'ok' if ok else 'FAILED'} {took:6.1f} s",
-                  flush=True)  # fmt: skip
+    interrupted = False
+    # SIGINT or SIGTERM ends the soak with a summary of the runs done, even when it was
+    # started in the background of a script (which starts it with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        for round_ in range(1, args.runs + 1):
+            if time.monotonic() >= deadline:
+                print(f"time budget spent after {round_ - 1} rounds", flush=True)
+                break
+            for test in tests:
+                ok, took, log = run_once(test, args.out, round_)
+                t = tally[test]
+                t.runs += 1
+                t.seconds += took
+                if not ok:
+                    t.failures.append(str(log))
+                print(f"round {round_:2d} {test:34s} {'ok' if ok else 'FAILED'} {took:6.1f} s",
+                      flush=True)  # fmt: skip
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: the run in flight is not counted", flush=True)
     lines = [
         f"# Soak: {sum(t.runs for t in tally.values())} runs in "
-        f"{(time.monotonic() - began) / 60:.0f} min",
+        f"{(time.monotonic() - began) / 60:.0f} min{' (interrupted)' if interrupted else ''}",
+        "",
+        # Soaks of one version add up: the commit says which (and whether the tree held
+        # changes of its own).
+        f"Code: {_version()}",
         "",
         "| test | runs | failed | mean s | failures (logs, with seeds) |",
         "|---|---|---|---|---|",
@@ -137,7 +169,24 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     (args.out / "summary.md").write_text(text)
     print(text)
-    return 1 if any(t.failures for t in tally.values()) else 0
+    if any(t.failures for t in tally.values()):
+        return 1
+    return 130 if interrupted else 0
+
+
+def _version() -> str:
+    """The commit soaked, marked when the working tree differs from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], check=False, cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return "unknown (no git)"
+    return f"{head or 'unknown'}{' with uncommitted changes' if dirty else ''}"
 
 
 if __name__ == "__main__":
