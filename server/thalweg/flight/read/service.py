@@ -23,7 +23,7 @@ from thalweg.flight.descriptors import path_topic
 from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
-from thalweg.flight.read.latest import DELETED, fold_latest
+from thalweg.flight.read.latest import fold_input, fold_latest
 from thalweg.flight.read.plan import ReadPlan, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import (
@@ -37,7 +37,7 @@ from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.read.catalog import LaneCatalog
 from thalweg.lane.read.shape import fit_stream_schema
 from thalweg.ops.metrics import Metrics
-from thalweg.records.columns import MetadataColumns, MetadataPolicy
+from thalweg.records.columns import MetadataColumns
 
 
 class Reads:
@@ -124,7 +124,7 @@ class Reads:
         asked = (
             read
             if schema is None
-            else _fold_input(read, schema, catalog.columns, catalog.payload_schema(read.topic))
+            else fold_input(read, schema, catalog.columns, catalog.payload_schema(read.topic))
         )
         plan = plan_read(catalog, asked, lambda p: self._elsewhere(read, p) is not None)
         self._refuse_elsewhere(plan)
@@ -255,20 +255,6 @@ class Reads:
         total_rows = sum(r for r in rows if r is not None) if None not in rows else -1
         total_bytes = sum(b for b in nbytes if b is not None) if None not in nbytes else -1
         return fl.FlightInfo(plan.schema, descriptor, endpoints, total_rows, total_bytes)
-
-
-def _fold_input(
-    read: ReadTicket, schema: pa.Schema, columns: MetadataColumns, payload: pa.Schema
-) -> ReadTicket:
-    """What the latest view reads to fold: the columns it answers with and the key,
-    value, partition, position and decode error of each row — not every metadata
-    column (all of them made the view read twice as slow)."""
-    fold = [columns.source("key"), columns.value, columns.partition, columns.position]
-    fold.append(columns.decode_error)
-    if DELETED in payload.names:  # a change event's delete, where the topic has them
-        fold.append(DELETED)
-    wanted = list(dict.fromkeys([*schema.names, *fold]))
-    return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": wanted})
 
 
 def _folded(

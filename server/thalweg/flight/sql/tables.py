@@ -34,7 +34,7 @@ from datafusion import DataFrame, SessionContext
 
 from thalweg.errors import InvariantError, TicketError
 from thalweg.flight.errors import UnavailableError
-from thalweg.flight.read.latest import fold_latest
+from thalweg.flight.read.latest import fold_input, fold_latest
 from thalweg.flight.read.nodes import node_rows, shaped
 from thalweg.flight.read.plan import ReadPlan, output_schema, plan_read
 from thalweg.flight.read.stream import read_stream, shape_live
@@ -204,16 +204,26 @@ class Snapshot:
     ) -> DataFrame:
         """The topic's latest view (``flight/read/latest.py``): its decoded rows up to
         the durable end and the live tail folded to each record key's newest, deleted
-        keys absent; held in memory for the query (about one row per key)."""
+        keys absent; held in memory for the query (about one row per key). Only the
+        table's columns and the fold's are read, as for a ``do_get`` of the view (every
+        metadata column, headers and all, made it 1.7x slower)."""
         catalog = self._catalog
         parts = [p for p in catalog.partitions(topic) if selection.keeps_partition(p)]
         for p in parts:
             self._check_here(topic, p)
         if not parts:
             return ctx.from_arrow(schema.empty_table())
-        ticket = ReadTicket(topic=topic, partitions=parts, metadata=MetadataPolicy.ALL)
+        columns = catalog.columns
+        ticket = fold_input(
+            ReadTicket(topic=topic, partitions=parts),
+            schema,
+            columns,
+            catalog.payload_schema(topic),
+        )
         rows = fold_latest(
-            read_stream(catalog, plan_read(catalog, ticket), lambda: False), self._catalog.columns
+            read_stream(catalog, plan_read(catalog, ticket), lambda: False),
+            columns,
+            values=columns.value in schema.names,
         )
         table = schema.empty_table() if rows is None else fit_stream_schema(rows, schema)
         return ctx.from_arrow(table)
