@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -198,6 +199,78 @@ def test_a_second_recovery_pass_writes_nothing_and_the_destination_record_wins(
     assert verify(cfg).ok
 
 
+def test_twg_recover_names_rows_a_table_lost_under_its_coverage_and_fails(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    postgres: PostgresServer,
+    tmp_path: Path,
+) -> None:
+    """Rows deleted by hand from a table that is still there: a pass trusts the coverage
+    and writes nothing again, so ``twg recover`` checks the destination after it — exit
+    1, the partitions and counts named, never "ok" over rows that are not there. After
+    the runbook's steps (the coverage removed) the next one writes them and passes."""
+    topic = topic_factory(partitions=2)
+    data = tmp_path / "lane"
+    n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(300)))
+    [db] = [t for t in sink_tables(data, postgres, topic) if t["name"] == "db"]
+    rg = gateway_factory([topic], data_dir=data, sinks=[db])
+    wait_until(lambda: safe_count(lambda: len(postgres_rows(postgres, topic))) == n, 60, "rows")
+    rg.stop()
+    schema, table = db["schema_name"], topic.replace("-", "_")
+    postgres.query(f'DELETE FROM "{schema}"."{table}" WHERE "n" % 10 = 0 RETURNING 1')
+    config = tmp_path / "twg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap}"
+topics = ["{topic}"]
+
+[[sinks]]
+name = "db"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{postgres.dsn}"
+schema_name = "{schema}"
+"""
+    )
+    out = twg_recover(config, "db")
+    assert out.returncode == 1, out.stdout + out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["ok"] is False and summary["rows"] == 0  # the pass wrote nothing
+    assert {c["code"] for c in summary["check"]} == {"sink_missing"}
+    lost = [re.search(r"(\d+) covered records", c["message"]) for c in summary["check"]]
+    assert sum(int(m.group(1)) for m in lost if m) == n // 10
+    # The text names them too, and says what to do.
+    text = subprocess.run(
+        [sys.executable, "-m", "thalweg.cli.main", "recover", "-c", str(config), "--sink", "db"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert text.returncode == 1
+    assert "does not hold what sink db's coverage claims" in text.stdout
+    assert f"sink_missing: sink db: {topic}[" in text.stdout and "to rebuild" in text.stdout
+    # --no-check trusts the coverage, as the option says.
+    assert twg_recover(config, "db", "--no-check").returncode == 0
+    # The runbook: the coverage removed, the next pass writes every record again (the
+    # rows still there are skipped by record id) and its check passes.
+    (data / "coverage" / "db.json").unlink()
+    postgres.query(f'DELETE FROM "{schema}"."_thalweg_coverage" RETURNING 1')
+    again = twg_recover(config, "db")
+    assert again.returncode == 0, again.stdout + again.stderr
+    done = json.loads(again.stdout)
+    assert done["ok"] is True and done["check"] == [] and done["rows"] == n
+    got = postgres_rows(postgres, topic)
+    assert len(got) == n and len({r[0] for r in got}) == n
+
+
 def test_a_table_dropped_under_a_running_feeder_is_rebuilt_from_the_lane(
     broker: TansuBroker,
     topic_factory: Callable[..., str],
@@ -319,11 +392,11 @@ def test_a_recovery_role_gateway_drains_while_an_ingest_role_gateway_ingests(
     assert summary["rows"] == 0 and summary["lag_after"] == 0
 
 
-def twg_recover(config: Path, sink: str) -> subprocess.CompletedProcess[str]:
-    """``twg --output json recover --config CONFIG --sink SINK`` as a process."""
+def twg_recover(config: Path, sink: str, *more: str) -> subprocess.CompletedProcess[str]:
+    """``twg --output json recover --config CONFIG --sink SINK [MORE]`` as a process."""
     cmd = [sys.executable, "-m", "thalweg.cli.main", "--output", "json", "recover"]
     return subprocess.run(
-        [*cmd, "--config", str(config), "--sink", sink],
+        [*cmd, "--config", str(config), "--sink", sink, *more],
         capture_output=True,
         text=True,
         timeout=120,

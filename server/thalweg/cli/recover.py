@@ -6,6 +6,13 @@ sink), trusts the destination's own record of coverage, replays every gap of the
 lane in bounded windows — limited to ``--topic`` and ``[--from, --to)`` when given —
 flushes, and exits. Run it with the gateway's own configuration; an ingesting gateway
 (role ``ingest``) may keep running on the same ``data_dir``.
+
+Trusting the coverage, a pass cannot see rows the destination lost while its record
+still claims them (a table's rows deleted by hand, files removed): after the pass the
+destination is checked against the lane as ``twg verify --sink`` checks it, and a
+destination that lacks what it claims is named and the command fails — it never says
+"ok" over rows that are not there (``--no-check`` skips the check, for a table too
+large to read back).
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ import click
 
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
 from thalweg.config import load_config
+from thalweg.config.models import ThalwegConfig
 from thalweg.errors import ConfigError, ThalwegError
 from thalweg.lane.layout import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 from thalweg.recovery.feeder import PassSummary
+from thalweg.verify.report import Finding
+from thalweg.verify.run import verify
 
 
 @click.command()
@@ -37,6 +47,14 @@ from thalweg.recovery.feeder import PassSummary
 @click.option("--topic", default=None, help="Only this topic (default: all of the sink's).")
 @click.option("--from", "start", type=int, default=None, help="First position to replay.")
 @click.option("--to", "end", type=int, default=None, help="Replay up to this position (exclusive).")
+@click.option(
+    "--no-check",
+    "check",
+    flag_value=False,
+    default=True,
+    help="Do not check the destination against the lane after the pass (it reads the "
+    "destination's positions and record ids back: skip it for a table too large).",
+)
 @click.pass_context
 def recover(
     ctx: click.Context,
@@ -45,13 +63,19 @@ def recover(
     topic: str | None,
     start: int | None,
     end: int | None,
+    check: bool,
 ) -> None:
     """Replay the raw lane's records that sink NAME is missing, once, and exit.
 
     \b
-    Exit codes: 0 the sink holds the window; 1 the sink failed, or part of the window
-    waits for a decoded segment (the summary says which; what landed stays landed);
-    2 bad configuration, usage, or an unreadable coverage store.
+    Then the destination is checked against the lane (as twg verify --sink NAME does):
+    rows its coverage claims and it does not hold (a table emptied by hand, files
+    removed) are named, and the exit code is 1.
+    \b
+    Exit codes: 0 the sink holds the window; 1 the sink failed, part of the window
+    waits for a decoded segment, or the destination lacks rows its coverage claims
+    (the summary says which; what landed stays landed); 2 bad configuration, usage,
+    or an unreadable coverage store.
     """
     try:
         cfg = load_config(config_path)
@@ -82,6 +106,36 @@ def recover(
     )
     if s.waiting:
         text += f"\nincomplete, waiting: {s.waiting}"
-    emit(ctx, text, {"ok": not s.waiting, "sink": sink_name, **s.as_dict()})
-    if s.waiting:
+    found = _destination_check(cfg, sink_name, topic) if check else None
+    if found:
+        text += f"\nthe destination does not hold what sink {sink_name}'s coverage claims:"
+        text += "".join(f"\n  {f.code}: {f.where}: {f.message}" for f in found)
+        text += f"\n{REBUILD}"
+    ok = not s.waiting and not found
+    data = {"ok": ok, "sink": sink_name, **s.as_dict()}
+    if found is not None:
+        data["check"] = [{"code": f.code, "where": f.where, "message": f.message} for f in found]
+    emit(ctx, text, data)
+    if not ok:
         ctx.exit(EXIT_FAILURE)
+
+
+#: What to do when the destination lost rows its coverage claims (docs/operations.md).
+REBUILD = (
+    "a pass trusts the coverage and does not write covered rows again: to rebuild, stop "
+    "the sink's feeder, remove its coverage record at the destination and "
+    "data_dir/coverage/<sink>.json, and run twg recover again (docs/operations.md, "
+    '"Verifying exactness")'
+)
+
+
+def _destination_check(cfg: ThalwegConfig, sink: str, topic: str | None) -> list[Finding]:
+    """The errors ``twg verify --sink`` finds in the sink itself (not in the lanes: a
+    lane's own faults are not the sink's to mend), read-only, brokers not asked."""
+    report = verify(cfg, topic=topic, sink=sink, broker=False)
+    mine = f"sink {sink}"
+    return [
+        f
+        for f in report.findings
+        if f.level == "error" and (f.where == mine or f.where.startswith(mine + ":"))
+    ]
