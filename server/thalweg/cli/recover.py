@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -52,8 +53,9 @@ from thalweg.verify.run import verify
     "check",
     flag_value=False,
     default=True,
-    help="Do not check the destination against the lane after the pass (it reads the "
-    "destination's positions and record ids back: skip it for a table too large).",
+    help="Do not check the destination against the lane after the pass (the check reads "
+    "the destination's positions and record ids back, and the lanes' positions of "
+    "--topic or of every topic; a bucket lane is fetched first): for a table too large.",
 )
 @click.pass_context
 def recover(
@@ -106,11 +108,19 @@ def recover(
     )
     if s.waiting:
         text += f"\nincomplete, waiting: {s.waiting}"
-    found = _destination_check(cfg, sink_name, topic) if check else None
+    found: list[Finding] | None = None
+    if check:
+        try:
+            found = _lost_rows(cfg, sink_name, topic)
+        except Exception as exc:  # the pass's summary still stands; the check did not run
+            text += f"\nthe destination check could not run: {exc} (--no-check skips it)"
+            failed = {"ok": False, "sink": sink_name, **s.as_dict(), "check_error": str(exc)}
+            emit(ctx, text, failed)
+            ctx.exit(EXIT_FAILURE)
     if found:
         text += f"\nthe destination does not hold what sink {sink_name}'s coverage claims:"
         text += "".join(f"\n  {f.code}: {f.where}: {f.message}" for f in found)
-        text += f"\n{REBUILD}"
+        text += "\n" + _rebuild(sink_cfg)
     ok = not s.waiting and not found
     data = {"ok": ok, "sink": sink_name, **s.as_dict()}
     if found is not None:
@@ -120,22 +130,39 @@ def recover(
         ctx.exit(EXIT_FAILURE)
 
 
-#: What to do when the destination lost rows its coverage claims (docs/operations.md).
-REBUILD = (
-    "a pass trusts the coverage and does not write covered rows again: to rebuild, stop "
-    "the sink's feeder, remove its coverage record at the destination and "
-    "data_dir/coverage/<sink>.json, and run twg recover again (docs/operations.md, "
-    '"Verifying exactness")'
-)
+#: What ``twg verify`` calls rows a destination's coverage claims and it lacks.
+LOST = frozenset({"sink_missing", "table_missing"})
 
 
-def _destination_check(cfg: ThalwegConfig, sink: str, topic: str | None) -> list[Finding]:
-    """The errors ``twg verify --sink`` finds in the sink itself (not in the lanes: a
-    lane's own faults are not the sink's to mend), read-only, brokers not asked."""
+def _rebuild(sink_cfg: Any) -> str:
+    """The runbook's step for this kind of sink (docs/operations.md, "Verifying
+    exactness"): a pass trusts the coverage, so the coverage of what was lost goes
+    first."""
+    kind, routed = sink_cfg.kind, "{" in str(getattr(sink_cfg, "table", "") or "")
+    if kind == "postgres":
+        step = (
+            "stop the sink's feeder, delete the sink's rows of _thalweg_coverage for the "
+            "topic and data_dir/coverage/<sink>.json, and run twg recover again (the rows "
+            "still there are skipped by record id)"
+        )
+    elif kind == "iceberg":
+        step = "stop the sink's feeder, drop the table" + (
+            " and the control table <namespace>._thalweg_coverage" if routed else ""
+        )
+        step += " (its coverage is in its snapshots), and run twg recover again"
+    else:
+        step = "remove the damaged files (their names are the coverage) and run twg recover again"
+    return (
+        "a pass trusts the coverage and does not write covered rows again; to rebuild "
+        f'from the lane: {step} (docs/operations.md, "Verifying exactness")'
+    )
+
+
+def _lost_rows(cfg: ThalwegConfig, sink: str, topic: str | None) -> list[Finding]:
+    """What ``twg verify --sink`` finds the destination lacking of its coverage (read-
+    only, brokers not asked). Only that: the lanes' own findings are not the sink's to
+    mend, and its other findings (a duplicate, an unreadable destination, a store ahead
+    of the destination) are not what a replay could fix — ``twg verify`` names them."""
     report = verify(cfg, topic=topic, sink=sink, broker=False)
-    mine = f"sink {sink}"
-    return [
-        f
-        for f in report.findings
-        if f.level == "error" and (f.where == mine or f.where.startswith(mine + ":"))
-    ]
+    mine = f"sink {sink}:"
+    return [f for f in report.findings if f.code in LOST and f.where.startswith(mine)]

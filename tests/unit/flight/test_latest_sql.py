@@ -76,3 +76,20 @@ def test_the_fold_reads_only_what_it_sends_and_its_own_columns() -> None:
         "__deleted",  # a change event's delete, since the payload has one
     ]
     assert COLS.source("headers") not in ticket.columns
+
+
+def test_a_field_the_topic_no_longer_has_comes_as_nulls(tmp_path: Path) -> None:
+    # A query is planned with a schema a moment old: a field gone since (its decoder
+    # left with a rebalance) is not asked of the read, and the table gives it as nulls.
+    catalog = _catalog(tmp_path)
+    tables = LaneTables(catalog)
+    known = tables.schema(Lane.DECODED, "t")
+    assert known is not None
+    schema = known.append(pa.field("gone", pa.string()))
+    snapshot = tables.snapshot()
+    try:
+        got = snapshot.latest_frame(SessionContext(), "t", schema, EVERYTHING).to_arrow_table()
+    finally:
+        snapshot.close()
+    assert sorted(got.column("v").to_pylist()) == [3, 4]
+    assert got.column("gone").null_count == got.num_rows == 2

@@ -214,12 +214,12 @@ class Snapshot:
         if not parts:
             return ctx.from_arrow(schema.empty_table())
         columns = catalog.columns
-        ticket = fold_input(
-            ReadTicket(topic=topic, partitions=parts),
-            schema,
-            columns,
-            catalog.payload_schema(topic),
-        )
+        ticket = ReadTicket(topic=topic, partitions=parts, metadata=MetadataPolicy.ALL)
+        full, payload = output_schema(catalog, ticket)
+        # The query was planned with a schema a moment old: a field the topic no longer
+        # has (its decoder gone with a rebalance) is not asked for, and comes as nulls.
+        sent = pa.schema([f for f in schema if full.get_field_index(f.name) >= 0])
+        ticket = fold_input(ticket, sent, columns, payload)
         rows = fold_latest(
             read_stream(catalog, plan_read(catalog, ticket), lambda: False),
             columns,
