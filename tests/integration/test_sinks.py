@@ -219,26 +219,7 @@ def test_twg_recover_names_rows_a_table_lost_under_its_coverage_and_fails(
     rg.stop()
     schema, table = db["schema_name"], topic.replace("-", "_")
     postgres.query(f'DELETE FROM "{schema}"."{table}" WHERE "n" % 10 = 0 RETURNING 1')
-    config = tmp_path / "twg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-
-[[sources]]
-name = "k"
-kind = "kafka"
-bootstrap_servers = "{broker.bootstrap}"
-topics = ["{topic}"]
-
-[[sinks]]
-name = "db"
-kind = "postgres"
-topics = ["{topic}"]
-dsn = "{postgres.dsn}"
-schema_name = "{schema}"
-"""
-    )
+    config = postgres_config(tmp_path, data, broker, topic, postgres, schema)
     out = twg_recover(config, "db")
     assert out.returncode == 1, out.stdout + out.stderr
     summary = json.loads(out.stdout)
@@ -404,6 +385,34 @@ def twg_recover(config: Path, sink: str, *more: str) -> subprocess.CompletedProc
     )
 
 
+def postgres_config(
+    tmp_path: Path, data: Path, broker: TansuBroker, topic: str, pg: PostgresServer, schema: str
+) -> Path:
+    """A config file (for the CLI) of ``data``'s lane, its Kafka source and a Postgres
+    sink ``db`` of ``topic`` into ``schema``."""
+    path = tmp_path / "twg.toml"
+    path.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap}"
+topics = ["{topic}"]
+
+[[sinks]]
+name = "db"
+kind = "postgres"
+topics = ["{topic}"]
+dsn = "{pg.dsn}"
+schema_name = "{schema}"
+"""
+    )
+    return path
+
+
 def _config_file(tmp_path: Path, rg: RunningGateway) -> Path:
     """The gateway's data_dir, source and arrow_ipc sink as a config file (for the CLI)."""
     src = rg.gateway.cfg.sources[0]
@@ -530,26 +539,7 @@ def test_a_value_the_destination_refuses_is_set_aside_for_that_sink_alone(
     # finds the same refusals and adds nothing to the dead-letter lane.
     (data / "coverage" / "db.json").unlink()
     postgres.query(f'DELETE FROM "{db["schema_name"]}"._thalweg_coverage')
-    config = tmp_path / "twg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-
-[[sources]]
-name = "k"
-kind = "kafka"
-bootstrap_servers = "{broker.bootstrap}"
-topics = ["{topic}"]
-
-[[sinks]]
-name = "db"
-kind = "postgres"
-topics = ["{topic}"]
-dsn = "{postgres.dsn}"
-schema_name = "{db["schema_name"]}"
-"""
-    )
+    config = postgres_config(tmp_path, data, broker, topic, postgres, db["schema_name"])
     done = twg_recover(config, "db")
     assert done.returncode == 0, done.stderr
     again = verify(cfg, sink="db")
