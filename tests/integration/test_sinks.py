@@ -26,7 +26,14 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from tests.conftest import RunningGateway
-from tests.helpers import arrow_files, produce_json, safe_count, wait_until
+from tests.helpers import (
+    arrow_files,
+    iceberg_catalog,
+    produce_aio,
+    produce_json,
+    safe_count,
+    wait_until,
+)
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.config import parse_config
@@ -250,6 +257,68 @@ def test_twg_recover_names_rows_a_table_lost_under_its_coverage_and_fails(
     assert done["ok"] is True and done["check"] == [] and done["rows"] == n
     got = postgres_rows(postgres, topic)
     assert len(got) == n and len({r[0] for r in got}) == n
+
+
+def test_twg_recover_on_iceberg_names_deleted_rows_and_a_dropped_table_is_rebuilt(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    """An Iceberg sink with dead letters in its topic passes the check; rows deleted from
+    the table (its coverage kept in an older snapshot) are named, exit 1; the runbook's
+    step for Iceberg — drop the table — and the next pass rebuilds it whole, once."""
+    topic = topic_factory(partitions=1)
+    data = tmp_path / "lane"
+    n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(200)))
+    produce_aio(broker.bootstrap, topic, [(None, b"not json", [], None)] * 3)
+    lake = {"name": "lake", "kind": "iceberg", "topics": [topic], "commit_interval_s": 0.5}
+    rg = gateway_factory([topic], data_dir=data, sinks=[lake])
+    wait_until(lambda: safe_count(lambda: iceberg_rows(data, topic).num_rows) == n, 60, "rows")
+    rg.stop()
+    config = tmp_path / "twg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{data}"
+
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap}"
+topics = ["{topic}"]
+
+[[sinks]]
+name = "lake"
+kind = "iceberg"
+topics = ["{topic}"]
+"""
+    )
+    healthy = twg_recover(config, "lake")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert json.loads(healthy.stdout)["check"] == []  # the dead letters are not missing
+    ident = "thalweg." + "".join(c if c.isalnum() or c == "_" else "_" for c in topic)
+    catalog = iceberg_catalog(data, "lake")
+    catalog.load_table(ident).delete("n < 20")
+    out = twg_recover(config, "lake")
+    assert out.returncode == 1, out.stdout + out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["rows"] == 0 and [c["code"] for c in summary["check"]] == ["sink_missing"]
+    assert summary["check"][0]["message"].startswith("20 covered records")
+    text = subprocess.run(
+        [sys.executable, "-m", "thalweg.cli.main", "recover", "-c", str(config), "--sink", "lake"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert text.returncode == 1 and "drop the table" in text.stdout, text.stdout
+    catalog.drop_table(ident)
+    again = twg_recover(config, "lake")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["rows"] == n
+    rows = iceberg_rows(data, topic)
+    assert rows.num_rows == n and len(set(rows.column(RID).to_pylist())) == n
 
 
 def test_a_table_dropped_under_a_running_feeder_is_rebuilt_from_the_lane(
