@@ -276,24 +276,7 @@ def test_twg_recover_on_iceberg_names_deleted_rows_and_a_dropped_table_is_rebuil
     rg = gateway_factory([topic], data_dir=data, sinks=[lake])
     wait_until(lambda: safe_count(lambda: iceberg_rows(data, topic).num_rows) == n, 60, "rows")
     rg.stop()
-    config = tmp_path / "twg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{data}"
-
-[[sources]]
-name = "k"
-kind = "kafka"
-bootstrap_servers = "{broker.bootstrap}"
-topics = ["{topic}"]
-
-[[sinks]]
-name = "lake"
-kind = "iceberg"
-topics = ["{topic}"]
-"""
-    )
+    config = cli_config(tmp_path, data, broker, topic, 'name = "lake"\nkind = "iceberg"')
     healthy = twg_recover(config, "lake")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     assert json.loads(healthy.stdout)["check"] == []  # the dead letters are not missing
@@ -457,8 +440,15 @@ def twg_recover(config: Path, sink: str, *more: str) -> subprocess.CompletedProc
 def postgres_config(
     tmp_path: Path, data: Path, broker: TansuBroker, topic: str, pg: PostgresServer, schema: str
 ) -> Path:
-    """A config file (for the CLI) of ``data``'s lane, its Kafka source and a Postgres
-    sink ``db`` of ``topic`` into ``schema``."""
+    """A config file (for the CLI) with a Postgres sink ``db`` of ``topic`` into
+    ``schema``."""
+    sink = f'name = "db"\nkind = "postgres"\ndsn = "{pg.dsn}"\nschema_name = "{schema}"'
+    return cli_config(tmp_path, data, broker, topic, sink)
+
+
+def cli_config(tmp_path: Path, data: Path, broker: TansuBroker, topic: str, sink: str) -> Path:
+    """A config file (for the CLI) of ``data``'s lane, its Kafka source of ``topic`` and
+    one sink of it (``sink``: its lines but ``topics``)."""
     path = tmp_path / "twg.toml"
     path.write_text(
         f"""
@@ -472,11 +462,8 @@ bootstrap_servers = "{broker.bootstrap}"
 topics = ["{topic}"]
 
 [[sinks]]
-name = "db"
-kind = "postgres"
+{sink}
 topics = ["{topic}"]
-dsn = "{pg.dsn}"
-schema_name = "{schema}"
 """
     )
     return path
