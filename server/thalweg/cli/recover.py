@@ -138,6 +138,7 @@ def _rebuild(sink_cfg: Any) -> str:
     """The runbook's step for this kind of sink (docs/operations.md, "Verifying
     exactness"): a pass trusts the coverage, so the coverage of what was lost goes
     first."""
+    # routes.routed's test, inline: the layering keeps cli from importing sinks.
     kind, routed = sink_cfg.kind, "{" in str(getattr(sink_cfg, "table", "") or "")
     if kind == "postgres":
         step = (
