@@ -296,6 +296,7 @@ def test_twg_recover_on_iceberg_names_deleted_rows_and_a_dropped_table_is_rebuil
         check=False,
     )
     assert text.returncode == 1 and "drop the table" in text.stdout, text.stdout
+    assert "control table" not in text.stdout  # an unrouted table has none
     catalog.drop_table(ident)
     again = twg_recover(config, "lake")
     assert again.returncode == 0, again.stdout + again.stderr
