@@ -80,14 +80,16 @@ def admin(gw: RunningGateway, path: str) -> tuple[int, str]:
 
 
 def wait_full(gw: RunningGateway) -> None:
-    """Until ``/health`` names the full disk; ``/ready`` then says not ready (nothing can
-    be made durable)."""
-    wait_until(
-        lambda: "No space left on device" in admin(gw, "/health")[1],
-        60,
-        "/health to say a lane write is refused for want of space",
-    )
-    assert admin(gw, "/ready")[0] == 503
+    """Until ``/health`` names the full disk and ``/ready`` says not ready (nothing can be
+    made durable). Both at once, not one after the other: a refused *decoded* segment is
+    named first and leaves the gateway ready by design (the raw lane is primary and
+    rebuilds it), so readiness drops only when a raw write is refused a moment later."""
+
+    def full() -> bool:
+        status, _ = admin(gw, "/ready")
+        return status == 503 and "No space left on device" in admin(gw, "/health")[1]
+
+    wait_until(full, 60, "/ready 503 with /health naming a lane write refused for space")
 
 
 def produce_digests(
