@@ -90,12 +90,8 @@ def audit_sink(
         held = merge_ranges(store.get(key, []))
         claimed = merge_ranges(dest.coverage.get(key, [])) if dest.coverage is not None else held
         if dest.coverage is not None and subtract_ranges(held, claimed):
-            report.add(
-                "error",
-                "store_ahead",
-                where,
-                f"the coverage store claims {_show(subtract_ranges(held, claimed))}, the "
-                "destination's own record does not",
+            _store_ahead(
+                cfg, name, sink_cfg, columns, lane, subtract_ranges(held, claimed), where, report
             )
         ahead = subtract_ranges(subtract_ranges(claimed, lane.coverage), [(0, lane.floor)])
         if ahead:
@@ -143,6 +139,48 @@ def audit_sink(
             f"{twice} twice, {extra} extra, {refused} refused and set aside"
         ),
     }
+
+
+def _store_ahead(
+    cfg: ThalwegConfig,
+    name: str,
+    sink_cfg: Any,
+    columns: MetadataColumns,
+    lane: LaneAudit,
+    gap: list[tuple[int, int]],
+    where: str,
+    report: Report,
+) -> None:
+    """The coverage store claims ``gap``, the destination's own record does not: an
+    error, unless the lane gives the sink no row there. A destination records coverage
+    with its rows, and a flush of none before the table exists (every record a dead
+    letter, an Iceberg table made by its first rows) leaves nothing to record it in;
+    nothing is missing, and the feeder's next start replays those positions into the
+    record. Any row the sink would take there (a decoded row, for a sink fed through a
+    node too: the node may have kept it) keeps it an error."""
+    above = subtract_ranges(gap, [(0, lane.floor)])
+    rows = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, above)
+    rows, _ = _without_refused(
+        cfg, name, columns, lane.topic, lane.partition, rows, where, Report()
+    )
+    # A decoded twin being rebuilt: whether it gives a row there is not known yet.
+    unknown = not sink_cfg.raw and subtract_ranges(above, subtract_ranges(above, lane.undecided))
+    if len(rows) or unknown:
+        report.add(
+            "error",
+            "store_ahead",
+            where,
+            f"the coverage store claims {_show(gap)}, the destination's own record does not",
+        )
+    else:
+        report.add(
+            "warning",
+            "store_ahead_no_rows",
+            where,
+            f"the coverage store claims {_show(gap)}, the destination's own record does "
+            "not; the lane gives this sink no row there (a flush of none before its table "
+            "existed): nothing is missing, the feeder's next start records it",
+        )
 
 
 def _without_refused(
