@@ -4,7 +4,9 @@ segment missing (a gap), a segment written twice (an overlap), a decoded twin mi
 an orphan decoded file, a sink row deleted, a sink file lost from under its coverage
 store, a sink's table dropped, the lane's newest segment lost under the group's commit
 (a commit ahead of the lane) — with exit code 1 and the
-JSON report naming each, per partition."""
+JSON report naming each, per partition. And a store ahead of the destination where the
+lane gives the sink no row (an Iceberg sink's first flush of dead letters only): a
+warning, gone after the feeder's next start."""
 
 from __future__ import annotations
 
