@@ -43,7 +43,8 @@ class defined outside this module names its module in parentheses)::
     ├── FollowLagError (thalweg.flight.read.stream)
     ├── HistoryGapError (thalweg.flight.read.stream)
     ├── UnstorableColumnsError (thalweg.sources.files.lane_ready)
-    └── FileReadError (thalweg.sources.files.formats.base)
+    ├── FileReadError (thalweg.sources.files.formats.base)
+    └── CheckNotRunError (thalweg.cli.recover)
 
 Three families live beside the tree on purpose:
 

@@ -71,14 +71,17 @@ def recover(
     """Replay the raw lane's records that sink NAME is missing, once, and exit.
 
     \b
-    Then the destination is checked against the lane (as twg verify --sink NAME does):
-    rows its coverage claims and it does not hold (a table emptied by hand, files
-    removed) are named, and the exit code is 1.
+    Then the destination is checked against the lane (as twg verify --sink NAME does,
+    over all the sink holds of --topic or of every topic, not only the window): rows
+    its coverage claims and it does not hold (a table emptied by hand, files removed)
+    are named, and the exit code is 1. A sink fed through a pipeline node, or a Flight
+    sink, has its coverage checked only (the summary's "checked" line says so).
     \b
-    Exit codes: 0 the sink holds the window; 1 the sink failed, part of the window
-    waits for a decoded segment, or the destination lacks rows its coverage claims
-    (the summary says which; what landed stays landed); 2 bad configuration, usage,
-    or an unreadable coverage store.
+    Exit codes: 0 the sink holds the window and the check found nothing missing; 1 the
+    sink failed, part of the window waits for a decoded segment, the destination lacks
+    rows its coverage claims, or the check could not read it (the summary says which;
+    what landed stays landed); 2 bad configuration, usage, or an unreadable coverage
+    store.
     """
     try:
         cfg = load_config(config_path)
@@ -110,14 +113,17 @@ def recover(
     if s.waiting:
         text += f"\nincomplete, waiting: {s.waiting}"
     found: list[Finding] | None = None
+    checked = ""
     if check:
         try:
-            found = _lost_rows(cfg, sink_name, topic)
+            found, checked = _lost_rows(cfg, sink_name, topic)
         except Exception as exc:  # the pass's summary still stands; the check did not run
             text += f"\nthe destination check could not run: {exc} (--no-check skips it)"
             failed = {"ok": False, "sink": sink_name, **s.as_dict(), "check_error": str(exc)}
             emit(ctx, text, failed)
             ctx.exit(EXIT_FAILURE)
+    if checked:
+        text += f"\nchecked: {checked}"
     if found:
         text += f"\nthe destination does not hold what sink {sink_name}'s coverage claims:"
         text += "".join(f"\n  {f.code}: {f.where}: {f.message}" for f in found)
@@ -126,6 +132,7 @@ def recover(
     data = {"ok": ok, "sink": sink_name, **s.as_dict()}
     if found is not None:
         data["check"] = [{"code": f.code, "where": f.where, "message": f.message} for f in found]
+        data["checked"] = checked
     emit(ctx, text, data)
     if not ok:
         ctx.exit(EXIT_FAILURE)
@@ -133,16 +140,15 @@ def recover(
 
 #: What ``twg verify`` calls rows a destination's coverage claims and it lacks.
 LOST = frozenset({"sink_missing", "table_missing"})
+#: What it calls a destination or coverage store it could not read.
+UNREADABLE = frozenset({"destination_unreadable", "store_unreadable"})
 
 
 def _rebuild(sink_cfg: Any) -> str:
     """The runbook's step for this kind of sink (docs/operations.md, "Verifying
     exactness"): a pass trusts the coverage, so the coverage of what was lost goes
     first."""
-    # routes.routed's test, inline (the layering keeps cli from importing sinks): a
-    # template that names a field besides {topic}.
-    names = re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", getattr(sink_cfg, "table", "") or "")
-    kind, routed = sink_cfg.kind, any(n != "topic" for n in names)
+    kind, routed = sink_cfg.kind, routed_path(str(getattr(sink_cfg, "table", "") or ""))
     if kind == "postgres":
         step = (
             "stop the sink's feeder, delete the sink's rows of _thalweg_coverage for the "
@@ -154,6 +160,12 @@ def _rebuild(sink_cfg: Any) -> str:
             " and the control table <namespace>._thalweg_coverage" if routed else ""
         )
         step += " (its coverage is in its snapshots), and run twg recover again"
+    elif routed_path(str(getattr(sink_cfg, "path", "") or "")):
+        step = (
+            "remove the damaged files and, for each, the file of the same name under the "
+            "control directory _thalweg_coverage below the path's fixed part (those "
+            "files are the coverage), and run twg recover again"
+        )
     else:
         step = "remove the damaged files (their names are the coverage) and run twg recover again"
     return (
@@ -162,11 +174,31 @@ def _rebuild(sink_cfg: Any) -> str:
     )
 
 
-def _lost_rows(cfg: ThalwegConfig, sink: str, topic: str | None) -> list[Finding]:
+def routed_path(template: str) -> bool:
+    """``sinks.routes.routed``'s test, inline (the layering keeps cli from importing
+    sinks): a table or path template that names a field besides ``{topic}``."""
+    names = re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", template)
+    return any(n != "topic" for n in names)
+
+
+class CheckNotRunError(ThalwegError):
+    """The destination (or the sink's coverage store) could not be read back: nothing
+    was checked, so the command may not say "ok"."""
+
+
+def _lost_rows(cfg: ThalwegConfig, sink: str, topic: str | None) -> tuple[list[Finding], str]:
     """What ``twg verify --sink`` finds the destination lacking of its coverage (read-
     only, brokers not asked). Only that: the lanes' own findings are not the sink's to
-    mend, and its other findings (a duplicate, an unreadable destination, a store ahead
-    of the destination) are not what a replay could fix — ``twg verify`` names them."""
+    mend, and its other findings (a duplicate, a store ahead of the destination) are not
+    what a replay could fix — ``twg verify`` names them. A destination it could not read
+    (a damaged file, a database that does not answer) is a check that did not run.
+    With them, what was checked (``twg verify``'s summary of the sink)."""
     report = verify(cfg, topic=topic, sink=sink, broker=False)
+    unread = [
+        f.message for f in report.findings if f.code in UNREADABLE and f.where == f"sink {sink}"
+    ]
+    if unread:
+        raise CheckNotRunError("; ".join(unread))
     mine = f"sink {sink}:"
-    return [f for f in report.findings if f.code in LOST and f.where.startswith(mine)]
+    lost = [f for f in report.findings if f.code in LOST and f.where.startswith(mine)]
+    return lost, str(report.sinks.get(sink, {}).get("summary", ""))

@@ -135,6 +135,8 @@ def audit_sink(
         "summary": (
             f"{sink_cfg.kind}, coverage only (derived rows)"
             if derived
+            else f"{sink_cfg.kind}, coverage only (the destination keeps no rows to read)"
+            if sink_cfg.kind == "flight"
             else f"{sink_cfg.kind}, {checked} records checked: {missing} missing, "
             f"{twice} twice, {extra} extra, {refused} refused and set aside"
         ),
@@ -501,8 +503,11 @@ def _arrow_ipc(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destinat
                     coverage.setdefault((topic, partition, int(m[1])), []).append(
                         (int(m[2]), int(m[3]))
                     )
-                with pa.memory_map(str(pdir / name)) as source:
-                    table = pa.ipc.open_file(source).read_all()
+                try:
+                    with pa.memory_map(str(pdir / name)) as source:
+                        table = pa.ipc.open_file(source).read_all()
+                except (OSError, pa.ArrowException) as exc:  # which file, for the runbook
+                    raise OSError(f"{pdir / name}: {_one_line(exc)}") from exc
                 if table.num_columns and topic in tables:
                     tables[topic].append(
                         table.select([c for c in wanted if c in table.column_names])
