@@ -15,6 +15,7 @@ printed and written to ``<out>/summary.md``; exit 1 when anything failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -90,23 +91,65 @@ def run_once(test: str, out: Path, round_: int) -> tuple[bool, float, Path]:
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
+            # A session of its own: a terminal's Ctrl-C reaches the soak alone, which
+            # passes on exactly one interrupt (a second one would cut the teardown short).
+            start_new_session=True,
         )  # fmt: skip
         try:
             code = run.wait()
-        except KeyboardInterrupt:
-            # The run in flight gets the interrupt too, so its fixtures stop the brokers
-            # and gateways they started (killed, they were left running).
+        except SoakStoppedError:
+            # The run in flight is interrupted too, so its fixtures stop the brokers and
+            # gateways they started (killed, they were left running); any signal after
+            # the first is ignored meanwhile.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
             run.send_signal(signal.SIGINT)
             try:
                 run.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                run.kill()
+                _kill_tree(run.pid)  # its brokers and gateways too, in their own sessions
+                run.wait()
             _forget(log, basetemp)  # neither passed nor failed: not kept
             raise
     took = time.monotonic() - started
     if code == 0:
         _forget(log, basetemp)  # only failures are kept
     return code == 0, took, log
+
+
+class SoakStoppedError(Exception):
+    """SIGINT or SIGTERM reached the soak; ``code`` is the exit status it ends with."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise SoakStoppedError(signum)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (found through /proc by parent: the
+    brokers start sessions of their own, so a process group would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    todo, found = [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    for p in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
 
 
 def _forget(log: Path, basetemp: Path) -> None:
@@ -128,11 +171,11 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_min * 60 if args.budget_min else float("inf")
     tally = {t: Tally() for t in tests}
     began = time.monotonic()
-    interrupted = False
+    stopped: SoakStoppedError | None = None
     # SIGINT or SIGTERM ends the soak with a summary of the runs done, even when it was
     # started in the background of a script (which starts it with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         for round_ in range(1, args.runs + 1):
             if time.monotonic() >= deadline:
@@ -147,12 +190,12 @@ def main() -> int:
                     t.failures.append(str(log))
                 print(f"round {round_:2d} {test:34s} {'ok' if ok else 'FAILED'} {took:6.1f} s",
                       flush=True)  # fmt: skip
-    except KeyboardInterrupt:
-        interrupted = True
-        print("interrupted: the run in flight is not counted", flush=True)
+    except SoakStoppedError as exc:
+        stopped = exc
+        print(f"stopped by {exc}: the run in flight is not counted", flush=True)
     lines = [
         f"# Soak: {sum(t.runs for t in tally.values())} runs in "
-        f"{(time.monotonic() - began) / 60:.0f} min{' (interrupted)' if interrupted else ''}",
+        f"{(time.monotonic() - began) / 60:.0f} min{' (stopped)' if stopped else ''}",
         "",
         # Soaks of one version add up: the commit says which (and whether the tree held
         # changes of its own).
@@ -171,7 +214,7 @@ def main() -> int:
     print(text)
     if any(t.failures for t in tally.values()):
         return 1
-    return 130 if interrupted else 0
+    return stopped.code if stopped else 0
 
 
 def _version() -> str:
