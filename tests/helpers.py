@@ -543,3 +543,50 @@ def iceberg_catalog(data_dir: Path, sink: str) -> Any:
             "warehouse": (home / "warehouse").as_uri(),
         },
     )
+
+
+class _Rec(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def write_segment(
+    lane: Path,
+    topic: str,
+    partition: int,
+    offsets: Sequence[int],
+    covers_from: int,
+    *,
+    keys: Sequence[bytes | None] | None = None,
+) -> None:
+    """One raw segment of ``offsets`` (covering from ``covers_from``: skipped offsets
+    before the first) and its decoded twin ``{"x": "<offset>"}``, written into ``lane``
+    as the gateway writes them — a lane for a test that needs no broker."""
+    from thalweg.config.models import RawLaneConfig
+    from thalweg.lane import LaneLayout, SegmentWriter
+    from thalweg.records import MetadataColumns, build_raw_batch
+
+    cols = MetadataColumns()
+    recs = [
+        _Rec(topic, partition, o, 0, 0, keys[i] if keys else None, b"{}", ())
+        for i, o in enumerate(offsets)
+    ]
+    raw = pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=cols)])
+    decoded = pa.table(
+        {
+            "x": pa.array([str(o) for o in offsets]),
+            **{
+                c: raw.column(c)
+                for c in (cols.offset, cols.position, cols.partition, cols.topic, cols.record_id)
+            },
+            cols.decode_error: pa.nulls(len(offsets), pa.string()),
+        }
+    )
+    writer = SegmentWriter(LaneLayout(lane), cols, RawLaneConfig())
+    writer.write(topic, partition, raw, decoded, covers_from, offsets[-1] + 1)

@@ -11,7 +11,9 @@ warning, gone after the feeder's next start."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,15 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
-from tests.helpers import produce_aio, produce_json, safe_count, wait_until
+from tests.helpers import produce_aio, produce_json, safe_count, wait_until, write_segment
+from tests.integration.test_object_store import bucket, open_store, store_cfg
+from tests.moto_server import MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.cli.main import cli
 from thalweg.config.models import ThalwegConfig
 from thalweg.embedded import TansuBroker
 from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.remote.mirror import object_name
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.verify import Report, verify
 
@@ -110,10 +115,13 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     shutil.copy(
         twin.path, twin.path.with_name(f"{twin.first + 1:020d}-{twin.last + 1:020d}.parquet")
     )
-    # A decoded twin lost; a decoded file whose raw file never landed.
+    # A decoded twin lost; a decoded file whose raw file never landed, two minutes ago
+    # (a younger one is a write in flight: its raw file is renamed next).
     (layout.partition_dir(Lane.DECODED, topic, 1) / p1[3].path.name).unlink()
     dec = layout.partition_dir(Lane.DECODED, topic, 1)
-    shutil.copy(dec / p1[4].path.name, dec / f"{10**9:020d}-{10**9 + 1:020d}.parquet")
+    orphan = dec / f"{10**9:020d}-{10**9 + 1:020d}.parquet"
+    shutil.copy(dec / p1[4].path.name, orphan)
+    os.utime(orphan, (time.time() - 120, time.time() - 120))
     # A row of partition 1 deleted from Postgres.
     table = topic.replace("-", "_")
     postgres.query(
@@ -195,6 +203,57 @@ def test_an_iceberg_sink_whose_first_flush_had_no_rows_is_not_called_ahead(
         "the feeder's start recording the three positions in the table",
     )
     rg.stop()
+
+
+def test_a_bucket_lanes_upsert_sink_is_folded_from_the_bucket_not_the_local_cache(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """verify checks a bucket lane from a copy of the bucket: the fold an upsert sink is
+    checked against comes from that copy too, so verify run away from the gateway's
+    host (its cache empty there) finds what it finds there."""
+    cache, warehouse = tmp_path / "cache", tmp_path / "iceberg"
+    warehouse.mkdir()
+    write_segment(cache, "t", 0, range(5), 0, keys=[b"a", b"b", b"a", b"c", b"b"])
+    write_segment(cache, "t", 0, range(5, 7), 5, keys=[b"a", b"d"])
+    sink = f"""
+[[sinks]]
+name = "ice"
+kind = "iceberg"
+topics = ["t"]
+mode = "upsert"
+
+[sinks.catalog]
+type = "sql"
+uri = "sqlite:///{warehouse}/catalog.db"
+warehouse = "{warehouse.as_uri()}"
+"""
+    source = """
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topics = ["t"]
+"""
+    local = tmp_path / "local.toml"
+    local.write_text(f'[gateway]\ndata_dir = "{cache}"\n{source}{sink}')
+    landed = CliRunner().invoke(cli, ["recover", "-c", str(local), "--sink", "ice"], obj={})
+    assert landed.exit_code == 0, landed.output  # each key's newest: a, b, c, d
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    for f in sorted(cache.glob("*/topic=t/partition=0/*.parquet")):
+        store.put_new(str(f.relative_to(cache).with_name(object_name(f.name, 1))), f)
+    elsewhere = tmp_path / "elsewhere"  # verify away from the gateway's host: no cache
+    remote = tmp_path / "remote.toml"
+    options = ", ".join(f'{k} = "{v}"' for k, v in store_cfg(moto, url, elsewhere).items())
+    remote.write_text(
+        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n{source}{sink}'
+    )
+    args = ["--output", "json", "verify", "-c", str(remote), "--no-broker"]
+    done = CliRunner().invoke(cli, args, obj={})
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["sinks"]["ice"]["records_checked"] == 4, report
+    assert [f["code"] for f in report["findings"]] == [], report["findings"]
 
 
 def _store(data: Path) -> object:

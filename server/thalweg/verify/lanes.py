@@ -27,16 +27,17 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from thalweg.lane.coverage import is_compacted, scan_coverage
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.epochs import current_epoch
-from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.lane.layout import META_COVERS_FROM, Lane, LaneLayout, Segment
 from thalweg.lane.read.elsewhere import held_elsewhere
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.ranges import subtract_ranges
+from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.verify.report import Report
 
 #: A hidden file older than this is worth a warning (a merge's grace period, a sweep).
@@ -87,8 +88,8 @@ def audit_partition(
         if decoded
         else raw_positions
     )
-    _orphans(layout, topic, partition, {s.path.name for s in on_disk}, report, where)
-    coverage = scan_coverage(layout, topic, partition).ranges
+    _orphans(layout, topic, partition, report, where, now)
+    coverage = _from_first(scan_coverage(layout, topic, partition).ranges, listed)
     elsewhere = held_elsewhere(layout, topic, partition)
     for a, b in _gaps(coverage, elsewhere):
         report.add(
@@ -289,22 +290,56 @@ def _twins(
     return np.concatenate(good) if good else np.zeros(0, np.int64)
 
 
+def _from_first(coverage: list[tuple[int, int]], listed: list[Segment]) -> list[tuple[int, int]]:
+    """The lane's coverage from where its first listed segment says it covers from.
+
+    ``scan_coverage`` starts at the first file's first record; a segment whose footer
+    covers positions before it (skipped offsets: a transaction marker, a compacted
+    offset, every Pulsar boundary) holds those too. It matters once retention removed
+    the segments before it: a sink covered those positions, and the floor (the last
+    removed segment's end) stops short of the first record."""
+    if not listed or not coverage:
+        return coverage
+    first = listed[0]
+    try:
+        meta = pq.read_schema(first.path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return coverage  # an unreadable file is _raw_positions' finding
+    text = meta.get(META_COVERS_FROM)
+    start = int(text) if text is not None else first.first
+    return merge_ranges([(start, first.first), *coverage]) if start < first.first else coverage
+
+
 def _orphans(
-    layout: LaneLayout,
-    topic: str,
-    partition: int,
-    raw_names: set[str],
-    report: Report,
-    where: str,
+    layout: LaneLayout, topic: str, partition: int, report: Report, where: str, now: float
 ) -> None:
-    """Decoded and dead-letter files with no raw file of their name on disk."""
-    for lane in (Lane.DECODED, Lane.DLQ):
-        for seg in layout.segments(lane, topic, partition, retained=False, contained=True):
-            if seg.path.name not in raw_names:
-                report.add(
-                    "error",
-                    "orphan",
-                    where,
-                    f"{lane.value}/{seg.path.name} has no raw file (a reader of the "
-                    "directory counts its rows; start-up removes it)",
-                )
+    """Decoded and dead-letter files with no raw file of their name on disk.
+
+    The raw files are listed *after* the twins: a segment's twins are renamed before its
+    raw file (lane/writer.py), so a listing taken first would call a segment rolled in
+    between an orphan. A twin the raw listing still lacks is one only once it has had
+    time to be joined (``SETTLE_S``): a write in flight renames its raw file next."""
+    twins = [
+        (lane, seg)
+        for lane in (Lane.DECODED, Lane.DLQ)
+        for seg in layout.segments(lane, topic, partition, retained=False, contained=True)
+    ]
+    raw_names = {
+        s.path.name
+        for s in layout.segments(Lane.RAW, topic, partition, retained=False, contained=True)
+    }
+    for lane, seg in twins:
+        if seg.path.name not in raw_names:
+            try:
+                age = now - seg.path.stat().st_mtime
+            except FileNotFoundError:
+                continue  # gone meanwhile (retention, the start-up repair)
+            if age <= SETTLE_S:
+                continue
+            report.add(
+                "error",
+                "orphan",
+                where,
+                f"{lane.value}/{seg.path.name} has no raw file (a reader of the "
+                "directory counts its rows; start-up removes it)",
+            )

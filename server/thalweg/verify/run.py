@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from thalweg.config.models import KafkaSourceConfig, ThalwegConfig
 from thalweg.errors import ConfigError, ThalwegError
@@ -19,7 +20,10 @@ from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.verify.lanes import LaneAudit, audit_partition
 from thalweg.verify.report import PartitionSummary, Report
-from thalweg.verify.sinks import audit_sink
+from thalweg.verify.sinks import audit_sink, read_sink
+
+if TYPE_CHECKING:
+    from thalweg.kafka.offsets import PartitionOffsets
 
 
 def verify(
@@ -32,6 +36,17 @@ def verify(
     """Check everything the configuration names (or only ``topic`` / ``sink``)."""
     report = Report()
     columns = MetadataColumns(cfg.gateway.metadata_prefix)
+    # Beside a running gateway everything grows while it is read: what must trail the
+    # lane (the sinks' records, the group's commit) is read before it, what must lead
+    # it (the broker's log end) after it — so a flush, a roll or a commit in between is
+    # never taken for a fault.
+    chosen = [
+        s.name
+        for s in cfg.sinks
+        if (sink is None or s.name == sink) and (topic is None or topic in s.topics)
+    ]
+    states = {name: read_sink(cfg, name, columns, report) for name in chosen}
+    committed = _broker_offsets(cfg, topic, report) if broker else {}
     with tempfile.TemporaryDirectory(prefix="twg-verify-") as tmp:
         layout = (
             _bucket_copy(cfg, Path(tmp), topic, report)
@@ -54,11 +69,11 @@ def verify(
             for key, a in lanes.items()
         }
         if broker:
-            _check_broker(cfg, topics, lanes, summaries, report)
+            logs = _broker_offsets(cfg, topic, Report())  # unreachable: said once, above
+            _check_broker(topics, committed, logs, lanes, summaries, report)
         report.partitions = [summaries[k] for k in sorted(summaries)]
-        for s in cfg.sinks:
-            if (sink is None or s.name == sink) and (topic is None or topic in s.topics):
-                audit_sink(cfg, s.name, columns, lanes, report)
+        for name in chosen:
+            audit_sink(cfg, name, columns, lanes, report, states[name], layout)
     return report
 
 
@@ -69,61 +84,83 @@ def _topics(cfg: ThalwegConfig, layout: LaneLayout, only: str | None) -> list[st
     return sorted(configured | set(layout.topics()))
 
 
-def _check_broker(
-    cfg: ThalwegConfig,
-    topics: list[str],
-    lanes: dict[tuple[str, int], LaneAudit],
-    summaries: dict[tuple[str, int], PartitionSummary],
-    report: Report,
-) -> None:
-    """The lane against the cluster: nothing committed beyond the lane, nothing in the
-    lane the log never held (a broker that lost its data)."""
+def _broker_offsets(
+    cfg: ThalwegConfig, only: str | None, report: Report
+) -> dict[tuple[str, int], PartitionOffsets]:
+    """Each Kafka topic's partitions' log start and end and the group's committed
+    offset, now; a topic whose cluster does not answer is a warning in ``report``."""
     from thalweg.kafka.offsets import cluster_offsets
 
+    found: dict[tuple[str, int], PartitionOffsets] = {}
     for src in cfg.sources:
         if not isinstance(src, KafkaSourceConfig):
             continue  # Pulsar's positions are message ids: no log offsets to compare
-        for t in [t for t in src.topics if t in topics]:
+        for t in src.topics:
+            if only is not None and t != only:
+                continue
             try:
                 offsets = asyncio.run(cluster_offsets(src, t))
             except ThalwegError as exc:
                 report.add("warning", "broker_unreachable", t, str(exc))
                 continue
-            for p, off in offsets.items():
-                lane = lanes.get((t, p))
-                summary = summaries.get((t, p))
-                if lane is None or summary is None:
-                    if off.committed:
-                        report.add(
-                            "error",
-                            "commit_ahead",
-                            f"{t}[{p}]",
-                            f"the group committed {off.committed}, the lane holds nothing",
-                        )
-                    continue
-                summary.log_start, summary.log_end = off.log_start, off.log_end
-                summary.committed = off.committed
-                end = lane.coverage[-1][1] if lane.coverage else 0
-                held = [b for _, b in lane.elsewhere]
-                if off.committed is not None and off.committed > end and off.committed not in held:
-                    report.add(
-                        "error",
-                        "commit_ahead",
-                        f"{t}[{p}]",
-                        f"the group committed {off.committed}, the lane ends at {end}: "
-                        f"positions {end}-{off.committed - 1} were committed without being "
-                        "durable here (on a per-replica data_dir, verify a partition at "
-                        "its owner)",
-                    )
-                if off.log_end is not None and end > off.log_end + 1:
-                    report.add(
-                        "warning",
-                        "lane_ahead_of_log",
-                        f"{t}[{p}]",
-                        f"the lane ends at {end}, the broker's log at {off.log_end}: the "
-                        "broker lost records the lane holds (the gateway holds the "
-                        "partition until a new epoch: docs/operations.md)",
-                    )
+            found.update({(t, p): off for p, off in offsets.items()})
+    return found
+
+
+def _check_broker(
+    topics: list[str],
+    committed: dict[tuple[str, int], PartitionOffsets],
+    logs: dict[tuple[str, int], PartitionOffsets],
+    lanes: dict[tuple[str, int], LaneAudit],
+    summaries: dict[tuple[str, int], PartitionSummary],
+    report: Report,
+) -> None:
+    """The lane against the cluster: nothing committed beyond the lane (the commit read
+    before the lane), nothing in the lane the log never held (the log read after it: a
+    broker that lost its data)."""
+    for (t, p), off in sorted(committed.items()):
+        if t not in topics:
+            continue
+        lane = lanes.get((t, p))
+        summary = summaries.get((t, p))
+        if lane is None or summary is None:
+            if off.committed:
+                report.add(
+                    "error",
+                    "commit_ahead",
+                    f"{t}[{p}]",
+                    f"the group committed {off.committed}, the lane holds nothing",
+                )
+            continue
+        summary.committed = off.committed
+        end = lane.coverage[-1][1] if lane.coverage else 0
+        held = [b for _, b in lane.elsewhere]
+        if off.committed is not None and off.committed > end and off.committed not in held:
+            report.add(
+                "error",
+                "commit_ahead",
+                f"{t}[{p}]",
+                f"the group committed {off.committed}, the lane ends at {end}: "
+                f"positions {end}-{off.committed - 1} were committed without being "
+                "durable here (on a per-replica data_dir, verify a partition at "
+                "its owner)",
+            )
+    for (t, p), log in sorted(logs.items()):
+        lane = lanes.get((t, p))
+        summary = summaries.get((t, p))
+        if lane is None or summary is None:
+            continue
+        summary.log_start, summary.log_end = log.log_start, log.log_end
+        end = lane.coverage[-1][1] if lane.coverage else 0
+        if log.log_end is not None and end > log.log_end + 1:
+            report.add(
+                "warning",
+                "lane_ahead_of_log",
+                f"{t}[{p}]",
+                f"the lane ends at {end}, the broker's log at {log.log_end}: the "
+                "broker lost records the lane holds (the gateway holds the "
+                "partition until a new epoch: docs/operations.md)",
+            )
 
 
 def _bucket_copy(cfg: ThalwegConfig, root: Path, only: str | None, report: Report) -> LaneLayout:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -61,16 +62,23 @@ class Destination:
         self.rows = rows
 
 
-def audit_sink(
-    cfg: ThalwegConfig,
-    name: str,
-    columns: MetadataColumns,
-    lanes: dict[tuple[str, int], LaneAudit],
-    report: Report,
-) -> None:
-    """Check sink ``name`` (findings and a summary go to ``report``)."""
+@dataclass(frozen=True, slots=True)
+class SinkState:
+    """What a sink holds, read before the lanes are (``read_sink``)."""
+
+    store: Ranges
+    dest: Destination
+
+
+def read_sink(cfg: ThalwegConfig, name: str, columns: MetadataColumns, report: Report) -> SinkState:
+    """Sink ``name``'s coverage store, then its destination — read *before* the lanes.
+
+    Beside a running gateway each record only grows, and in this order each trails the
+    next: the store is written after the destination's commit, and a sink lands only
+    what the lane already holds. Read in the other order, a flush landing between the
+    reads would look like a sink ahead of its lane, rows the lane has none for, or a
+    store ahead of its destination."""
     sink_cfg = next(s for s in cfg.sinks if s.name == name)
-    derived = any(n.sink == name for n in cfg.pipeline.nodes)
     try:
         store = CoverageStore(cfg.gateway.data_dir, name).snapshot()
     except Exception as exc:  # an unreadable store is a finding, not a crash
@@ -81,6 +89,24 @@ def audit_sink(
     except Exception as exc:  # the destination did not answer: say so, check the rest
         report.add("error", "destination_unreadable", f"sink {name}", _one_line(exc))
         dest = Destination(None, {})
+    return SinkState(store, dest)
+
+
+def audit_sink(
+    cfg: ThalwegConfig,
+    name: str,
+    columns: MetadataColumns,
+    lanes: dict[tuple[str, int], LaneAudit],
+    report: Report,
+    state: SinkState,
+    layout: LaneLayout,
+) -> None:
+    """Check sink ``name``, as ``state`` holds it, against the ``lanes`` audited after
+    it was read (``layout``: the lanes as audited — a bucket's fetched copy); findings
+    and a summary go to ``report``."""
+    sink_cfg = next(s for s in cfg.sinks if s.name == name)
+    derived = any(n.sink == name for n in cfg.pipeline.nodes)
+    store, dest = state.store, state.dest
     checked = missing = extra = twice = refused = 0
     for (topic, p), lane in sorted(lanes.items()):
         if topic not in sink_cfg.topics:
@@ -119,7 +145,7 @@ def audit_sink(
         want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
         refused += set_aside
         if isinstance(sink_cfg, Upserts) and sink_cfg.mode == "upsert":
-            want = _folded(cfg, sink_cfg, columns, topic, p, want)
+            want = _folded(layout, sink_cfg, columns, topic, p, want)
         counts = _check_rows(table, want, window, columns, p, where, report)
         checked, missing, twice, extra = (
             x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
@@ -196,7 +222,10 @@ def _without_refused(
     report: Report,
 ) -> tuple[np.ndarray, int]:
     """The positions the destination should hold less those its dead-letter lane holds
-    (records it refused: ``recovery.refused``); a position set aside twice is a finding."""
+    (records it refused: ``recovery.refused``); a position set aside twice is a finding.
+    That lane is kept beside the gateway, in ``data_dir`` (a bucket lane's
+    ``object_store.cache_dir``), never in the bucket, like the coverage store: verify
+    reads both where it runs (docs/operations.md)."""
     layout = LaneLayout(Path(cfg.gateway.data_dir))
     held = SinkDeadLetters(layout, sink, columns).held(topic, partition)
     if not len(held):
@@ -215,7 +244,7 @@ def _without_refused(
 
 
 def _folded(
-    cfg: ThalwegConfig,
+    layout: LaneLayout,
     sink_cfg: Upserts,
     columns: MetadataColumns,
     topic: str,
@@ -227,8 +256,9 @@ def _folded(
     keyed by the record key a tombstone); rows without every key column change nothing.
 
     Folded as the sink folds (``sinks.fold``): a routed sink (``"{tenant}_orders"``)
-    folds each table alone, so the table a row names is part of its key here."""
-    layout = LaneLayout(Path(cfg.gateway.data_dir))
+    folds each table alone, so the table a row names is part of its key here. The rows
+    come from the lanes as audited (``layout``: a bucket's fetched copy, not the local
+    cache, which may hold part of it)."""
     key = sink_cfg.row_key(columns.source("key"))
     template = getattr(sink_cfg, "table", "")
     routing = routes.fields(template)
