@@ -564,10 +564,12 @@ def write_segment(
     covers_from: int,
     *,
     keys: Sequence[bytes | None] | None = None,
+    xs: Sequence[str] | None = None,
 ) -> None:
     """One raw segment of ``offsets`` (covering from ``covers_from``: skipped offsets
-    before the first) and its decoded twin ``{"x": "<offset>"}``, written into ``lane``
-    as the gateway writes them — a lane for a test that needs no broker."""
+    before the first) and its decoded twin ``{"x": ...}`` (``xs``, else each offset as
+    text), written into ``lane`` as the gateway writes them — a lane for a test that
+    needs no broker."""
     from thalweg.config.models import RawLaneConfig
     from thalweg.lane import LaneLayout, SegmentWriter
     from thalweg.records import MetadataColumns, build_raw_batch
@@ -580,7 +582,7 @@ def write_segment(
     raw = pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=cols)])
     decoded = pa.table(
         {
-            "x": pa.array([str(o) for o in offsets]),
+            "x": pa.array(list(xs) if xs is not None else [str(o) for o in offsets]),
             **{
                 c: raw.column(c)
                 for c in (cols.offset, cols.position, cols.partition, cols.topic, cols.record_id)
@@ -590,3 +592,28 @@ def write_segment(
     )
     writer = SegmentWriter(LaneLayout(lane), cols, RawLaneConfig())
     writer.write(topic, partition, raw, decoded, covers_from, offsets[-1] + 1)
+
+
+def ipc_sink_config(tmp_path: Path, lane: Path, sink_path: str | None = None) -> Path:
+    """A configuration file over ``lane`` (a Kafka source of topic ``t`` that is never
+    asked) with an Arrow IPC sink ``files`` (at ``path = sink_path`` when given)."""
+    path = f'\npath = "{sink_path}"' if sink_path else ""
+    config = tmp_path / "twg.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{lane}"
+
+[[sources]]
+name = "k"
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topics = ["t"]
+
+[[sinks]]
+name = "files"
+kind = "arrow_ipc"
+topics = ["t"]{path}
+"""
+    )
+    return config

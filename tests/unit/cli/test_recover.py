@@ -6,57 +6,25 @@ named with the runbook's step for it, and the step works."""
 from __future__ import annotations
 
 import json
-from collections import namedtuple
 from pathlib import Path
 
 import pyarrow as pa
 from click.testing import CliRunner
 
+from tests.helpers import ipc_sink_config, write_segment
 from thalweg.cli.main import cli
-from thalweg.config.models import RawLaneConfig
-from thalweg.lane import LaneLayout, SegmentWriter
-from thalweg.records import MetadataColumns, build_raw_batch
+from thalweg.records import MetadataColumns
 
 COLS = MetadataColumns()
-R = namedtuple("R", "topic partition offset timestamp timestamp_type key value headers")
 
 
 def lane_of_six(tmp_path: Path, sink_path: str | None = None) -> tuple[Path, list[str]]:
     """A lane of one segment, positions 0-5 of topic ``t`` decoded to ``{"x": ...}``
     (``a``, ``b`` alternating), and a configuration with an Arrow IPC sink ``files``
-    (``path = sink_path`` when given); the config file and the recover command's args."""
+    (``path = sink_path`` when given); the lane and the recover command's args."""
     lane = tmp_path / "lane"
-    recs = [R("t", 0, o, 0, 0, None, b"{}", ()) for o in range(6)]
-    raw = pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=COLS)])
-    decoded = pa.table(
-        {
-            "x": pa.array(["a", "b"] * 3),
-            COLS.offset: raw.column(COLS.offset),
-            COLS.position: raw.column(COLS.position),
-            COLS.partition: raw.column(COLS.partition),
-            COLS.decode_error: pa.nulls(6, pa.string()),
-        }
-    )
-    SegmentWriter(LaneLayout(lane), COLS, RawLaneConfig()).write("t", 0, raw, decoded, 0, 6)
-    path = f'\npath = "{sink_path}"' if sink_path else ""
-    config = tmp_path / "twg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{lane}"
-
-[[sources]]
-name = "k"
-kind = "kafka"
-bootstrap_servers = "127.0.0.1:9"
-topics = ["t"]
-
-[[sinks]]
-name = "files"
-kind = "arrow_ipc"
-topics = ["t"]{path}
-"""
-    )
+    write_segment(lane, "t", 0, range(6), 0, xs=["a", "b"] * 3)
+    config = ipc_sink_config(tmp_path, lane, sink_path)
     return lane, ["--output", "json", "recover", "-c", str(config), "--sink", "files"]
 
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 import thalweg.verify.lanes as verify_lanes
 import thalweg.verify.run as verify_run
-from tests.helpers import write_segment
+from tests.helpers import ipc_sink_config, write_segment
 from thalweg.cli.main import cli
 from thalweg.config import load_config
 from thalweg.kafka.offsets import PartitionOffsets
@@ -35,25 +35,7 @@ from thalweg.verify.report import PartitionSummary, Report
 def configured(tmp_path: Path) -> tuple[Path, Path]:
     """A lane directory and a configuration with an Arrow IPC sink ``files`` on it."""
     lane = tmp_path / "lane"
-    config = tmp_path / "twg.toml"
-    config.write_text(
-        f"""
-[gateway]
-data_dir = "{lane}"
-
-[[sources]]
-name = "k"
-kind = "kafka"
-bootstrap_servers = "127.0.0.1:9"
-topics = ["t"]
-
-[[sinks]]
-name = "files"
-kind = "arrow_ipc"
-topics = ["t"]
-"""
-    )
-    return lane, config
+    return lane, ipc_sink_config(tmp_path, lane)
 
 
 def recover(config: Path) -> None:
