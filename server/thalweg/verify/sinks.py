@@ -191,8 +191,11 @@ def _store_ahead(
     rows, _ = _without_refused(
         cfg, name, columns, lane.topic, lane.partition, rows, where, Report()
     )
-    # A decoded twin being rebuilt: whether it gives a row there is not known yet.
-    unknown = not sink_cfg.raw and subtract_ranges(above, subtract_ranges(above, lane.undecided))
+    # Below the floor the lane no longer says; a decoded twin being rebuilt does not
+    # say yet: either is an error still.
+    unknown = subtract_ranges(gap, above) or (
+        not sink_cfg.raw and subtract_ranges(above, subtract_ranges(above, lane.undecided))
+    )
     if len(rows) or unknown:
         report.add(
             "error",
