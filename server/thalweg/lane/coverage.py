@@ -108,7 +108,9 @@ def remove_merged(layout: LaneLayout, topic: str, partition: int, merged: list[S
     return removed
 
 
-def _covers_from(segment: Segment) -> int:
+def covers_from(segment: Segment) -> int:
+    """Where ``segment`` covers from: its footer's ``covers_from`` (skipped offsets
+    before its first record are its too), else its first record."""
     meta = pq.read_schema(segment.path).metadata or {}
     raw = meta.get(META_COVERS_FROM)
     return int(raw) if raw is not None else segment.first
@@ -122,7 +124,7 @@ def scan_coverage(layout: LaneLayout, topic: str, partition: int) -> Coverage:
     for seg in layout.segments(Lane.RAW, topic, partition):
         start = seg.first
         if prev_end is not None and seg.first != prev_end:
-            start = min(seg.first, _covers_from(seg))
+            start = min(seg.first, covers_from(seg))
         cov.add(start, seg.last + 1)
         prev_end = seg.last + 1
     return cov

@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from thalweg.lane.coverage import is_compacted, scan_coverage
+from thalweg.lane.coverage import covers_from, is_compacted, scan_coverage
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.epochs import current_epoch
-from thalweg.lane.layout import META_COVERS_FROM, Lane, LaneLayout, Segment
+from thalweg.lane.layout import Lane, LaneLayout, Segment
 from thalweg.lane.read.elsewhere import held_elsewhere
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
@@ -302,11 +302,9 @@ def _from_first(coverage: list[tuple[int, int]], listed: list[Segment]) -> list[
         return coverage
     first = listed[0]
     try:
-        meta = pq.read_schema(first.path).metadata or {}
+        start = covers_from(first)
     except (OSError, pa.ArrowException):
         return coverage  # an unreadable file is _raw_positions' finding
-    text = meta.get(META_COVERS_FROM)
-    start = int(text) if text is not None else first.first
     return merge_ranges([(start, first.first), *coverage]) if start < first.first else coverage
 
 

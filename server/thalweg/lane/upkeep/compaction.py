@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from thalweg.config.models import RawLaneConfig
 from thalweg.config.retention import CompactionConfig
 from thalweg.errors import SegmentConflictError
-from thalweg.lane.coverage import META_COMPACTED, _covers_from, is_compacted, remove_merged
+from thalweg.lane.coverage import META_COMPACTED, covers_from, is_compacted, remove_merged
 from thalweg.lane.durable import write_file_durably
 from thalweg.lane.layout import (
     META_COVERS_FROM,
@@ -109,7 +109,7 @@ def plan_runs(
         # one file, where start-up's overlap check no longer sees it.
         after = seg.first > run[-1].last if run else True
         adjacent = not run or (
-            after and (seg.first == run[-1].last + 1 or _covers_from(seg) <= run[-1].last + 1)
+            after and (seg.first == run[-1].last + 1 or covers_from(seg) <= run[-1].last + 1)
         )
         at = newest_at(seg) if span_s is not None else 0.0
         if (
@@ -172,7 +172,7 @@ def _merge(
         return None
     last_meta = pq.read_schema(run[-1].path).metadata or {}
     meta = {
-        META_COVERS_FROM: str(_covers_from(run[0])).encode(),
+        META_COVERS_FROM: str(covers_from(run[0])).encode(),
         META_COVERS_TO: last_meta.get(META_COVERS_TO, str(run[-1].last + 1).encode()),
         META_COMPACTED: b"1",
         # Its age is its newest record's, its span from its oldest, for retention (the
