@@ -46,6 +46,7 @@ from thalweg.lane.layout import (
     Segment,
     segment_name,
 )
+from thalweg.lane.origin import record_origin
 from thalweg.lane.read.cache import SegmentCache
 from thalweg.lane.read.shape import few_chunks
 from thalweg.records.columns import MetadataColumns
@@ -120,6 +121,9 @@ class SegmentWriter:
         # one cluster. Their statistics took a third of a decoded segment's write (60 of
         # 200 ms per 400k file rows: every value compared as bytes).
         self._no_stats = {c.record_id, c.source("message_id"), c.source("cluster"), c.topic}
+        # Partitions whose lane this writer has seen begun (lane/origin.py): one listing
+        # per partition per process, not one per segment.
+        self._begun: set[tuple[str, int]] = set()
 
     def write(
         self,
@@ -210,7 +214,7 @@ class SegmentWriter:
             size = self._publish(
                 rtmp,
                 path,
-                lambda: self._fenced_free(fence, topic, partition, first, last),
+                lambda: self._fenced_free(fence, topic, partition, first, last, covers_from),
                 exclusive=True,
             )
         except SegmentConflictError:
@@ -230,6 +234,16 @@ class SegmentWriter:
             dead if decoded is not None else None,
         )
 
+    def _note_origin(self, topic: str, partition: int, covers_from: int) -> None:
+        """Record where the lane begins before its first raw segment lands
+        (lane/origin.py); past the fence, so a writer that lost the partition never does."""
+        key = (topic, partition)
+        if key in self._begun:
+            return
+        if not self._layout.segments(Lane.RAW, topic, partition, retained=False, contained=True):
+            record_origin(self._layout, topic, partition, covers_from)
+        self._begun.add(key)
+
     def write_decoded(
         self, topic: str, partition: int, raw_segment: Segment, decoded: pa.Table
     ) -> None:
@@ -246,9 +260,12 @@ class SegmentWriter:
             codec=self._cfg.decoded_compression,
         )
 
-    def _fenced_free(self, fence: Fence, topic: str, partition: int, first: int, last: int) -> None:
+    def _fenced_free(
+        self, fence: Fence, topic: str, partition: int, first: int, last: int, covers_from: int
+    ) -> None:
         fence()
         self._check_free(topic, partition, first, last)
+        self._note_origin(topic, partition, covers_from)
 
     def _check_free(self, topic: str, partition: int, first: int, last: int) -> None:
         """Refuse a raw segment whose offsets another file of the partition holds."""

@@ -216,7 +216,8 @@ def test_dead_letters_are_durable_before_the_raw_segment(
 
     def dying_fsync_dir(path: Path) -> None:
         real_fsync_dir(path)
-        if path == layout.partition_dir(Lane.RAW, "t", 0):
+        raw_dir = layout.partition_dir(Lane.RAW, "t", 0)
+        if path == raw_dir and any(p.suffix == ".parquet" for p in raw_dir.iterdir()):
             raise _Crash  # killed right after the raw segment became durable
 
     monkeypatch.setattr(durable_module, "fsync_dir", dying_fsync_dir)
