@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from thalweg.engine.gateway import tune_gc
 from thalweg.engine.ingest.runner import SourceRunner
 from thalweg.errors import ConfigError, InvariantError
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.liveness import hold_running
 from thalweg.lane.read.live import LiveTail
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
@@ -163,8 +165,16 @@ class BatchRun:
         layout = LaneLayout(g.data_dir)
         try:
             layout.claim(g.metadata_prefix)
+            running = hold_running(layout.root)  # twg verify tells a finished run by it
         except OSError as exc:
             raise ConfigError(f"gateway.data_dir {g.data_dir}: {exc}") from exc
+        try:
+            return await self._run(layout, interrupt)
+        finally:
+            os.close(running)
+
+    async def _run(self, layout: LaneLayout, interrupt: asyncio.Event | None) -> BatchSummary:
+        g = self.cfg.gateway
         if g.gc_tuning:
             tune_gc()
         stats = PipelineStats(stall_after_s=g.stall_after_s)

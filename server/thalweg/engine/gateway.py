@@ -35,6 +35,7 @@ from thalweg.flight.errors import clean
 from thalweg.flight.server import GatewayFlightServer
 from thalweg.group.owners import OwnerDirectory
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.liveness import hold_running
 from thalweg.lane.read.cache import SegmentCache
 from thalweg.lane.read.catalog import Ingesting, LaneCatalog
 from thalweg.lane.read.ipc_copies import IpcCopies
@@ -144,6 +145,9 @@ class _GatewayIngesting(Ingesting):
     def configured_topics(self) -> list[str]:
         return [t for s in self._g.cfg.sources for t in s.topics]
 
+    def configured_sinks(self) -> list[str]:
+        return [s.name for s in self._g.cfg.sinks]
+
     def group_partitions(self, topic: str) -> list[int]:
         return self._g.owners.partitions(topic)
 
@@ -171,6 +175,8 @@ class Gateway:
         self.layout = LaneLayout(g.data_dir)
         try:
             self.layout.claim(g.metadata_prefix)
+            # Held until run() ends: twg verify tells a stopped gateway by it.
+            self._running_fd: int | None = hold_running(self.layout.root)
         except OSError as exc:
             raise ConfigError(data_dir_error(g.data_dir, exc)) from exc
         self.metrics = Metrics()
@@ -252,6 +258,7 @@ class Gateway:
             self.live,
             cache=self.segment_cache,
             ingesting=_GatewayIngesting(self),
+            retention_grace_s=cfg.retention.grace_s,
         )
         if self.sync is not None:
             self.sync.synced = self.catalog.refresh
@@ -408,6 +415,7 @@ class Gateway:
             self.flight.shutdown()
             self.admin.stop()
             self.tracing.shutdown()
+            self._let_go_of_the_lane()
         if failure is not None:
             raise failure
         if timed_out:
@@ -416,6 +424,12 @@ class Gateway:
                 f"({self.cfg.gateway.shutdown_timeout_s:g}s); what was not yet durable was "
                 "not committed and is read again after the restart"
             )
+
+    def _let_go_of_the_lane(self) -> None:
+        """Release the lane's running lock (lane/liveness.py): nothing writes it now."""
+        if self._running_fd is not None:
+            os.close(self._running_fd)
+            self._running_fd = None
 
     async def _drain(self, tasks: list[asyncio.Task[None]], stopped: asyncio.Task[bool]) -> bool:
         """Let the runners flush, commit and leave their groups within the deadline;
