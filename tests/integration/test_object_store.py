@@ -18,13 +18,24 @@ import pytest
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import bucket_offsets, committed_offsets, produce_json, read_whole, wait_until
+from tests.helpers import (
+    bucket_offsets,
+    committed_offsets,
+    produce_json,
+    read_whole,
+    wait_until,
+    write_segment,
+)
 from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from thalweg.config.models import ObjectStoreConfig
 from thalweg.errors import OwnershipLostError, SegmentConflictError
-from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.layout import Lane, LaneLayout, segment_name
+from thalweg.lane.read.catalog import LaneCatalog
+from thalweg.lane.read.live import LiveTail
 from thalweg.lane.remote.mirror import LaneMirror, LaneObject, object_name, resolve
 from thalweg.lane.remote.objectstore import ObjectStore
+from thalweg.lane.upkeep.retention import raise_floor
+from thalweg.records.columns import MetadataColumns
 
 pytestmark = pytest.mark.integration
 
@@ -334,6 +345,14 @@ def test_retention_and_compaction_of_a_bucket_lane(
         pytest.raises(pa.ArrowInvalid, match=f"earliest available is {floor}"),
     ):
         client.read(topic, start={"offset": 0})
+    # The offset just below the floor, past the grace: refused by the owner and by the
+    # replica alike, whatever file below the floor a cache still holds.
+    for gw in (owner, reader):
+        with (
+            thalweg_client.connect(gw.gateway.flight_url) as client,
+            pytest.raises(pa.ArrowInvalid, match=f"offset {floor - 1} was removed by retention"),
+        ):
+            client.read(topic, start={"offset": floor - 1}, lane="raw")
 
 
 def test_orphaned_twin_objects_are_swept_once_seen_long_enough(
@@ -372,3 +391,37 @@ def test_orphaned_twin_objects_are_swept_once_seen_long_enough(
         ]
     )
     assert mirror._orphans == {}
+
+
+def test_a_read_below_the_floor_is_refused_on_every_replica_once_its_grace_passed(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A file can straddle the floor (a merge, a restore after a kill -9): never swept,
+    it still holds positions below it. Past the grace of the rise that put them there,
+    those are refused on the owner and on a replica that learned the floor later — the
+    replica keeps the time the floor rose in the bucket, not when it synced it. Within
+    the grace (an endpoint planned before the rise) both still answer."""
+    store = open_store(moto, f"s3://{bucket(moto)}/lane")
+    owner = LaneLayout(tmp_path / "owner")
+    write_segment(owner.root, "t", 0, range(10), 0)
+    write_segment(owner.root, "t", 1, range(10), 0)
+    raise_floor(owner, "t", 0, 5, time.time() - 120)  # long past the 60 s grace
+    raise_floor(owner, "t", 1, 5, time.time())  # just now
+    mirror = LaneMirror(owner, store)
+    for p in (0, 1):
+        mirror.publish("t", p, segment_name(0, 9), 1, lambda: None)
+        mirror.publish_floor("t", p)
+    replica = LaneLayout(tmp_path / "replica")
+    later = LaneMirror(replica, store)
+    for p in (0, 1):
+        later.restore("t", p)
+    assert (replica.partition_dir(Lane.RAW, "t", 0) / segment_name(0, 9)).exists()
+    rose = owner.floor_rose_at("t", 0, 4)
+    assert rose is not None and replica.floor_rose_at("t", 0, 4) == pytest.approx(rose)
+    for layout in (owner, replica):
+        catalog = LaneCatalog(layout, MetadataColumns(), LiveTail(), retention_grace_s=60)
+        assert not catalog.still_held("t", 0, 4)
+        assert catalog.still_held("t", 0, 5)
+        assert catalog.still_held("t", 1, 4)  # within the grace of its rise
+        strict = LaneCatalog(layout, MetadataColumns(), LiveTail(), retention_grace_s=0)
+        assert not strict.still_held("t", 1, 4)

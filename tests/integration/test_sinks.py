@@ -584,6 +584,11 @@ def test_a_value_the_destination_refuses_is_set_aside_for_that_sink_alone(
     # The topic's own dead letters (decode failures) are another lane: none here.
     plain = {"topic": topic, "lane": "dlq", "end": "now"}
     assert client.do_get(fl.Ticket(json.dumps(plain).encode())).read_all().num_rows == 0
+    # A sink name with a typo is refused by name, never read as a sink that refused
+    # nothing.
+    typo = {**ticket, "sink": "dbb"}
+    with pytest.raises(pa.ArrowInvalid, match=r"no sink .dbb. .*: db, files, stuck"):
+        client.do_get(fl.Ticket(json.dumps(typo).encode())).read_all()
     rg.stop()
 
     got = sorted(int(r[1]) for r in postgres_rows(postgres, topic))

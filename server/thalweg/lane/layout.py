@@ -96,6 +96,22 @@ class LaneLayout:
         self._floors[(topic, partition)] = (mtime, value)
         return value
 
+    def floor_rose_at(self, topic: str, partition: int, position: int) -> float | None:
+        """When the floor first rose above ``position`` (the retention record keeps each
+        rise with its time until its files are swept); None once that is no longer
+        recorded — the files below it are gone, or the record keeps no times."""
+        try:
+            body = json.loads(self.floor_path(topic, partition).read_text(encoding="utf-8"))
+            steps = [(int(f), float(at)) for f, at in body.get("steps", [])]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise LaneError(
+                f"{self.floor_path(topic, partition)}: unreadable floor: {exc}"
+            ) from exc
+        rises = [at for f, at in steps if f > position]
+        return min(rises) if rises else None
+
     def partition_dir(self, lane: Lane, topic: str, partition: int) -> Path:
         return self.root / lane.value / f"topic={quote(topic, safe='')}" / f"partition={partition}"
 

@@ -144,6 +144,12 @@ def plan_read(
             f"topic {ticket.topic!r} has no partition {missing[0]} "
             f"(known: {', '.join(map(str, known)) or 'none yet'})"
         )
+    if ticket.sink is not None and ticket.sink not in (sinks := catalog.dead_letter_sinks()):
+        # Read as an empty lane, a typo would look like a sink that refused nothing.
+        raise TicketError(
+            f"no sink {ticket.sink!r} (the sinks whose refused records can be read: "
+            f"{', '.join(sinks) or 'none'})"
+        )
     full, payload = output_schema(catalog, ticket)
     schema = full
     if ticket.columns is not None:

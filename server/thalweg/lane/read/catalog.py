@@ -64,6 +64,10 @@ class Ingesting:
         """Topics the configuration names, even before their first record."""
         return []
 
+    def configured_sinks(self) -> list[str]:
+        """The ``[[sinks]]`` the configuration names, even before one refused a record."""
+        return []
+
     def group_partitions(self, topic: str) -> list[int]:
         """Partitions other members of the consumer group ingest (``group/owners.py``):
         listed so a read is sent to their owner, though nothing of them is local."""
@@ -90,8 +94,10 @@ class LaneCatalog:
         *,
         ingesting: Ingesting | None = None,
         cache: SegmentCache | None = None,
+        retention_grace_s: float = 60.0,
     ) -> None:
         self.layout = layout
+        self.retention_grace_s = retention_grace_s
         self.columns = columns
         self.live = live
         self.reader = LaneReader(layout, columns, cache)
@@ -109,7 +115,11 @@ class LaneCatalog:
             found = self._epochs.get(epoch)
             if found is None:
                 found = LaneCatalog(
-                    epoch_layout(self.layout, epoch), self.columns, LiveTail(), cache=self._cache
+                    epoch_layout(self.layout, epoch),
+                    self.columns,
+                    LiveTail(),
+                    cache=self._cache,
+                    retention_grace_s=self.retention_grace_s,
                 )
                 self._epochs[epoch] = found
             return found
@@ -243,12 +253,20 @@ class LaneCatalog:
         return self.layout.floor(topic, partition)
 
     def still_held(self, topic: str, partition: int, position: int) -> bool:
-        """Whether ``position`` can still be read: at or above the floor, or below it in
-        a segment retention has not removed yet (an endpoint planned before the floor
-        rose is still answered while its file is on disk)."""
+        """Whether ``position`` can still be read: at or above the floor, or below it
+        within ``retention_grace_s`` of the rise that put it there, in a segment still on
+        disk (an endpoint planned before the floor rose is answered through the grace).
+
+        Past the grace a position below the floor is refused whatever the disk holds: a
+        file can outlive it — an object-store replica keeps a cached file two minutes
+        after it left the bucket, a kill -9 may delay a sweep — and answering from it
+        would make a read's answer depend on which replica took it and when."""
         floor = self.layout.floor(topic, partition)
         if position >= floor:
             return True
+        rose = self.layout.floor_rose_at(topic, partition, position)
+        if rose is None or time.time() - rose > self.retention_grace_s:
+            return False
         below = [
             s
             for s in self.layout.segments(Lane.RAW, topic, partition, retained=False)
@@ -278,6 +296,11 @@ class LaneCatalog:
     def twin(self, lane: Lane, topic: str, partition: int, segment: Segment) -> Path:
         """The path of ``segment``'s twin in ``lane`` (the same name, the same rows)."""
         return self.layout.partition_dir(lane, topic, partition) / segment.path.name
+
+    def dead_letter_sinks(self) -> list[str]:
+        """The sinks whose refused records a ``lane = "dlq"`` read may name: those the
+        configuration names and those whose dead-letter lane is on disk."""
+        return sorted(set(self._ingesting.configured_sinks()) | set(self.layout.refusing_sinks()))
 
     def dead_letter_segments(self, topic: str, partition: int, sink: str | None) -> list[Segment]:
         """The partition's dead letters: decoding's (``sink`` None), or a sink's own —

@@ -269,11 +269,21 @@ class LaneMirror:
         if body is None:
             return
         try:
-            floor = int(json.loads(body)["floor"])
+            parsed = json.loads(body)
+            floor = int(parsed["floor"])
+            steps = [(int(f), float(at)) for f, at in parsed.get("steps", [])]
         except (ValueError, KeyError, TypeError):
             log.warning("%s[%d]: unreadable retention floor in the store", topic, partition)
             return
-        raise_floor(self.layout, topic, partition, floor, time.time())
+        # The rise keeps the time it rose at in the bucket, not the time this replica
+        # learned of it: a read below the floor is answered only through the owner's
+        # grace, on every replica alike (LaneCatalog.still_held). A rise the bucket no
+        # longer times was swept there: long past its grace.
+        local = self.layout.floor(topic, partition)
+        rises = [at for f, at in steps if f > local]
+        raise_floor(
+            self.layout, topic, partition, floor, min([*rises, time.time()]) if rises else 0.0
+        )
 
     # -- restore and sync ------------------------------------------------------------
 
