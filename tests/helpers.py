@@ -489,13 +489,17 @@ class SmallDisk:
 
 def assert_verified(config: Any, *, broker: bool = True, sink: str | None = None) -> None:
     """``twg verify`` on what a fault test left (a config file or a loaded
-    configuration): no finding of level error (the report is the failure message)."""
+    configuration): no finding of level error, and no check that could not run — a
+    cluster that did not answer is a check skipped, not passed (``broker=False`` is the
+    one way to leave the cluster out, said by the test). The report is the failure
+    message."""
     from thalweg.config import load_config
     from thalweg.verify import verify
 
     cfg = load_config(config) if isinstance(config, Path) else config
     report = verify(cfg, broker=broker, sink=sink)
     assert report.ok, report.as_text()
+    assert not report.unchecked, f"a check did not run:\n{report.as_text()}"
 
 
 def feeder_pass(cfg: Any, sink: str, **options: Any) -> Any:

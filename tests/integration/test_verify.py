@@ -1,12 +1,15 @@
 """``twg verify`` against a real lane and real sinks (PostgreSQL, Iceberg on its SQL
 catalog, Arrow IPC files): clean after a run, then each planted fault named — a raw
-segment missing (a gap), a segment written twice (an overlap), a decoded twin missing,
-an orphan decoded file, a sink row deleted, a sink file lost from under its coverage
-store, a sink's table dropped, the lane's newest segment lost under the group's commit
-(a commit ahead of the lane) — with exit code 1 and the
-JSON report naming each, per partition. And a store ahead of the destination where the
-lane gives the sink no row (an Iceberg sink's first flush of dead letters only): a
-warning, gone after the feeder's next start."""
+segment missing (a gap), the lane's first segment missing (its start above its origin
+record), a segment written twice (an overlap), a decoded twin missing (an error: readers
+miss its records), an interrupted write left on a stopped gateway, an orphan decoded
+file, a sink row deleted, a sink file lost from under its coverage store, a sink's table
+dropped, the lane's newest segment lost under the group's commit (a commit ahead of the
+lane), a topic the broker holds and the lane never did — with exit code 1 and the JSON
+report (``--output json`` before or after the command) naming each, per partition. And
+a store ahead of the destination where the lane gives the sink no row (an Iceberg
+sink's first flush of dead letters only): a warning, gone after the feeder's next
+start."""
 
 from __future__ import annotations
 
@@ -91,6 +94,7 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     landed: tuple[ThalwegConfig, str, Path, str],
     postgres: PostgresServer,
     broker: TansuBroker,
+    topic_factory: Callable[..., str],
     tmp_path: Path,
 ) -> None:
     cfg, topic, data, schema = landed
@@ -110,6 +114,14 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     # A raw segment lost (and its twins): a gap, and every sink covering it is ahead.
     for lane in (Lane.RAW, Lane.DECODED, Lane.DLQ):
         (layout.partition_dir(lane, topic, 0) / p0[2].path.name).unlink(missing_ok=True)
+    # The first raw segment lost: the lane now starts later, nothing inside it says so
+    # (the broker still holds offset 0; the lane's origin record says where it began).
+    for lane in (Lane.RAW, Lane.DECODED, Lane.DLQ):
+        (layout.partition_dir(lane, topic, 0) / p0[0].path.name).unlink(missing_ok=True)
+    # An interrupted write two minutes old, on a stopped gateway: nothing will finish it.
+    stale = layout.partition_dir(Lane.RAW, topic, 0) / f"{p0[1].path.name}.tmp-1-0"
+    stale.write_bytes(b"")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
     # A raw segment written twice under an overlapping name.
     twin = p1[1]
     shutil.copy(
@@ -140,6 +152,8 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     codes = _codes(report)
     for code, where in [
         ("gap", f"{topic}[0]"),
+        ("start_missing", f"{topic}[0]"),
+        ("temp_file", f"{topic}[0]"),
         ("sink_ahead", f"sink db: {topic}[0]"),
         ("sink_ahead", f"sink lake: {topic}[0]"),
         ("overlap", f"{topic}[1]"),
@@ -150,6 +164,20 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
         ("commit_ahead", f"{topic}[1]"),
     ]:
         assert (code, where) in codes, f"{code} at {where} not named:\n{report.as_text()}"
+    levels = {(f.code, f.where): f.level for f in report.findings}
+    for code, where in [
+        ("twin_missing", f"{topic}[1]"),
+        ("start_missing", f"{topic}[0]"),
+        ("temp_file", f"{topic}[0]"),
+    ]:
+        assert levels[(code, where)] == "error", report.as_text()
+    assert report.stopped and not report.unchecked
+    starts = [f.message for f in report.findings if f.code == "start_missing"]
+    assert starts == [
+        f"positions 0-{p0[0].last} are in no raw segment: the lane should start at 0 (its "
+        f"origin record says 0) and its first segment covers from {p0[1].first} (the first "
+        "segments were removed or never landed)"
+    ]
 
     # The sink's table dropped: every covered record missing, named as such.
     postgres.query(f'DROP TABLE "{schema}"."{table}"')
@@ -159,13 +187,40 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     # The command: exit 1, the JSON report names every finding per partition.
     config = tmp_path / "verify.toml"
     config.write_text(_toml(cfg, topic, postgres, schema))
-    result = CliRunner().invoke(cli, ["--output", "json", "verify", "--config", str(config)])
-    assert result.exit_code == 1, result.output
-    body = json.loads(result.output)
-    assert body["ok"] is False and body["errors"] >= 9
-    assert {"gap", "overlap", "orphan", "commit_ahead"} <= {f["code"] for f in body["findings"]}
+    for args in (
+        ["--output", "json", "verify", "--config", str(config)],
+        ["verify", "--config", str(config), "--topic", topic, "--output", "json"],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1, result.output
+        body = json.loads(result.output)
+        assert body["ok"] is False and body["errors"] >= 12
+        found = {(f["code"], f["where"]) for f in body["findings"]}
+        assert {
+            ("gap", f"{topic}[0]"),
+            ("start_missing", f"{topic}[0]"),
+            ("twin_missing", f"{topic}[1]"),
+            ("overlap", f"{topic}[1]"),
+            ("orphan", f"{topic}[1]"),
+            ("commit_ahead", f"{topic}[1]"),
+        } <= found, body
     result = CliRunner().invoke(cli, ["verify", "--config", str(config), "--sink", "nope"])
     assert result.exit_code == 2 and "no [[sinks]] named 'nope'" in result.output
+
+    # A topic the source names and the broker holds records of, never ingested: each
+    # partition with records is named with its range, the empty one is not.
+    other = topic_factory(partitions=2, prefix="verify-never")
+    produce_json(broker.bootstrap, other, [{"n": i} for i in range(7)], partition=0)
+    source = cfg.sources[0]
+    wider = cfg.model_copy(
+        update={"sources": [source.model_copy(update={"topics": [topic, other]})]}
+    )
+    never = verify(wider, topic=other)
+    assert not never.ok
+    assert [(f.code, f.where, f.level) for f in never.findings] == [
+        ("partition_missing", f"{other}[0]", "error")
+    ], never.as_text()
+    assert "offsets 0-6" in never.findings[0].message
 
 
 def test_an_iceberg_sink_whose_first_flush_had_no_rows_is_not_called_ahead(

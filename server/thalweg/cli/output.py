@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -14,6 +15,27 @@ EXIT_CONFIG = 2  # the configuration (or a command line) is invalid
 EXIT_SHUTDOWN_TIMEOUT = 3  # draining passed gateway.shutdown_timeout_s
 EXIT_WITH_ERRORS = 4  # twg batch completed, but some files could not be read
 EXIT_INTERRUPTED = 130  # twg batch stopped by SIGINT/SIGTERM (a re-run resumes)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(dict)["output"] = value
+
+
+def output_option(command: F) -> F:
+    """``--output text|json`` on a subcommand too (``twg verify -c F --output json``),
+    where a user puts it after the command's other options; it overrides the global one."""
+    return click.option(
+        "--output",
+        type=click.Choice(["text", "json"]),
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_output,
+        help="How results and errors are printed (as `twg --output ...`).",
+    )(command)
 
 
 def emit(ctx: click.Context, text: str, data: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
+from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail, output_option
 from thalweg.config import load_config
 from thalweg.config.models import ThalwegConfig
 from thalweg.errors import ConfigError, ThalwegError
@@ -37,6 +37,7 @@ from thalweg.verify.run import verify
 
 
 @click.command()
+@output_option
 @click.option(
     "--config",
     "-c",

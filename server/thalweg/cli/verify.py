@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
-from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail
+from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail, output_option
 from thalweg.config import load_config
 from thalweg.errors import ConfigError, ThalwegError
 from thalweg.verify import verify as run_verify
 
 
 @click.command()
+@output_option
 @click.option(
     "--config",
     "-c",
@@ -50,7 +51,10 @@ def verify(
     \b
     Exit codes: 0 everything agrees (warnings may be printed); 1 a finding of level
     error (the report names each, per partition); 2 bad configuration or usage.
-    Use `twg --output json verify ...` for a machine-readable report.
+    `--output json` (here or before the command) prints a machine-readable report.
+    Judged against a stopped gateway (no process holds the lane's running lock), an
+    interrupted write or a partition the broker holds and the lane does not is an
+    error; beside a running one, a warning.
     """
     try:
         cfg = load_config(config_path)

@@ -35,6 +35,7 @@ from thalweg.lane.coverage import covers_from, is_compacted, scan_coverage
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import Lane, LaneLayout, Segment
+from thalweg.lane.origin import read_origin
 from thalweg.lane.read.elsewhere import held_elsewhere
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
@@ -61,6 +62,8 @@ class LaneAudit:
     # Ranges whose decoded twin is missing: which of their records decoded is unknown
     # until it is rebuilt, so a decoded sink is not checked there.
     undecided: list[tuple[int, int]] = field(default_factory=list)
+    # Where the lane began (lane/origin.py); None: no record (an older lane, a bucket's).
+    origin: int | None = None
 
 
 def audit_partition(
@@ -71,14 +74,19 @@ def audit_partition(
     report: Report,
     *,
     now: float | None = None,
+    stopped: bool = False,
 ) -> LaneAudit:
-    """Check one partition's lanes on disk; findings go to ``report``."""
+    """Check one partition's lanes on disk; findings go to ``report``.
+
+    ``stopped``: no process writes the lane now (lane/liveness.py), so what only a
+    running writer finishes — an interrupted write's temp file — is a fault, not a moment.
+    """
     now = time.time() if now is None else now
     where = f"{topic}[{partition}]"
     floor = layout.floor(topic, partition)
     listed = layout.segments(Lane.RAW, topic, partition)
     on_disk = layout.segments(Lane.RAW, topic, partition, retained=False, contained=True)
-    _temp_files(layout, topic, partition, report, where, now)
+    _temp_files(layout, topic, partition, report, where, now, stopped)
     _hidden(listed, on_disk, floor, report, where, now)
     raw_positions = _raw_positions(listed, columns.position, report, where)
     decoded = layout.has_decoded(topic)
@@ -98,6 +106,14 @@ def audit_partition(
             where,
             f"positions {a}-{b - 1} are in no raw segment (and not skipped on purpose)",
         )
+    origin = read_origin(layout, topic, partition)
+    if floor or origin is not None:
+        why = (
+            f"its origin record says {origin}"
+            if origin is not None and origin >= floor
+            else f"the retention floor is {floor}"
+        )
+        start_missing(coverage, max(floor, origin or 0), why, elsewhere, report, where)
     return LaneAudit(
         topic,
         partition,
@@ -110,7 +126,35 @@ def audit_partition(
         decoded,
         elsewhere,
         undecided,
+        origin,
     )
+
+
+def start_missing(
+    coverage: list[tuple[int, int]],
+    expected: int,
+    why: str,
+    elsewhere: list[tuple[int, int]],
+    report: Report,
+    where: str,
+) -> bool:
+    """An error when the lane's first segment starts above where the lane should
+    (``expected``, for the reason ``why``), less what is held elsewhere on purpose: the
+    lane's first segments are lost, and nothing else in it says so. True if named."""
+    if not coverage or coverage[0][0] <= expected:
+        return False
+    start = coverage[0][0]
+    missing = subtract_ranges([(expected, start)], elsewhere)
+    for a, b in missing:
+        report.add(
+            "error",
+            "start_missing",
+            where,
+            f"positions {a}-{b - 1} are in no raw segment: the lane should start at "
+            f"{expected} ({why}) and its first segment covers from {start} (the first "
+            "segments were removed or never landed)",
+        )
+    return bool(missing)
 
 
 def _gaps(
@@ -122,7 +166,13 @@ def _gaps(
 
 
 def _temp_files(
-    layout: LaneLayout, topic: str, partition: int, report: Report, where: str, now: float
+    layout: LaneLayout,
+    topic: str,
+    partition: int,
+    report: Report,
+    where: str,
+    now: float,
+    stopped: bool,
 ) -> None:
     for lane in Lane:
         directory = layout.partition_dir(lane, topic, partition)
@@ -133,11 +183,16 @@ def _temp_files(
         for e in entries:
             if TMP_MARK in e.name and now - e.stat().st_mtime > SETTLE_S:
                 report.add(
-                    "warning",
+                    "error" if stopped else "warning",
                     "temp_file",
                     where,
                     f"{lane.value}/{e.name}: an interrupted write "
-                    f"({now - e.stat().st_mtime:.0f} s old; start-up removes it)",
+                    f"({now - e.stat().st_mtime:.0f} s old"
+                    + (
+                        ", and no gateway is running: the next start removes it)"
+                        if stopped
+                        else "; start-up removes it)"
+                    ),
                 )
 
 
@@ -248,11 +303,13 @@ def _twins(
         twin = decoded_dir / seg.path.name
         if not twin.exists():
             report.add(
-                "warning",
+                "error",
                 "twin_missing",
                 where,
-                f"decoded/{seg.path.name} is missing (the gateway decodes it again from "
-                "the raw lane)",
+                f"decoded/{seg.path.name} is missing: decoded readers and the sinks fed "
+                f"from the decoded lane miss positions {seg.first}-{seg.last} until it is "
+                "decoded again from the raw lane (`twg stream` does it when it takes the "
+                "partition: start it, or restart it if it runs)",
             )
             undecided.append((seg.first, seg.last + 1))
             continue

@@ -14,6 +14,9 @@ from typing import Any, Literal
 
 Level = Literal["error", "warning"]
 
+#: Warnings that a part of the check did not run.
+UNCHECKED = frozenset({"broker_unreachable"})
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -43,6 +46,8 @@ class Report:
     partitions: list[PartitionSummary] = field(default_factory=list)
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    # No process wrote the lanes while they were read (lane/liveness.py).
+    stopped: bool = False
 
     def add(self, level: Level, code: str, where: str, message: str) -> None:
         self.findings.append(Finding(level, code, where, message))
@@ -51,9 +56,17 @@ class Report:
     def ok(self) -> bool:
         return not any(f.level == "error" for f in self.findings)
 
+    @property
+    def unchecked(self) -> list[Finding]:
+        """The findings that say a check could not run (the cluster did not answer):
+        a report ``ok`` with these has not checked everything."""
+        return [f for f in self.findings if f.code in UNCHECKED]
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "stopped": self.stopped,
+            "unchecked": sorted({f.code for f in self.unchecked}),
             "errors": sum(f.level == "error" for f in self.findings),
             "warnings": sum(f.level == "warning" for f in self.findings),
             "findings": [asdict(f) for f in self.findings],

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from thalweg.config.models import KafkaSourceConfig, ThalwegConfig
 from thalweg.errors import ConfigError, ThalwegError
 from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.liveness import writer_running
 from thalweg.records.columns import MetadataColumns
-from thalweg.verify.lanes import LaneAudit, audit_partition
+from thalweg.verify.lanes import LaneAudit, audit_partition, start_missing
 from thalweg.verify.report import PartitionSummary, Report
 from thalweg.verify.sinks import audit_sink, read_sink
 
@@ -47,6 +48,8 @@ def verify(
     ]
     states = {name: read_sink(cfg, name, columns, report) for name in chosen}
     committed = _broker_offsets(cfg, topic, report) if broker else {}
+    stopped = not _writing(cfg)
+    report.stopped = stopped
     with tempfile.TemporaryDirectory(prefix="twg-verify-") as tmp:
         layout = (
             _bucket_copy(cfg, Path(tmp), topic, report)
@@ -63,7 +66,7 @@ def verify(
         lanes: dict[tuple[str, int], LaneAudit] = {}
         for t in topics:
             for p in layout.partitions(t):
-                lanes[(t, p)] = audit_partition(layout, columns, t, p, report)
+                lanes[(t, p)] = audit_partition(layout, columns, t, p, report, stopped=stopped)
         summaries = {
             key: PartitionSummary(a.topic, a.partition, a.epoch, a.coverage, a.rows, a.floor)
             for key, a in lanes.items()
@@ -73,11 +76,34 @@ def verify(
             logs = _broker_offsets(cfg, topic, late)
             said = {(f.code, f.where) for f in report.findings}
             report.findings += [f for f in late.findings if (f.code, f.where) not in said]
-            _check_broker(topics, committed, logs, lanes, summaries, report)
+            earliest = _from_earliest(cfg)
+            _check_broker(topics, committed, logs, lanes, summaries, report, earliest)
+            _check_unheld(topics, committed, lanes, report, stopped, earliest)
         report.partitions = [summaries[k] for k in sorted(summaries)]
         for name in chosen:
             audit_sink(cfg, name, columns, lanes, report, states[name], layout)
     return report
+
+
+def _writing(cfg: ThalwegConfig) -> bool:
+    """Whether a gateway (or a batch run) writes the lanes now (lane/liveness.py). A
+    bucket lane whose cache is not on this host may be written elsewhere: taken as
+    running, so nothing a running writer finishes is named a fault."""
+    root = Path(cfg.gateway.data_dir)
+    if cfg.gateway.lanes_in_object_store and not root.is_dir():
+        return True
+    return writer_running(root)
+
+
+def _from_earliest(cfg: ThalwegConfig) -> frozenset[str]:
+    """The topics a Kafka source reads from the earliest (``auto_offset_reset``): their
+    lanes begin at the broker's log start unless something records otherwise."""
+    return frozenset(
+        t
+        for src in cfg.sources
+        if isinstance(src, KafkaSourceConfig) and src.auto_offset_reset == "earliest"
+        for t in src.topics or []
+    )
 
 
 def _topics(cfg: ThalwegConfig, layout: LaneLayout, only: str | None) -> list[str]:
@@ -117,6 +143,7 @@ def _check_broker(
     lanes: dict[tuple[str, int], LaneAudit],
     summaries: dict[tuple[str, int], PartitionSummary],
     report: Report,
+    earliest: frozenset[str] = frozenset(),
 ) -> None:
     """The lane against the cluster: nothing committed beyond the lane (the commit read
     before the lane), nothing in the lane the log never held (the log read after it: a
@@ -155,6 +182,18 @@ def _check_broker(
             continue
         summary.log_start, summary.log_end = log.log_start, log.log_end
         end = lane.coverage[-1][1] if lane.coverage else 0
+        if lane.origin is None and not lane.floor and log.log_start is not None and t in earliest:
+            # No record of where the lane began (a lane older than that record, or a
+            # bucket's): a source reading from the earliest began at the log's start.
+            start_missing(
+                lane.coverage,
+                log.log_start,
+                "the broker's log starts there and the source reads from the earliest; "
+                "the lane keeps no origin record",
+                lane.elsewhere,
+                report,
+                f"{t}[{p}]",
+            )
         if log.log_end is not None and end > log.log_end + 1:
             report.add(
                 "warning",
@@ -164,6 +203,45 @@ def _check_broker(
                 "broker lost records the lane holds (the gateway holds the "
                 "partition until a new epoch: docs/operations.md)",
             )
+
+
+def _check_unheld(
+    topics: list[str],
+    committed: dict[tuple[str, int], PartitionOffsets],
+    lanes: dict[tuple[str, int], LaneAudit],
+    report: Report,
+    stopped: bool,
+    earliest: frozenset[str],
+) -> None:
+    """Partitions the broker holds records for and the lane never held.
+
+    The log as read *before* the lanes is what counts: records that arrived after the
+    lanes were listed are not yet due. A group commit makes it ``commit_ahead``'s case;
+    a source reading from the latest was never due the records before it began. Beside
+    a running gateway a partition assigned moments ago holds nothing yet: a warning."""
+    for (t, p), early in sorted(committed.items()):
+        if t not in topics or early.committed:
+            continue
+        lane = lanes.get((t, p))
+        if lane is not None and lane.coverage:
+            continue
+        start, end = early.log_start, early.log_end
+        if start is None or end is None or end <= start or t not in earliest:
+            continue
+        if lane is not None and (lane.floor >= end or (lane.origin or 0) >= end):
+            continue  # retention removed them, or the lane began after them
+        report.add(
+            "error" if stopped else "warning",
+            "partition_missing" if stopped else "partition_not_yet",
+            f"{t}[{p}]",
+            f"the broker holds offsets {start}-{end - 1}, the lane none of them and the "
+            "group committed nothing"
+            + (
+                " (on a per-replica data_dir, verify a partition at its owner)"
+                if stopped
+                else ": a gateway is running and may have taken the partition moments ago"
+            ),
+        )
 
 
 def _bucket_copy(cfg: ThalwegConfig, root: Path, only: str | None, report: Report) -> LaneLayout:
