@@ -348,3 +348,123 @@ topics = ["{topic}"]
 [recovery]
 poll_interval_s = 0.2
 """
+
+
+def _rewrite(path: Path, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+    """``path``'s rows changed by ``change``, written back under the same schema (its
+    footer's metadata kept): a segment damaged behind the lane's back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    pq.write_table(pa.Table.from_pylist(change(table.to_pylist()), schema=table.schema), path)
+
+
+def test_deep_finds_records_held_reshaped_or_dropped_that_positions_alone_cannot(
+    broker: TansuBroker,
+    topic_factory: Callable[..., str],
+    gateway_factory: Callable[..., RunningGateway],
+    tmp_path: Path,
+) -> None:
+    """Records with null, empty and set keys, duplicate and null-valued headers and their
+    own timestamps, ingested and stopped: ``--deep`` compares every one clean. Then, in
+    the raw lane, one value changed, one header dropped, one null key stored empty, one
+    timestamp shifted, and one record removed from its segment and its twin (what a
+    compacted offset looks like, so the shallow check cannot tell): the shallow check
+    passes, ``--deep`` names each offset with the field that differs, ``--partition``
+    and ``--since`` bound it, and the command exits 1."""
+    topic = topic_factory(partitions=2, prefix="deep")
+    base = 1_700_000_000_000
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log_level": 2})
+    for i in range(600):
+        key = None if i % 3 == 0 else b"" if i % 3 == 1 else f"k{i}".encode()
+        headers = [("h", str(i).encode()), ("h", None), ("z", b"")] if i % 4 == 0 else None
+        p.produce(
+            topic,
+            json.dumps({"n": i}).encode(),
+            key=key,
+            partition=i % 2,
+            headers=headers,
+            timestamp=base + i,
+        )
+    assert p.flush(30) == 0
+    data = tmp_path / "lane"
+    rg = gateway_factory([topic], data_dir=data, raw_lane={"roll_rows": 100})
+    rg.wait_durable(topic, {0: 300, 1: 300})
+    rg.stop()
+    cfg = rg.gateway.cfg
+
+    clean = verify(cfg, deep=True)
+    assert clean.ok and not clean.findings, clean.as_text()
+    for part in (0, 1):
+        assert clean.deep[f"{topic}[{part}]"] == {
+            "from": 0,
+            "to": 300,
+            "compared": 300,
+            "differ": 0,
+            "missing": 0,
+            "not_retained": 0,
+            "complete": True,
+        }
+
+    layout = LaneLayout(data)
+    cols = cfg.gateway.metadata_prefix
+    seg0 = layout.segments(Lane.RAW, topic, 0)[1]  # offsets 100-199 of partition 0
+
+    def reshape(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        by = {r[f"{cols}source_offset"]: r for r in rows}
+        by[120][f"{cols}source_value"] = b'{"n": -1}'
+        by[124][f"{cols}source_headers"] = by[124][f"{cols}source_headers"][:-1]
+        assert by[126][f"{cols}source_key"] is None  # record 252: 252 % 3 == 0
+        by[126][f"{cols}source_key"] = b""
+        by[131][f"{cols}source_timestamp"] = by[130][f"{cols}source_timestamp"]
+        return rows
+
+    _rewrite(seg0.path, reshape)
+    seg1 = layout.segments(Lane.RAW, topic, 1)[2]  # offsets 200-299 of partition 1
+    for lane in (Lane.RAW, Lane.DECODED):
+        _rewrite(
+            layout.partition_dir(lane, topic, 1) / seg1.path.name,
+            lambda rows: [r for r in rows if r[f"{cols}source_offset"] != 250],
+        )
+
+    shallow = verify(cfg)
+    assert shallow.ok, shallow.as_text()  # positions alone: a compacted offset
+    deep = verify(cfg, deep=True)
+    assert not deep.ok
+    found = {(f.code, f.where): f.message for f in deep.findings}
+    assert set(found) == {("deep_mismatch", f"{topic}[0]"), ("deep_missing", f"{topic}[1]")}
+    assert "4 record(s)" in found[("deep_mismatch", f"{topic}[0]")]
+    assert (
+        "offsets 120 (value), 124 (headers), 126 (key), 131 (timestamp)"
+        in found[("deep_mismatch", f"{topic}[0]")]
+    )
+    assert "offsets 250" in found[("deep_missing", f"{topic}[1]")]
+
+    # Bounded: one partition; or only the segments from a time on (partition 0's records
+    # 100.. were sent at base + 200 ..: the segment holding the changes is not read).
+    one = verify(cfg, deep=True, partition=1)
+    assert set(one.deep) == {f"{topic}[1]"}
+    assert {f.code for f in one.findings} == {"deep_missing"}
+    later = verify(cfg, deep=True, since_ms=base + 400)
+    assert later.deep[f"{topic}[0]"]["from"] == 200, later.as_text()
+    assert {f.code for f in later.findings} == {"deep_missing"}  # partition 1's 250 stays
+
+    config = tmp_path / "deep.toml"
+    src = cfg.sources[0]
+    config.write_text(
+        f'[gateway]\ndata_dir = "{data}"\n\n[[sources]]\nname = "test"\nkind = "kafka"\n'
+        f'bootstrap_servers = "{getattr(src, "bootstrap_servers")}"\ntopics = ["{topic}"]\n'  # noqa: B009
+        f'group_id = "{getattr(src, "group_id")}"\n'  # noqa: B009
+    )
+    result = CliRunner().invoke(
+        cli, ["verify", "-c", str(config), "--deep", "--partition", "0", "--output", "json"]
+    )
+    assert result.exit_code == 1, result.output
+    body = json.loads(result.output)
+    assert [f["code"] for f in body["findings"]] == ["deep_mismatch"]
+    assert body["deep"][f"{topic}[0]"]["differ"] == 4
+    result = CliRunner().invoke(cli, ["verify", "-c", str(config), "--since", "1h"])
+    assert result.exit_code == 2 and "add --deep" in result.output
+    result = CliRunner().invoke(cli, ["verify", "-c", str(config), "--deep", "--since", "soon"])
+    assert result.exit_code == 2 and "ISO 8601" in result.output

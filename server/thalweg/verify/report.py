@@ -15,7 +15,7 @@ from typing import Any, Literal
 Level = Literal["error", "warning"]
 
 #: Warnings that a part of the check did not run.
-UNCHECKED = frozenset({"broker_unreachable"})
+UNCHECKED = frozenset({"broker_unreachable", "deep_incomplete", "deep_unchecked"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     # No process wrote the lanes while they were read (lane/liveness.py).
     stopped: bool = False
+    # ``--deep``: per partition, what was compared with the broker (verify/deep.py).
+    deep: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, level: Level, code: str, where: str, message: str) -> None:
         self.findings.append(Finding(level, code, where, message))
@@ -72,6 +74,7 @@ class Report:
             "findings": [asdict(f) for f in self.findings],
             "partitions": [asdict(p) for p in self.partitions],
             "sinks": self.sinks,
+            "deep": self.deep,
         }
 
     def as_text(self) -> str:
@@ -89,6 +92,13 @@ class Report:
             )
         for name, s in self.sinks.items():
             lines.append(f"sink {name}: {s.get('summary', '')}")
+        for where, d in self.deep.items():
+            lines.append(
+                f"deep {where}: offsets {d['from']}-{d['to'] - 1}: {d['compared']} compared "
+                f"with the broker, {d['differ']} differ, {d['missing']} missing, "
+                f"{d['not_retained']} no longer retained by it"
+                + ("" if d["complete"] else " (incomplete)")
+            )
         for f in self.findings:
             lines.append(f"{f.level.upper():7s} {f.code}: {f.where}: {f.message}")
         errors = sum(f.level == "error" for f in self.findings)

@@ -25,6 +25,7 @@ from thalweg.verify.sinks import audit_sink, read_sink
 
 if TYPE_CHECKING:
     from thalweg.kafka.offsets import PartitionOffsets
+    from thalweg.verify.deep import DeepRange
 
 
 def verify(
@@ -33,8 +34,17 @@ def verify(
     topic: str | None = None,
     sink: str | None = None,
     broker: bool = True,
+    deep: bool = False,
+    partition: int | None = None,
+    since_ms: int | None = None,
 ) -> Report:
-    """Check everything the configuration names (or only ``topic`` / ``sink``)."""
+    """Check everything the configuration names (or only ``topic`` / ``sink``).
+
+    ``deep`` also compares each record the broker retains with the raw lane
+    (``verify/deep.py``), only of ``partition`` and from ``since_ms`` when given.
+    """
+    if deep and not broker:
+        raise ConfigError("--deep reads the records back from the broker: drop --no-broker")
     report = Report()
     columns = MetadataColumns(cfg.gateway.metadata_prefix)
     # Beside a running gateway everything grows while it is read: what must trail the
@@ -79,10 +89,69 @@ def verify(
             earliest = _from_earliest(cfg)
             _check_broker(topics, committed, logs, lanes, summaries, report, earliest)
             _check_unheld(topics, committed, lanes, report, stopped, earliest)
+            if deep:
+                from thalweg.verify.deep import run_deep  # aiokafka: only when asked
+
+                plans = _deep_plans(
+                    cfg, layout, columns, topics, lanes, logs, report, partition, since_ms
+                )
+                run_deep(plans, columns, report)
         report.partitions = [summaries[k] for k in sorted(summaries)]
         for name in chosen:
             audit_sink(cfg, name, columns, lanes, report, states[name], layout)
     return report
+
+
+def _deep_plans(
+    cfg: ThalwegConfig,
+    layout: LaneLayout,
+    columns: MetadataColumns,
+    topics: list[str],
+    lanes: dict[tuple[str, int], LaneAudit],
+    logs: dict[tuple[str, int], PartitionOffsets],
+    report: Report,
+    partition: int | None,
+    since_ms: int | None,
+) -> list[tuple[KafkaSourceConfig, list[DeepRange]]]:
+    """What ``--deep`` reads per Kafka source: each chosen partition's lane coverage cut
+    to what the broker's log still holds. A Pulsar topic is named as not checked."""
+    from thalweg.verify.deep import plan_range
+
+    plans = []
+    for src in cfg.sources:
+        chosen = [t for t in (getattr(src, "topics", None) or []) if t in topics]
+        if not isinstance(src, KafkaSourceConfig):
+            for t in chosen:
+                report.add(
+                    "warning",
+                    "deep_unchecked",
+                    t,
+                    "--deep reads Kafka topics back; Pulsar's are not compared",
+                )
+            continue
+        ranges = []
+        for t in chosen:
+            for p in layout.partitions(t):
+                lane, log = lanes.get((t, p)), logs.get((t, p))
+                if (partition is not None and p != partition) or lane is None or not lane.coverage:
+                    continue
+                if log is None or log.log_end is None:
+                    report.add(
+                        "warning", "deep_incomplete", f"{t}[{p}]", "no log end from the broker"
+                    )
+                    continue
+                bounds = (
+                    max(lane.coverage[0][0], log.log_start or 0),
+                    min(lane.coverage[-1][1], log.log_end),
+                )
+                if bounds[0] >= bounds[1]:
+                    continue  # the broker retains nothing of the lane
+                plan = plan_range(layout, columns, t, p, bounds, since_ms, lane.elsewhere)
+                if plan is not None:
+                    ranges.append(plan)
+        if ranges:
+            plans.append((src, ranges))
+    return plans
 
 
 def _writing(cfg: ThalwegConfig) -> bool:
