@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import thalweg_client
 from tests.conftest import RunningGateway
-from tests.helpers import produce_json, wait_until
+from tests.helpers import assert_verified, produce_json, wait_until
 from tests.tcp_proxy import TcpProxy
 from thalweg.embedded import TansuBroker, free_port
 
@@ -66,6 +66,8 @@ def test_broker_outage(gateway_factory: Callable[..., RunningGateway]) -> None:
             table = client.read(topic)
         assert sorted(table.column("i").to_pylist()) == list(range(200))
         print(f"/ready turned 503 {saw_503:.1f}s into a {OUTAGE_S}s outage, and recovered")
+        gw.stop()
+        assert_verified(gw.gateway.cfg)  # the broker is back: its checks run too
     finally:
         proxy.cut()
         broker.stop()

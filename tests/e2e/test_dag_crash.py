@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 
 from tests.e2e.test_crash_exactness import config_text, start_gateway, wait_started
 from tests.e2e.test_sink_recovery import make_topic
-from tests.helpers import arrow_files, committed_offsets, seeded_rng, wait_until
+from tests.helpers import arrow_files, assert_verified, committed_offsets, seeded_rng, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.lane import LaneLayout, scan_coverage
 
@@ -233,3 +233,4 @@ def test_sigkill_during_a_three_level_dag_leaves_every_derived_row_once(
     custom = audit.filter(pc.equal(audit.column("rule"), "not a multiple of seven plus three"))
     assert int(pc.sum(custom.column("value")).as_py()) == len(dead_n)
     assert all(v.startswith("2.0.0#") for v in audit.column("rule_version").to_pylist())
+    assert_verified(cfg)  # the node-fed sinks: their coverage against the lane

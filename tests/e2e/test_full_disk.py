@@ -65,6 +65,17 @@ def temp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if ".tmp" in p.name]
 
 
+def twins_missing(root: Path, topic: str) -> list[str]:
+    """The raw segments under ``root`` whose decoded twin is not on disk."""
+    missing = []
+    for raw_dir in sorted((root / "raw" / f"topic={topic}").glob("partition=*")):
+        decoded_dir = root / "decoded" / f"topic={topic}" / raw_dir.name
+        for segment in sorted(raw_dir.glob("*.parquet")):
+            if not (decoded_dir / segment.name).exists():
+                missing.append(f"{raw_dir.name}/{segment.name}")
+    return missing
+
+
 def lane_rows(root: Path, topic: str) -> int:
     files = (root / "raw" / f"topic={topic}").rglob("*.parquet")
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
@@ -354,5 +365,8 @@ def test_a_full_object_store_cache_commits_nothing_ahead_of_the_bucket_and_catch
     assert set(seen) == {(p, o) for p in (0, 1) for o in range(total // 2)}
     assert max(seen.values()) == 1  # every record in the bucket, once
     assert temp_files(cache) == []  # the refused writes left nothing behind
+    # A decoded twin whose write hit the full disk is rebuilt with backoff while the
+    # gateway runs: caught up means the decoded lane too, which verify checks.
+    wait_until(lambda: twins_missing(cache, topic) == [], 120, "every decoded twin rebuilt")
     gw.stop()
     assert_verified(gw.gateway.cfg)

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import thalweg_client
 from tests.conftest import NoidaBroker, RunningGateway
-from tests.helpers import committed_offsets, produce_json, wait_until
+from tests.helpers import assert_verified, committed_offsets, produce_json, wait_until
 from thalweg.cli.main import cli
 from thalweg.embedded import TansuBroker, free_port
 from thalweg.lane.epochs import CLOSED, epoch_layout
@@ -208,6 +208,8 @@ def test_broker_lost_its_data_holds_the_partition_until_a_new_epoch(
     assert (part["epoch"], part["closed_epochs"]) == (1, [0])
     out = CliRunner().invoke(cli, ["lane", "status", "-c", str(cfg)])
     assert "epoch 1 (closed: [0])" in out.output, out.output
+    gw.stop()
+    assert_verified(gw.gateway.cfg)  # the new epoch against the new log
 
 
 def test_recreated_topic_grown_past_the_lane_fails_the_record_check(
@@ -244,6 +246,8 @@ def test_recreated_topic_grown_past_the_lane_fails_the_record_check(
     assert sorted(new.column("i").to_pylist()) == list(range(500))
     assert set(new.column("gen").to_pylist()) == {2}
     assert_no_overlap(layout, topic)
+    gw.stop()
+    assert_verified(gw.gateway.cfg)
 
 
 def test_the_same_log_after_a_restart_is_not_a_divergence(
@@ -268,6 +272,8 @@ def test_the_same_log_after_a_restart_is_not_a_divergence(
     assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(250))
     assert_no_overlap(layout, topic)
     assert gw.committed(topic, 0, 250) == 250
+    gw.stop()
+    assert_verified(gw.gateway.cfg)
 
 
 def test_broker_loses_data_under_a_running_gateway(
@@ -289,6 +295,9 @@ def test_broker_loses_data_under_a_running_gateway(
     assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(300))
     assert committed_offsets(broker.bootstrap, group, topic, [0])[0] == -1
     assert get(gw.admin_url + "/ready")[0] == 503
+    gw.stop()
+    # The held lane is whole; the broker's shorter log is named, as a warning.
+    assert_verified(gw.gateway.cfg)
 
 
 def test_noida_broker_restored_empty_under_a_running_gateway(
@@ -327,6 +336,8 @@ def test_noida_broker_restored_empty_under_a_running_gateway(
         assert sorted(raw.column("_twg_source_offset").to_pylist()) == list(range(300))
         assert_no_overlap(layout, topic)
         assert committed_offsets(bootstrap, group, topic, [0])[0] in (-1, 300)
+        gw.stop()
+        assert_verified(gw.gateway.cfg)
     finally:
         noida.stop()
 
@@ -380,5 +391,7 @@ def test_noida_topic_deleted_and_recreated_while_the_gateway_was_stopped(
         old = lane_rows(epoch_layout(layout, 0), topic, Lane.DECODED)
         assert sorted(old.column("i").to_pylist()) == list(range(300))
         assert_no_overlap(layout, topic)
+        gw.stop()
+        assert_verified(gw.gateway.cfg)
     finally:
         noida.stop()

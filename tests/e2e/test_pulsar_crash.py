@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.e2e.test_crash_exactness import start_gateway, wait_started
-from tests.helpers import seeded_rng
+from tests.helpers import assert_verified, seeded_rng
 from tests.pulsar_lite import ExternalPulsar, PulsarLite, drain_subscription
 from thalweg.embedded import free_port
 
@@ -128,6 +128,7 @@ def test_nothing_is_acknowledged_before_it_is_durable(
     assert lane_values(data, topic) == []  # nothing was durable...
     seen = pending_on_subscription(pulsar_broker.url, topic, wait_ms=5000, limit=500)
     assert seen == set(range(500))  # ...so nothing was acknowledged
+    assert_verified(config)
 
 
 def test_sigkill_loop_writes_every_message_exactly_once(
@@ -197,6 +198,7 @@ def test_sigkill_loop_writes_every_message_exactly_once(
     )
     assert sorted(values) == list(range(total))  # each exactly once
     assert left == set()  # after a graceful stop, everything durable is acknowledged
+    assert_verified(config)
 
 
 def pending_on_subscription(

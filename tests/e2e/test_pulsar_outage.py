@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import RunningGateway, pulsar_source_cfg
 from tests.e2e.test_broker_outage import status
 from tests.e2e.test_pulsar_crash import lane_values, produce
-from tests.helpers import wait_until
+from tests.helpers import assert_verified, wait_until
 from tests.pulsar_lite import PulsarLite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,5 +50,6 @@ def test_pulsar_broker_outage(
         values = lane_values(gw.data_dir, topic)
         assert sorted(values) == list(range(2000))  # none lost, none twice
         assert went_down < 8, went_down  # within a few probe periods (2 s each)
+        assert_verified(gw.gateway.cfg)
     finally:
         broker.stop()

@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 
 import thalweg_client
 from tests.conftest import RunningGateway
+from tests.helpers import assert_verified
 from thalweg.embedded import TansuBroker
 
 pytestmark = pytest.mark.integration
@@ -132,3 +133,5 @@ def test_a_100k_key_record_and_a_100k_column_put_leave_the_lane_as_it_was(
         tail = client.read(topic, start={"offset": end}, lane="raw")
     assert tail.num_rows == 1
     assert json.loads(tail["_twg_source_value"][0].as_py()) == {"id": end, "customer": "c"}
+    gw.stop()
+    assert_verified(gw.gateway.cfg)  # the bomb a dead letter once, the lane whole

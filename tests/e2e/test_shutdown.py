@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
 from tests.e2e.test_crash_exactness import start_gateway, wait_started, write_config
-from tests.helpers import committed_offsets, produce_json, wait_until
+from tests.helpers import assert_verified, committed_offsets, produce_json, wait_until
 from thalweg.embedded import TansuBroker
 from thalweg.errors import ShutdownTimeoutError
 from thalweg.lane import LaneLayout, scan_coverage
@@ -110,6 +110,7 @@ def test_sigterm_under_load(
         assert len(offsets) == n
         assert pc.count_distinct(offsets).as_py() == n  # no duplicate, and with n: no gap
     assert committed(broker.bootstrap, group, topic) == expected
+    assert_verified(config)
 
 
 def test_a_drain_past_the_deadline_is_abandoned_uncommitted(
@@ -133,3 +134,5 @@ def test_a_drain_past_the_deadline_is_abandoned_uncommitted(
     assert isinstance(errors[0], ShutdownTimeoutError)
     assert "gateway.shutdown_timeout_s" in str(errors[0])
     assert gw.gateway.catalog.describe(topic)["partitions"][0]["committed"] in (None, 0)
+    # Nothing of the abandoned drain landed: the lane is empty and nothing was committed.
+    assert_verified(gw.gateway.cfg)

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import RunningGateway
+from tests.helpers import assert_verified
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -72,3 +73,5 @@ def test_slow_sink_bounds_memory_and_recovers(
         f"MiB; after recovery the remaining {TOTAL - slow_durable} took {fast_s:.1f}s"
     )
     assert (TOTAL - slow_durable) / fast_s > slow_durable / 10  # throughput recovered
+    gw.stop()
+    assert_verified(gw.gateway.cfg)
