@@ -489,15 +489,20 @@ class SmallDisk:
 
 def assert_verified(config: Any, *, broker: bool = True, sink: str | None = None) -> None:
     """``twg verify`` on what a fault test left (a config file or a loaded
-    configuration): no finding of level error, and no check that could not run — a
+    configuration), with ``--deep`` on a Kafka-only configuration: no finding of level
+    error, and no check that could not run — a
     cluster that did not answer is a check skipped, not passed (``broker=False`` is the
     one way to leave the cluster out, said by the test). The report is the failure
     message."""
     from thalweg.config import load_config
+    from thalweg.config.models import KafkaSourceConfig
     from thalweg.verify import verify
 
     cfg = load_config(config) if isinstance(config, Path) else config
-    report = verify(cfg, broker=broker, sink=sink)
+    # Every record's content too (--deep) where the broker can be read back: a fault
+    # that reshapes a record is as much a failure as one that loses it.
+    deep = broker and all(isinstance(s, KafkaSourceConfig) for s in cfg.sources)
+    report = verify(cfg, broker=broker, sink=sink, deep=deep)
     assert report.ok, report.as_text()
     assert not report.unchecked, f"a check did not run:\n{report.as_text()}"
 

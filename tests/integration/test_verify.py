@@ -13,6 +13,7 @@ start."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -31,9 +32,9 @@ from tests.integration.test_object_store import bucket, open_store, store_cfg
 from tests.moto_server import MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.cli.main import cli
-from thalweg.config.models import ThalwegConfig
+from thalweg.config.models import KafkaSourceConfig, ThalwegConfig
 from thalweg.embedded import TansuBroker
-from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.layout import Lane, LaneLayout, segment_name
 from thalweg.lane.remote.mirror import object_name
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.verify import Report, verify
@@ -466,5 +467,69 @@ def test_deep_finds_records_held_reshaped_or_dropped_that_positions_alone_cannot
     assert body["deep"][f"{topic}[0]"]["differ"] == 4
     result = CliRunner().invoke(cli, ["verify", "-c", str(config), "--since", "1h"])
     assert result.exit_code == 2 and "add --deep" in result.output
+
+    # A range the broker stops answering in (here: a segment said to hold 300-399 of a
+    # log that ends at 300) ends once the broker has been quiet a while, naming the
+    # offset it waited at, and the report lists the check as not done.
+    from thalweg.lane.layout import Segment
+    from thalweg.records.columns import MetadataColumns
+    from thalweg.verify.deep import DeepRange, check_partition, report_partition
+
+    assert isinstance(src, KafkaSourceConfig)
+    past = Segment(300, 399, layout.segments(Lane.RAW, topic, 1)[-1].path)
+    plan = DeepRange(topic, 1, 300, 400, (past,))
+    waited = asyncio.run(check_partition(src, MetadataColumns(cols), plan, idle_s=1.0))
+    assert waited.incomplete is not None and "from offset 300" in waited.incomplete
+    partial = Report()
+    report_partition(f"{topic}[1]", waited, partial)
+    assert partial.ok and [f.code for f in partial.unchecked] == ["deep_incomplete"]
     result = CliRunner().invoke(cli, ["verify", "-c", str(config), "--deep", "--since", "soon"])
     assert result.exit_code == 2 and "ISO 8601" in result.output
+
+
+def test_a_bucket_lanes_leftovers_are_named_and_the_resolved_lane_checked(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A bucket holding, beside its lane, a raw object of an older generation that a
+    newer one supersedes (a zombie's, or a crashed member's its successor wrote again)
+    and a decoded object whose raw PUT never landed: each named, a warning (readers
+    resolve past both), and the lane as readers resolve it verified clean."""
+    cache = tmp_path / "cache"
+    write_segment(cache, "t", 0, range(5), 0)
+    write_segment(cache, "t", 0, range(5, 9), 5)
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    for f in sorted(cache.glob("*/topic=t/partition=0/*.parquet")):
+        store.put_new(str(f.relative_to(cache).with_name(object_name(f.name, 2))), f)
+    first = (
+        cache
+        / "raw"
+        / "topic=t"
+        / "partition=0"
+        / "00000000000000000000-00000000000000000004.parquet"
+    )
+    store.put_new(f"raw/topic=t/partition=0/{object_name(first.name, 1)}", first)
+    twin = cache / "decoded" / "topic=t" / "partition=0" / first.name
+    store.put_new(
+        f"decoded/topic=t/partition=0/{object_name(segment_name(9, 11), 2)}",
+        twin,
+    )
+    remote = tmp_path / "remote.toml"
+    options = ", ".join(
+        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
+    )
+    remote.write_text(
+        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
+        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
+        'topics = ["t"]\n'
+    )
+    done = CliRunner().invoke(
+        cli, ["--output", "json", "verify", "-c", str(remote), "--no-broker"], obj={}
+    )
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert {(f["code"], f["where"], f["level"]) for f in report["findings"]} == {
+        ("superseded_objects", "t[0]", "warning"),
+        ("orphan_object", "t[0]", "warning"),
+    }, report["findings"]
+    assert [p["rows"] for p in report["partitions"]] == [9]

@@ -229,3 +229,127 @@ def test_a_report_whose_broker_check_did_not_run_fails_assert_verified(tmp_path:
     with pytest.raises(AssertionError, match="a check did not run"):
         assert_verified(cfg)
     assert_verified(cfg, broker=False)  # leaving the cluster out, said
+
+
+def _age(path: Path, seconds: float = 120) -> None:
+    os.utime(path, (time.time() - seconds, time.time() - seconds))
+
+
+def _rows(path: Path, pick: list[int]) -> None:
+    """``path`` rewritten to hold its rows ``pick`` (in that order), footer kept."""
+    table = pq.read_table(path)
+    pq.write_table(table.take(pa.array(pick)), path)
+
+
+def test_a_raw_file_holding_other_positions_than_its_name_says_is_named(tmp_path: Path) -> None:
+    _, config, layout = lane_of(tmp_path, (0, 5))
+    _rows(raw(layout, 0, 4), [1, 2, 3, 4])
+    code, report = verify(config)
+    assert code == 1 and ("misnamed", "t[0]", "error") in findings(report), report
+
+
+def test_a_position_twice_in_one_raw_file_is_named(tmp_path: Path) -> None:
+    _, config, layout = lane_of(tmp_path, (0, 5))
+    _rows(raw(layout, 0, 4), [0, 1, 1, 2, 3, 4])
+    code, report = verify(config)
+    assert code == 1 and ("duplicate", "t[0]", "error") in findings(report), report
+    assert any("holds a position twice" in f["message"] for f in report["findings"])
+
+
+def test_a_position_in_two_raw_files_is_named(tmp_path: Path) -> None:
+    _, config, layout = lane_of(tmp_path, (0, 5), (5, 10))
+    # Segment 5-9 rewritten as 4-9: named 5-9 it would be misnamed; named 4-9 the listing
+    # overlaps. Both files hold position 4.
+    table = pq.read_table(raw(layout, 0, 4))
+    later = pq.read_table(raw(layout, 5, 9))
+    pq.write_table(pa.concat_tables([table.slice(4, 1), later]), raw(layout, 4, 9))
+    raw(layout, 5, 9).unlink()
+    code, report = verify(config)
+    found = findings(report)
+    assert code == 1 and ("duplicate", "t[0]", "error") in found, report
+    assert any("positions are held twice" in f["message"] for f in report["findings"])
+
+
+def test_a_segment_below_the_floor_still_on_disk_a_minute_on_is_a_warning(tmp_path: Path) -> None:
+    _, config, layout = lane_of(tmp_path, (0, 5), (5, 10))
+    raise_floor(layout, "t", 0, 5, time.time() - 600)
+    _age(raw(layout, 0, 4))
+    code, report = verify(config)
+    assert code == 0 and ("below_floor", "t[0]", "warning") in findings(report), report
+
+
+def test_a_merges_part_still_on_disk_a_minute_on_is_a_warning(tmp_path: Path) -> None:
+    from thalweg.lane.coverage import META_COMPACTED
+
+    _, config, layout = lane_of(tmp_path, (0, 10))
+    merged = raw(layout, 0, 9)
+    table = pq.read_table(merged)
+    part = raw(layout, 2, 3)
+    pq.write_table(table.slice(2, 2), part)
+    meta = {**(table.schema.metadata or {}), META_COMPACTED: b"1"}
+    pq.write_table(table.replace_schema_metadata(meta), merged)
+    _age(part)
+    code, report = verify(config)
+    assert code == 0 and ("unswept_part", "t[0]", "warning") in findings(report), report
+    assert ("contained", "t[0]", "error") not in findings(report)
+
+
+def test_an_unreadable_coverage_store_is_named_and_nothing_of_it_trusted(tmp_path: Path) -> None:
+    lane, config, _ = lane_of(tmp_path, (0, 5))
+    recover(config)
+    (lane / "coverage" / "files.json").write_text("{not json")
+    code, report = verify(config)
+    assert code == 1 and ("store_unreadable", "sink files", "error") in findings(report), report
+
+
+def test_a_destination_that_cannot_be_read_back_is_named(tmp_path: Path) -> None:
+    lane, config, _ = lane_of(tmp_path, (0, 5))
+    recover(config)
+    sink_files(lane)[0].write_bytes(b"ARROW1 not a file")
+    code, report = verify(config)
+    found = findings(report)
+    assert code == 1 and ("destination_unreadable", "sink files", "error") in found, report
+    [message] = [f["message"] for f in report["findings"] if f["code"] == "destination_unreadable"]
+    assert sink_files(lane)[0].name in message
+
+
+def test_deep_names_a_topic_it_cannot_read_back_as_unchecked(tmp_path: Path) -> None:
+    lane = tmp_path / "lane"
+    write_segment(lane, "t", 0, range(5), 0)
+    config = tmp_path / "pulsar.toml"
+    config.write_text(
+        f'[gateway]\ndata_dir = "{lane}"\n\n[[sources]]\nname = "p"\nkind = "pulsar"\n'
+        'service_url = "pulsar://127.0.0.1:9"\ntopics = ["t"]\nsubscription = "s"\n'
+    )
+    report = verify_run.verify(load_config(config), deep=True)
+    assert report.ok and [(f.code, f.where) for f in report.unchecked] == [
+        ("deep_unchecked", "t")
+    ], report.as_text()
+    with pytest.raises(Exception, match="drop --no-broker"):
+        verify_run.verify(load_config(config), deep=True, broker=False)
+
+
+def test_a_sink_fed_across_a_closed_epoch_is_checked_by_coverage_there(tmp_path: Path) -> None:
+    """The broker lost its log: epoch 0 closed at 0-4, epoch 1 starts at 0 again and the
+    sink holds rows of both at the same positions. Its rows cannot be told apart by
+    position: a warning says coverage is what is checked, and coverage still is — a
+    claim beyond epoch 1's lane is an error."""
+    from thalweg.lane.epochs import Divergence, close_epoch, mark_diverged
+    from thalweg.recovery.coverage import CoverageStore
+
+    lane, config, layout = lane_of(tmp_path, (0, 5))
+    recover(config)
+    mark_diverged(layout, Divergence("t", 0, 0, "log_end_below_lane", 5, 0, 0, "planted"))
+    assert close_epoch(layout, "t", 0) == 1
+    write_segment(lane, "t", 0, range(3), 0)
+    recover(config)
+    code, report = verify(config)
+    assert code == 0 and findings(report) == {("epoch_rows", "sink files: t[0]", "warning")}
+    assert [(p["epoch"], p["rows"]) for p in report["partitions"]] == [(1, 3)]
+    store = CoverageStore(lane, "files")
+    assert store.snapshot()[("t", 0, 1)] == [(0, 3)]
+    # The destination's own record of epoch 1 (its file's name) claims 0-4.
+    [newer] = [f for f in sink_files(lane) if f.name.startswith("e000001-")]
+    newer.rename(newer.with_name(f"e000001-{0:020d}-{5:020d}.arrow"))
+    code, report = verify(config)
+    assert code == 1 and ("sink_ahead", "sink files: t[0]", "error") in findings(report), report
