@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -574,24 +574,32 @@ def write_segment(
     *,
     keys: Sequence[bytes | None] | None = None,
     xs: Sequence[str] | None = None,
+    payload: Mapping[str, Any] | None = None,
+    prefix: str = "_twg_",
 ) -> None:
     """One raw segment of ``offsets`` (covering from ``covers_from``: skipped offsets
     before the first) and its decoded twin ``{"x": ...}`` (``xs``, else each offset as
-    text), written into ``lane`` as the gateway writes them — a lane for a test that
-    needs no broker."""
+    text) — or the columns of ``payload`` (name → values) — written into ``lane`` as
+    the gateway writes them, its metadata columns named with ``prefix``: a lane for a
+    test that needs no broker."""
     from thalweg.config.models import RawLaneConfig
     from thalweg.lane import LaneLayout, SegmentWriter
     from thalweg.records import MetadataColumns, build_raw_batch
 
-    cols = MetadataColumns()
+    cols = MetadataColumns(prefix)
     recs = [
         _Rec(topic, partition, o, 0, 0, keys[i] if keys else None, b"{}", ())
         for i, o in enumerate(offsets)
     ]
     raw = pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=cols)])
+    values = (
+        dict(payload)
+        if payload is not None
+        else {"x": pa.array(list(xs) if xs is not None else [str(o) for o in offsets])}
+    )
     decoded = pa.table(
         {
-            "x": pa.array(list(xs) if xs is not None else [str(o) for o in offsets]),
+            **values,
             **{
                 c: raw.column(c)
                 for c in (cols.offset, cols.position, cols.partition, cols.topic, cols.record_id)

@@ -18,7 +18,6 @@ large to read back).
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from thalweg.recovery.build import build_feeders
 from thalweg.recovery.feeder import PassSummary
 from thalweg.verify.report import Finding
 from thalweg.verify.run import verify
+from thalweg.verify.sinks import destination
 
 
 @click.command()
@@ -128,7 +128,7 @@ def recover(
     if found:
         text += f"\nthe destination does not hold what sink {sink_name}'s coverage claims:"
         text += "".join(f"\n  {f.code}: {f.where}: {f.message}" for f in found)
-        text += "\n" + _rebuild(sink_cfg)
+        text += "\n" + _rebuild(cfg, sink_cfg)
     ok = not s.waiting and not found
     data = {"ok": ok, "sink": sink_name, **s.as_dict()}
     if found is not None:
@@ -145,41 +145,14 @@ LOST = frozenset({"sink_missing", "table_missing"})
 UNREADABLE = frozenset({"destination_unreadable", "store_unreadable"})
 
 
-def _rebuild(sink_cfg: Any) -> str:
-    """The runbook's step for this kind of sink (docs/operations.md, "Verifying
-    exactness"): a pass trusts the coverage, so the coverage of what was lost goes
-    first."""
-    kind, routed = sink_cfg.kind, routed_path(str(getattr(sink_cfg, "table", "") or ""))
-    if kind == "postgres":
-        step = (
-            "stop the sink's feeder, delete the sink's rows of _thalweg_coverage for the "
-            "topic and data_dir/coverage/<sink>.json, and run twg recover again (the rows "
-            "still there are skipped by record id)"
-        )
-    elif kind == "iceberg":
-        step = "stop the sink's feeder, drop the table" + (
-            " and the control table <namespace>._thalweg_coverage" if routed else ""
-        )
-        step += " (its coverage is in its snapshots), and run twg recover again"
-    elif routed_path(str(getattr(sink_cfg, "path", "") or "")):
-        step = (
-            "remove the damaged files and, for each, the file of the same name under the "
-            "control directory _thalweg_coverage below the path's fixed part (those "
-            "files are the coverage), and run twg recover again"
-        )
-    else:
-        step = "remove the damaged files (their names are the coverage) and run twg recover again"
+def _rebuild(cfg: ThalwegConfig, sink_cfg: Any) -> str:
+    """The runbook's step for this sink, as its destination says it
+    (``Sink.rebuild_step``; docs/operations.md, "Verifying exactness")."""
     return (
         "a pass trusts the coverage and does not write covered rows again; to rebuild "
-        f'from the lane: {step} (docs/operations.md, "Verifying exactness")'
+        f"from the lane: {destination(cfg, sink_cfg).rebuild_step()} "
+        '(docs/operations.md, "Verifying exactness")'
     )
-
-
-def routed_path(template: str) -> bool:
-    """``sinks.routes.routed``'s test, inline (the layering keeps cli from importing
-    sinks): a table or path template that names a field besides ``{topic}``."""
-    names = re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", template)
-    return any(n != "topic" for n in names)
 
 
 class CheckNotRunError(ThalwegError):

@@ -23,7 +23,9 @@ from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import ipc_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
+    Capabilities,
     CoverageKey,
+    Held,
     Landed,
     Ranges,
     SinkUnavailableError,
@@ -40,6 +42,9 @@ def file_name(epoch: int, start: int, end: int, suffix: str = ".arrow") -> str:
 class ArrowIpcSink(BufferedSink):
     kind = "arrow_ipc"
     guarantee = "exactly-once"
+    capabilities = Capabilities(
+        upsert=False, routing=True, refuses_values=False, reads_back=True, rebuilds_dropped=True
+    )
     suffix = ".arrow"
 
     def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
@@ -64,6 +69,63 @@ class ArrowIpcSink(BufferedSink):
         self._spans_rows.append((rows, span))
         self._spans.append(span)
         self.buffered_rows += rows.num_rows
+
+    def holds(self, wanted: list[str]) -> Held:
+        """The coverage from the files' names (a routed sink's from its control
+        directory) and the ``wanted`` columns of every file's rows.
+
+        Raises:
+            OSError: a file that does not read, named (for the runbook).
+        """
+        roots = (
+            [self.root, *map(Path, ipc_routes.dirs_of(self._template))]
+            if self._routed
+            else [self.root]
+        )
+        coverage: Ranges = {}
+        tables: dict[str, list[pa.Table]] = {t: [] for t in self.cfg.topics}
+        for tdir in sorted(t for r in roots for t in r.glob("topic=*")):
+            topic = unquote(tdir.name[6:])
+            for pdir in sorted(tdir.glob("partition=*")):
+                partition = int(pdir.name[10:])
+                for name in sorted(os.listdir(pdir)):
+                    m = _FILE_RE.match(name)
+                    if not m or not name.endswith(self.suffix):
+                        continue
+                    if tdir.parent == self.root:
+                        coverage.setdefault((topic, partition, int(m[1])), []).append(
+                            (int(m[2]), int(m[3]))
+                        )
+                    try:
+                        table = self._read_file(pdir / name)
+                    except (OSError, pa.ArrowException) as exc:
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                        raise OSError(f"{pdir / name}: {first}") from exc
+                    if table.num_columns and topic in tables:
+                        tables[topic].append(
+                            table.select([c for c in wanted if c in table.column_names])
+                        )
+        rows: dict[str, pa.Table | None] = {
+            t: pa.concat_tables(parts, promote_options="permissive") if parts else None
+            for t, parts in tables.items()
+        }
+        for t, table in rows.items():
+            if table is None and any(k[0] == t for k in coverage):
+                rows[t] = pa.table({c: pa.array([], pa.int64()) for c in wanted[:2]})
+        return Held({k: merge_ranges(v) for k, v in coverage.items()}, rows)
+
+    def _read_file(self, path: Path) -> pa.Table:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def rebuild_step(self) -> str:
+        if self._routed:
+            return (
+                "remove the damaged files and, for each, the file of the same name under the "
+                "control directory _thalweg_coverage below the path's fixed part (those "
+                "files are the coverage), and run twg recover again"
+            )
+        return "remove the damaged files (their names are the coverage) and run twg recover again"
 
     def partition_dir(self, topic: str, partition: int) -> Path:
         return self.root / f"topic={quote(topic, safe='')}" / f"partition={partition}"

@@ -173,6 +173,34 @@ class Landed:
         return Landed({k: merge_ranges(v) for k, v in out.items()})
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a kind of destination supports, declared beside its code: the contract
+    suite (``tests/integration/test_destination_contract.py``) runs each case a kind
+    declares and skips the others naming the field, never silently."""
+
+    upsert: bool  # ``mode = "upsert"``: one row per key, the fold of the topic
+    routing: bool  # a table or path template naming record fields ("{tenant}_orders")
+    refuses_values: bool  # some values can never go in (``on_refused`` is exercised)
+    reads_back: bool  # its rows and its own coverage record can be read back (verify)
+    rebuilds_dropped: bool  # a dropped unrouted table or file is rebuilt by the next pass
+    detects_deleted_rows: bool = False  # the running feeder notices rows deleted behind it
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a destination holds, read back from the destination itself (``twg verify``
+    and ``twg recover`` ask this, never a copy of the destination's layout).
+
+    ``coverage``: its own record of coverage (None: it keeps none, the coverage store is
+    the only record). ``rows``: per configured topic, the locator columns of its rows
+    (None: no table for that topic).
+    """
+
+    coverage: Ranges | None
+    rows: dict[str, pa.Table | None]
+
+
 class Sink(ABC):
     """One configured destination.
 
@@ -187,6 +215,7 @@ class Sink(ABC):
     # "exactly-once": coverage committed with the data; "at-least-once": deduplicated or
     # duplicated by a replay (docs/sinks.md says which and why).
     guarantee: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
     def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         self.cfg = cfg
@@ -223,6 +252,25 @@ class Sink(ABC):
     @abstractmethod
     def health(self) -> SinkHealth:
         """The sink's state now, for /health."""
+
+    def holds(self, wanted: list[str]) -> Held:
+        """What the destination holds now, read back from it (blocking, read-only: it
+        creates nothing): its coverage record and the ``wanted`` locator columns of its
+        rows per configured topic. The default: a destination that keeps no record.
+
+        Raises:
+            Exception: the destination could not be read back (a damaged file, a
+                database that does not answer); the caller names it.
+        """
+        return Held(None, {})
+
+    def rebuild_step(self) -> str:
+        """The runbook's step that rebuilds lost rows from the lane: a pass trusts the
+        coverage, so what says the rows are there goes first."""
+        return (
+            "remove the sink's coverage store, data_dir/coverage/<sink>.json, and run "
+            "twg recover again (its rows are sent again)"
+        )
 
 
 class BufferedSink(Sink):

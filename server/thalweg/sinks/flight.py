@@ -25,7 +25,7 @@ from pyarrow import flight
 
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks import routes
-from thalweg.sinks.base import BufferedSink, Ranges, SinkUnavailableError
+from thalweg.sinks.base import BufferedSink, Capabilities, Ranges, SinkUnavailableError
 
 # What a failed call or a broken connection raises: Flight's errors (their base class
 # is not an ArrowException), Arrow's, and the socket's.
@@ -35,6 +35,11 @@ _FAILURES = (flight.FlightError, pa.ArrowException, OSError)
 class FlightSink(BufferedSink):
     kind = "flight"
     guarantee = "at-least-once"
+    # The receiver keeps no record of its own: the coverage store is the only one, and
+    # nothing can be read back (``holds`` is the default's).
+    capabilities = Capabilities(
+        upsert=False, routing=True, refuses_values=False, reads_back=False, rebuilds_dropped=False
+    )
 
     def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         super().__init__(cfg, data_dir, columns)

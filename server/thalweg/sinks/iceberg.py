@@ -51,6 +51,8 @@ from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import iceberg_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
+    Capabilities,
+    Held,
     Landed,
     Ranges,
     SinkSchemaError,
@@ -68,6 +70,9 @@ _COMMIT_TRIES = 5
 class IcebergSink(BufferedSink):
     kind = "iceberg"
     guarantee = "exactly-once"
+    capabilities = Capabilities(
+        upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
+    )
 
     def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         super().__init__(cfg, data_dir, columns)
@@ -110,6 +115,21 @@ class IcebergSink(BufferedSink):
                 catalog.create_namespace(self.cfg.namespace)
             self._catalog = catalog
         return self._catalog
+
+    def holds(self, wanted: list[str]) -> Held:
+        """Each table's coverage and the ``wanted`` columns of its rows
+        (``sinks/iceberg_held.py``)."""
+        from thalweg.sinks.iceberg_held import read_held
+
+        return read_held(self, wanted)
+
+    def rebuild_step(self) -> str:
+        step = "stop the sink's feeder, drop the table" + (
+            " and the control table <namespace>._thalweg_coverage"
+            if routes.routed(self.cfg.table)
+            else ""
+        )
+        return step + " (its coverage is in its snapshots), and run twg recover again"
 
     def identifier(self, topic: str) -> str:
         name = re.sub(r"[^A-Za-z0-9_]", "_", self.cfg.table.replace("{topic}", topic))

@@ -67,6 +67,9 @@ class NodeLaneSink(ArrowIpcSink):
     def _write_table(self, path: Path, table: pa.Table) -> None:
         pq.write_table(table, path, compression="zstd", compression_level=1)
 
+    def _read_file(self, path: Path) -> pa.Table:
+        return pq.read_table(path)
+
 
 @dataclass(frozen=True)
 class NodeLaneSettings:

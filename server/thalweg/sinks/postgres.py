@@ -40,6 +40,8 @@ from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import routes
 from thalweg.sinks.base import (
     BufferedSink,
+    Capabilities,
+    Held,
     Landed,
     Ranges,
     SinkError,
@@ -61,6 +63,9 @@ def quote_ident(name: str) -> str:
 class PostgresSink(BufferedSink):
     kind = "postgres"
     guarantee = "exactly-once"
+    capabilities = Capabilities(
+        upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
+    )
 
     def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         super().__init__(cfg, data_dir, columns)
@@ -85,6 +90,20 @@ class PostgresSink(BufferedSink):
     def table_name(self, topic: str) -> str:
         """The table of ``topic`` (a table template naming no column)."""
         return routes.safe_name(self.cfg.table.replace("{topic}", topic))
+
+    def holds(self, wanted: list[str]) -> Held:
+        """The coverage table's rows of this sink and the ``wanted`` columns of each
+        table it writes (``sinks/postgres_held.py``)."""
+        from thalweg.sinks.postgres_held import read_held
+
+        return read_held(self, wanted)
+
+    def rebuild_step(self) -> str:
+        return (
+            "stop the sink's feeder, delete the sink's rows of _thalweg_coverage for the "
+            "topic and data_dir/coverage/<sink>.json, and run twg recover again (the rows "
+            "still there are skipped by record id)"
+        )
 
     def tables_of(self, cur: Any, topic: str) -> list[str]:
         """The tables of ``topic`` in the schema: its one table, or with a routed

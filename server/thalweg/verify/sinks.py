@@ -24,13 +24,9 @@ Its length: the checks and the readers of the three destinations they compare wi
 
 from __future__ import annotations
 
-import json
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -45,21 +41,11 @@ from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks import routes
-from thalweg.sinks.base import Ranges
+from thalweg.sinks.base import Held, Ranges, Sink
 from thalweg.sinks.fold import DELETED, with_deletes
+from thalweg.sinks.loader import load_sink_class
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
-
-_IPC_FILE = re.compile(r"^e(\d{6})-(\d{20})-(\d{20})\.(arrow|parquet)$")
-
-
-class Destination:
-    """What the destination itself holds: its coverage record and, per topic, the
-    rows' (partition, position, record id) — None where it keeps no record."""
-
-    def __init__(self, coverage: Ranges | None, rows: dict[str, pa.Table | None]) -> None:
-        self.coverage = coverage
-        self.rows = rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +53,7 @@ class SinkState:
     """What a sink holds, read before the lanes are (``read_sink``)."""
 
     store: Ranges
-    dest: Destination
+    dest: Held
 
 
 def read_sink(cfg: ThalwegConfig, name: str, columns: MetadataColumns, report: Report) -> SinkState:
@@ -84,12 +70,21 @@ def read_sink(cfg: ThalwegConfig, name: str, columns: MetadataColumns, report: R
     except Exception as exc:  # an unreadable store is a finding, not a crash
         report.add("error", "store_unreadable", f"sink {name}", str(exc))
         store = {}
+    # The topic too: routed tables without {topic} in the name hold several topics.
+    wanted = [columns.partition, columns.position, columns.record_id, columns.source("topic")]
     try:
-        dest = _destination(cfg, sink_cfg, columns)
+        dest = destination(cfg, sink_cfg).holds(wanted)
     except Exception as exc:  # the destination did not answer: say so, check the rest
         report.add("error", "destination_unreadable", f"sink {name}", _one_line(exc))
-        dest = Destination(None, {})
+        dest = Held(None, {})
     return SinkState(store, dest)
+
+
+def destination(cfg: ThalwegConfig, sink_cfg: Any) -> Sink:
+    """The configured sink, not opened: what verify and recover ask about the
+    destination (``Sink.holds``, ``Sink.rebuild_step``, ``Sink.capabilities``)."""
+    cls = load_sink_class(sink_cfg.kind)
+    return cls(sink_cfg, Path(cfg.gateway.data_dir), MetadataColumns(cfg.gateway.metadata_prefix))
 
 
 def audit_sink(
@@ -162,7 +157,7 @@ def audit_sink(
             f"{sink_cfg.kind}, coverage only (derived rows)"
             if derived
             else f"{sink_cfg.kind}, coverage only (the destination keeps no rows to read)"
-            if sink_cfg.kind == "flight"
+            if dest.coverage is None and not dest.rows
             else f"{sink_cfg.kind}, {checked} records checked: {missing} missing, "
             f"{twice} twice, {extra} extra, {refused} refused and set aside"
         ),
@@ -398,158 +393,3 @@ def _show(ranges: list[tuple[int, int]]) -> str:
 
 def _one_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-# -- destinations ------------------------------------------------------------------------
-
-
-def _destination(cfg: ThalwegConfig, sink_cfg: Any, columns: MetadataColumns) -> Destination:
-    # The topic too: routed tables without {topic} in the name hold several topics.
-    wanted = [columns.partition, columns.position, columns.record_id, columns.source("topic")]
-    if sink_cfg.kind == "postgres":
-        return _postgres(cfg, sink_cfg, wanted)
-    if sink_cfg.kind == "iceberg":
-        return _iceberg(cfg, sink_cfg, wanted)
-    if sink_cfg.kind == "arrow_ipc":
-        return _arrow_ipc(cfg, sink_cfg, wanted)
-    return Destination(None, {})  # flight: the receiver keeps no record of its own
-
-
-def _postgres(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
-    import adbc_driver_postgresql.dbapi as pg
-
-    from thalweg.sinks.postgres import COVERAGE_TABLE, PostgresSink, quote_ident
-
-    sink = PostgresSink(
-        sink_cfg, cfg.gateway.data_dir, MetadataColumns(cfg.gateway.metadata_prefix)
-    )
-    schema = sink_cfg.schema_name
-    with pg.connect(sink_cfg.dsn.get_secret_value()) as conn, conn.cursor() as cur:
-
-        def exists(table: str) -> bool:
-            cur.execute(
-                "SELECT count(*) FROM information_schema.tables "
-                "WHERE table_schema = $1 AND table_name = $2",
-                parameters=(schema, table),
-            )
-            row = cur.fetchone()
-            return bool(row and row[0])
-
-        coverage: Ranges = {}
-        if exists(COVERAGE_TABLE):
-            cur.execute(
-                f"SELECT topic, partition, epoch, ranges::text FROM "
-                f"{quote_ident(schema)}.{quote_ident(COVERAGE_TABLE)} WHERE sink = $1",
-                parameters=(sink_cfg.name,),
-            )
-            for topic, partition, epoch, text in cur.fetchall():
-                coverage[(topic, int(partition), int(epoch))] = [
-                    (int(a), int(b)) for a, b in json.loads(text)
-                ]
-        rows: dict[str, pa.Table | None] = {}
-        for topic in sink_cfg.topics:
-            # One table, or every table a routed template ("{tenant}_orders") named.
-            found = [t for t in sink.tables_of(cur, topic) if exists(t)]
-            parts = []
-            for table in found:
-                cur.execute(
-                    "SELECT column_name FROM information_schema.columns "
-                    "WHERE table_schema = $1 AND table_name = $2",
-                    parameters=(schema, table),
-                )
-                held = {str(r[0]) for r in cur.fetchall()}
-                cols = ", ".join(quote_ident(c) for c in wanted if c in held)
-                cur.execute(f"SELECT {cols} FROM {quote_ident(schema)}.{quote_ident(table)}")
-                parts.append(cur.fetch_arrow_table())
-            rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None
-    return Destination(coverage, rows)
-
-
-def _iceberg(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.exceptions import NoSuchTableError
-
-    from thalweg.sinks import iceberg_routes
-    from thalweg.sinks.iceberg import IcebergSink
-    from thalweg.sinks.iceberg_coverage import table_coverage
-
-    sink = IcebergSink(sink_cfg, cfg.gateway.data_dir, MetadataColumns(cfg.gateway.metadata_prefix))
-    props = sink.catalog_properties()
-    uri = str(props.get("uri", ""))
-    if uri.startswith("sqlite:///") and not os.path.exists(uri.removeprefix("sqlite:///")):
-        # The embedded catalog was never created: opening it would create it.
-        return Destination({}, dict.fromkeys(sink_cfg.topics))
-    catalog = load_catalog(sink_cfg.name, **props)
-    coverage: Ranges = {}
-    rows: dict[str, pa.Table | None] = {}
-    ns, template = sink_cfg.namespace, sink_cfg.table
-    if routes.routed(template):  # the control record, and every table the template names
-        record = iceberg_routes.control(catalog, ns, create=False)
-        found = {} if record is None else table_coverage(record, sink_cfg.name)
-        coverage.update({k: v for k, v in found.items() if k[0] in sink_cfg.topics})
-    for topic in sink_cfg.topics:
-        idents = (
-            [f"{ns}.{n}" for n in iceberg_routes.tables_of(catalog, ns, template, topic)]
-            if routes.routed(template)
-            else [sink.identifier(topic)]
-        )
-        parts = []
-        for ident in idents:
-            try:
-                table = catalog.load_table(ident)
-            except NoSuchTableError:
-                continue
-            if not routes.routed(template):
-                own = table_coverage(table, sink_cfg.name)
-                coverage.update({k: v for k, v in own.items() if k[0] == topic})
-            names = {f.name for f in table.schema().fields}
-            picked = tuple(c for c in wanted if c in names)
-            parts.append(table.scan(selected_fields=picked).to_arrow())
-        rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None
-    return Destination(coverage, rows)
-
-
-def _arrow_ipc(cfg: ThalwegConfig, sink_cfg: Any, wanted: list[str]) -> Destination:
-    from thalweg.sinks import ipc_routes
-
-    template = str(sink_cfg.path or "")
-    root = (
-        ipc_routes.control_dir(template)
-        if routes.routed(template)
-        else Path(sink_cfg.path)
-        if sink_cfg.path is not None
-        else Path(cfg.gateway.data_dir) / "sinks" / sink_cfg.name
-    )
-    # Routed: the coverage from the control directory, the rows from every directory.
-    roots = [root, *map(Path, ipc_routes.dirs_of(template))] if routes.routed(template) else [root]
-    coverage: Ranges = {}
-    tables: dict[str, list[pa.Table]] = {t: [] for t in sink_cfg.topics}
-    for tdir in sorted(t for r in roots for t in r.glob("topic=*")):
-        topic = unquote(tdir.name[6:])
-        for pdir in sorted(tdir.glob("partition=*")):
-            partition = int(pdir.name[10:])
-            for name in sorted(os.listdir(pdir)):
-                m = _IPC_FILE.match(name)
-                if not m or not name.endswith(".arrow"):
-                    continue
-                if tdir.parent == root:
-                    coverage.setdefault((topic, partition, int(m[1])), []).append(
-                        (int(m[2]), int(m[3]))
-                    )
-                try:
-                    with pa.memory_map(str(pdir / name)) as source:
-                        table = pa.ipc.open_file(source).read_all()
-                except (OSError, pa.ArrowException) as exc:  # which file, for the runbook
-                    raise OSError(f"{pdir / name}: {_one_line(exc)}") from exc
-                if table.num_columns and topic in tables:
-                    tables[topic].append(
-                        table.select([c for c in wanted if c in table.column_names])
-                    )
-    rows: dict[str, pa.Table | None] = {
-        t: pa.concat_tables(parts, promote_options="permissive") if parts else None
-        for t, parts in tables.items()
-    }
-    for t, table in rows.items():
-        if table is None and any(k[0] == t for k in coverage):
-            rows[t] = pa.table({c: pa.array([], pa.int64()) for c in wanted[:2]})
-    return Destination({k: merge_ranges(v) for k, v in coverage.items()}, rows)
