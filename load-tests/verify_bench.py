@@ -107,7 +107,8 @@ def main() -> None:
         start = time.perf_counter()
         deep = verify(cfg, deep=True)
         runs["(c) twg verify --deep"] = time.perf_counter() - start
-    assert shallow.ok and deep.ok, deep.as_text()
+    assert shallow.ok, shallow.as_text()
+    assert deep.ok, deep.as_text()
     compared = sum(d["compared"] for d in deep.deep.values())
     assert compared == n, f"compared {compared} of {n}"
     base = runs["(a) bare aiokafka read-back"]

@@ -208,20 +208,29 @@ def test_a_sound_run_verifies_clean_and_each_planted_fault_is_named(
     result = CliRunner().invoke(cli, ["verify", "--config", str(config), "--sink", "nope"])
     assert result.exit_code == 2 and "no [[sinks]] named 'nope'" in result.output
 
-    # A topic the source names and the broker holds records of, never ingested: each
-    # partition with records is named with its range, the empty one is not.
+    # A topic the source names and the broker holds records of, never ingested: owed, a
+    # warning per partition with records. Then its partition 0 ingested, its partition
+    # 1 not (a blind spot of the assignment): partition 1 is an error.
     other = topic_factory(partitions=2, prefix="verify-never")
     produce_json(broker.bootstrap, other, [{"n": i} for i in range(7)], partition=0)
+    produce_json(broker.bootstrap, other, [{"n": i} for i in range(3)], partition=1)
     source = cfg.sources[0]
     wider = cfg.model_copy(
         update={"sources": [source.model_copy(update={"topics": [topic, other]})]}
     )
+    owed = verify(wider, topic=other)
+    assert owed.ok, owed.as_text()
+    assert [(f.code, f.where, f.level) for f in owed.findings] == [
+        ("partition_not_yet", f"{other}[0]", "warning"),
+        ("partition_not_yet", f"{other}[1]", "warning"),
+    ], owed.as_text()
+    write_segment(data, other, 0, range(7), 0)
     never = verify(wider, topic=other)
     assert not never.ok
     assert [(f.code, f.where, f.level) for f in never.findings] == [
-        ("partition_missing", f"{other}[0]", "error")
+        ("partition_missing", f"{other}[1]", "error")
     ], never.as_text()
-    assert "offsets 0-6" in never.findings[0].message
+    assert "offsets 0-2" in never.findings[0].message
 
 
 def test_an_iceberg_sink_whose_first_flush_had_no_rows_is_not_called_ahead(
@@ -483,6 +492,14 @@ def test_deep_finds_records_held_reshaped_or_dropped_that_positions_alone_cannot
     partial = Report()
     report_partition(f"{topic}[1]", waited, partial)
     assert partial.ok and [f.code for f in partial.unchecked] == ["deep_incomplete"]
+
+    # A partition whose broker log no longer continues the lane (held diverged by the
+    # gateway) is not compared: its offsets name other records now.
+    from thalweg.lane.epochs import Divergence, mark_diverged
+
+    mark_diverged(layout, Divergence(topic, 0, 0, "record_mismatch", 300, 0, 300, "planted"))
+    held = verify(cfg, deep=True, partition=0)
+    assert [(f.code, f.level) for f in held.findings] == [("deep_diverged", "warning")]
     result = CliRunner().invoke(cli, ["verify", "-c", str(config), "--deep", "--since", "soon"])
     assert result.exit_code == 2 and "ISO 8601" in result.output
 

@@ -115,6 +115,7 @@ def _deep_plans(
 ) -> list[tuple[KafkaSourceConfig, list[DeepRange]]]:
     """What ``--deep`` reads per Kafka source: each chosen partition's lane coverage cut
     to what the broker's log still holds. A Pulsar topic is named as not checked."""
+    from thalweg.lane.epochs import read_divergence
     from thalweg.verify.deep import plan_range
 
     plans = []
@@ -138,6 +139,18 @@ def _deep_plans(
                 if log is None or log.log_end is None:
                     report.add(
                         "warning", "deep_incomplete", f"{t}[{p}]", "no log end from the broker"
+                    )
+                    continue
+                if read_divergence(layout, t, p) is not None or log.log_end < lane.coverage[-1][1]:
+                    # The broker's log no longer continues this lane (lane_ahead_of_log):
+                    # its offsets name other records now; the lane's are held, not lost.
+                    report.add(
+                        "warning",
+                        "deep_diverged",
+                        f"{t}[{p}]",
+                        "the broker's log no longer continues the lane: its records are "
+                        "not compared with the broker's (the gateway holds the partition "
+                        "until a new epoch: docs/operations.md)",
                     )
                     continue
                 bounds = (
@@ -287,7 +300,11 @@ def _check_unheld(
     The log as read *before* the lanes is what counts: records that arrived after the
     lanes were listed are not yet due. A group commit makes it ``commit_ahead``'s case;
     a source reading from the latest was never due the records before it began. Beside
-    a running gateway a partition assigned moments ago holds nothing yet: a warning."""
+    a running gateway a partition assigned moments ago holds nothing yet: a warning. So
+    is a topic no partition of which has a lane (never ingested, nothing committed: the
+    records are owed, as to a gateway not started yet). A partition skipped while the
+    others of its topic were ingested is the blind spot: an error on a stopped lane."""
+    ingested = {t for (t, _), lane in lanes.items() if lane.coverage}
     for (t, p), early in sorted(committed.items()):
         if t not in topics or early.committed:
             continue
@@ -299,14 +316,28 @@ def _check_unheld(
             continue
         if lane is not None and (lane.floor >= end or (lane.origin or 0) >= end):
             continue  # retention removed them, or the lane began after them
+        said = (
+            f"the broker holds offsets {start}-{end - 1}, the lane none of them and the "
+            "group committed nothing"
+        )
+        if t not in ingested:
+            # No partition of the topic was ever ingested and nothing was committed: the
+            # records are owed, not lost (the next start reads them from the earliest).
+            report.add(
+                "warning",
+                "partition_not_yet",
+                f"{t}[{p}]",
+                f"{said}: no partition of {t!r} has a lane yet (not ingested so far)",
+            )
+            continue
         report.add(
             "error" if stopped else "warning",
             "partition_missing" if stopped else "partition_not_yet",
             f"{t}[{p}]",
-            f"the broker holds offsets {start}-{end - 1}, the lane none of them and the "
-            "group committed nothing"
+            said
             + (
-                " (on a per-replica data_dir, verify a partition at its owner)"
+                f" while other partitions of {t!r} have lanes (on a per-replica data_dir, "
+                "verify a partition at its owner)"
                 if stopped
                 else ": a gateway is running and may have taken the partition moments ago"
             ),

@@ -142,21 +142,28 @@ def test_an_old_temp_file_is_an_error_only_once_no_writer_holds_the_lane(tmp_pat
 def test_a_partition_the_broker_holds_and_the_lane_never_did_is_named() -> None:
     never = {("t", 1): PartitionOffsets(0, 7, None)}
     empty_log = {("t", 2): PartitionOffsets(4, 4, None)}
+    held = {("t", 0): LaneAudit("t", 0, 0, 0, [(0, 3)], 3, np.arange(3), np.arange(3), False)}
     for stopped, code, level in ((True, "partition_missing", "error"),
                                  (False, "partition_not_yet", "warning")):  # fmt: skip
         report = Report()
         verify_run._check_unheld(
-            ["t"], {**never, **empty_log}, {}, report, stopped, frozenset({"t"})
+            ["t"], {**never, **empty_log}, held, report, stopped, frozenset({"t"})
         )
         assert [(f.code, f.where, f.level) for f in report.findings] == [(code, "t[1]", level)]
         assert "offsets 0-6" in report.findings[0].message
+    # No partition of the topic ingested and nothing committed (a gateway that never ran,
+    # a first drain abandoned): owed, not lost — a warning even on a stopped lane.
+    report = Report()
+    verify_run._check_unheld(["t"], never, {}, report, True, frozenset({"t"}))
+    assert [(f.code, f.level) for f in report.findings] == [("partition_not_yet", "warning")]
+    assert "no partition of 't' has a lane yet" in report.findings[0].message
     # A source reading from the latest was never due them; a lane that began after them
     # (its origin record) holds them on purpose.
     report = Report()
-    verify_run._check_unheld(["t"], never, {}, report, True, frozenset())
+    verify_run._check_unheld(["t"], never, held, report, True, frozenset())
     assert report.findings == []
     lane = LaneAudit("t", 1, 0, 0, [], 0, np.zeros(0), np.zeros(0), False, origin=7)
-    verify_run._check_unheld(["t"], never, {("t", 1): lane}, report, True, frozenset({"t"}))
+    verify_run._check_unheld(["t"], never, {**held, ("t", 1): lane}, report, True, frozenset({"t"}))
     assert report.findings == []
 
 
