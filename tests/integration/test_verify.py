@@ -550,3 +550,47 @@ def test_a_bucket_lanes_leftovers_are_named_and_the_resolved_lane_checked(
         ("orphan_object", "t[0]", "warning"),
     }, report["findings"]
     assert [p["rows"] for p in report["partitions"]] == [9]
+
+
+def test_a_twin_rebuilt_after_its_raw_object_went_up_alone_is_put_beside_it(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A bucket lane whose decoded twin write failed: the raw object went up alone, and
+    verify from the bucket names the twin missing. The rebuilt twin, put with
+    ``publish_twins``, lands under the raw object's generation and verify is clean; a
+    second call puts nothing, and a segment whose raw object is not in the bucket is
+    left to its own publish."""
+    from thalweg.lane.remote.mirror import LaneMirror
+
+    cache = tmp_path / "cache"
+    write_segment(cache, "t", 0, range(5), 0)
+    write_segment(cache, "t", 0, range(5, 9), 5)
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    for f in sorted((cache / "raw").glob("topic=t/partition=0/*.parquet")):
+        store.put_new(str(f.relative_to(cache).with_name(object_name(f.name, 3))), f)
+    second = segment_name(5, 8)
+    store.put_new(
+        f"decoded/topic=t/partition=0/{object_name(segment_name(0, 4), 3)}",
+        cache / "decoded" / "topic=t" / "partition=0" / segment_name(0, 4),
+    )
+    remote = tmp_path / "remote.toml"
+    options = ", ".join(
+        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
+    )
+    remote.write_text(
+        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
+        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
+        'topics = ["t"]\n'
+    )
+    args = ["--output", "json", "verify", "-c", str(remote), "--no-broker"]
+    before = json.loads(CliRunner().invoke(cli, args, obj={}).output)
+    assert [(f["code"], f["level"]) for f in before["findings"]] == [("twin_missing", "error")]
+    mirror = LaneMirror(LaneLayout(cache), store)
+    assert mirror.publish_twins("t", 0, second) == 1
+    assert store.exists(f"decoded/topic=t/partition=0/{object_name(second, 3)}")
+    assert mirror.publish_twins("t", 0, second) == 0  # there already
+    assert mirror.publish_twins("t", 0, segment_name(9, 12)) == 0  # no raw object
+    done = CliRunner().invoke(cli, args, obj={})
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["findings"] == []

@@ -43,6 +43,7 @@ from thalweg.lane.epochs import (
     mark_diverged,
     read_divergence,
 )
+from thalweg.lane.layout import Segment
 from thalweg.lane.read.elsewhere import record_elsewhere
 from thalweg.ops.health import State
 from thalweg.pipeline.decoders import TopicDecoders
@@ -111,6 +112,18 @@ class Partitions:
         if failed is not None:
             raise failed
 
+    async def _publish_twins(self, key: PartitionKey, rebuilt: list[Segment]) -> None:
+        """On a bucket lane, PUT the twins start-up rebuilt beside their raw objects (one
+        the store refuses now is tried again at the partition's next assignment)."""
+        mirror = self.s.ctx.mirror
+        if mirror is None:
+            return
+        for seg in rebuilt:
+            try:
+                await asyncio.to_thread(mirror.publish_twins, key[0], key[1], seg.path.name)
+            except LaneError as exc:
+                log.warning("decoded twin of %s not in the bucket yet: %s", seg.path, exc)
+
     async def assign_one(self, key: PartitionKey) -> bool:
         """Set a partition up to be consumed; False when it is held (diverged)."""
         s, ctx = self.s, self.s.ctx
@@ -133,6 +146,8 @@ class Partitions:
             await asyncio.to_thread(
                 redecode, ctx.writer, decoder, ctx.columns, topic, partition, missing
             )
+            if ctx.mirror is not None:
+                await self._publish_twins(key, missing)
         cov = await asyncio.to_thread(scan_coverage, layout, topic, partition)
         committed = await s.source.committed(key)
         log_start = await self._log_start(key)

@@ -6,8 +6,9 @@ segment is made durable and committed without its twin. Start-up rebuilds missin
 minute would otherwise serve that range without a decoded file until its next restart:
 compaction waits on the run that holds it, and a reader of the decoded directory sees a
 hole. So each such segment gets a task here that decodes its raw file again, retried
-with backoff, until the twin is on disk — or the segment is gone (retention, compaction)
-or the partition is no longer this gateway's.
+with backoff, until the twin is on disk — and, on a bucket lane, in the bucket beside its
+raw object — or the segment is gone (retention, compaction) or the partition is no
+longer this gateway's.
 """
 
 from __future__ import annotations
@@ -68,18 +69,22 @@ class DecodedRebuilds:
             decoder = self._decoder(topic)
             if decoder is None or not self._owned(key) or not segment.path.exists():
                 return
-            if twin.exists():
-                return
             try:
-                await asyncio.to_thread(
-                    redecode,
-                    self._ctx.writer,
-                    decoder,
-                    self._ctx.columns,
-                    topic,
-                    partition,
-                    [segment],
-                )
+                if not twin.exists():
+                    await asyncio.to_thread(
+                        redecode,
+                        self._ctx.writer,
+                        decoder,
+                        self._ctx.columns,
+                        topic,
+                        partition,
+                        [segment],
+                    )
+                mirror = self._ctx.mirror
+                if mirror is not None:  # the raw object went up without it: now the twin
+                    await asyncio.to_thread(
+                        mirror.publish_twins, topic, partition, segment.path.name
+                    )
             except FileNotFoundError:
                 return  # removed meanwhile (retention, compaction)
             except (OSError, pa.ArrowException, ThalwegError) as exc:

@@ -142,6 +142,40 @@ class LaneMirror:
                     self.store.delete([rel])
                     self.store.put_new(rel, path)
 
+    def publish_twins(self, topic: str, partition: int, name: str) -> int:
+        """PUT the decoded twin and dead letters of segment ``name``, rebuilt locally
+        after their first write failed, beside its raw object already in the store
+        (under that object's generation). Without this a bucket's readers — every other
+        replica, ``twg verify`` — would miss the decoded rows for good: the raw object
+        went up without them. None when the raw object is not in the store (its own
+        ``publish`` carries the twins); a twin already there is left as it is.
+
+        Returns:
+            How many objects were put.
+
+        Raises:
+            LaneError: the store did not take one (retriable: call again).
+        """
+        with self._lock(topic, partition):
+            raws = [o for o in self.objects(Lane.RAW, topic, partition) if o.name == name]
+            if not raws:
+                return 0
+            generation = max(o.generation for o in raws)
+            put = 0
+            for lane in (Lane.DLQ, Lane.DECODED):
+                path = self.layout.partition_dir(lane, topic, partition) / name
+                if not path.exists():
+                    continue
+                rel = self._dir_rel(lane, topic, partition) + object_name(name, generation)
+                if self.store.exists(rel):
+                    continue  # there already
+                try:
+                    self.store.put_new(rel, path)
+                except SegmentConflictError:
+                    continue  # put meanwhile
+                put += 1
+            return put
+
     def landed(self, topic: str, partition: int, name: str, generation: int) -> bool:
         """Whether the segment's raw object is in the store (durable there)."""
         rel = self._dir_rel(Lane.RAW, topic, partition) + object_name(name, generation)
