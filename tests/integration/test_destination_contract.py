@@ -44,7 +44,7 @@ from thalweg.config.models import ThalwegConfig
 from thalweg.lane import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.refused import SinkDeadLetters
-from thalweg.sinks.base import Capabilities
+from thalweg.sinks.contract import Capabilities
 from thalweg.sinks.loader import load_sink_class
 from thalweg.verify import Report, verify
 from thalweg.verify.sinks import destination

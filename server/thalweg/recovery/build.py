@@ -57,7 +57,7 @@ def build_feeders(
             ``only``.
     """
     dag = Dag.of(cfg.pipeline)
-    sinks: list[tuple[Any, Sink, Transform | None, str | None]] = []
+    sinks: list[tuple[Any, Sink[Any], Transform | None, str | None]] = []
     for s in cfg.sinks:
         if only is None or s.name == only:
             leaf = next((n.name for n in dag.nodes if n.sink == s.name), None)

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -95,7 +96,7 @@ class SinkFeeder:
 
     def __init__(
         self,
-        sink: Sink,
+        sink: Sink[Any],
         store: CoverageStore,
         layout: LaneLayout,
         columns: MetadataColumns,
@@ -398,7 +399,7 @@ class SinkFeeder:
             )
 
     async def _set_aside(
-        self, sink: BufferedSink, items: list[Item], exc: SinkRefusedError
+        self, sink: BufferedSink[Any], items: list[Item], exc: SinkRefusedError
     ) -> Landed:
         """Land what the destination takes of a refused flush, write the records it
         refuses to the sink's dead-letter lane, then cover their positions too — in

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,7 @@ class Isolated:
 
 
 async def isolate(
-    sink: BufferedSink,
+    sink: BufferedSink[Any],
     items: list[Item],
     first: SinkRefusedError,
     position: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypeVar
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -23,14 +23,14 @@ from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import ipc_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
-    Capabilities,
     CoverageKey,
-    Held,
     Landed,
     Ranges,
+    SinkSettings,
     SinkUnavailableError,
     Span,
 )
+from thalweg.sinks.contract import Capabilities, Held
 
 _FILE_RE = ipc_routes.FILE
 
@@ -39,7 +39,21 @@ def file_name(epoch: int, start: int, end: int, suffix: str = ".arrow") -> str:
     return f"e{epoch:06d}-{start:020d}-{end:020d}{suffix}"
 
 
-class ArrowIpcSink(BufferedSink):
+class IpcSettings(SinkSettings, Protocol):
+    """What an Arrow IPC sink's settings have: a ``[[sinks]]`` table of kind
+    ``arrow_ipc`` (``ArrowIpcSinkConfig``) or a pipeline node's lane settings."""
+
+    @property
+    def path(self) -> Path | None: ...
+
+    @property
+    def max_paths(self) -> int: ...
+
+
+S = TypeVar("S", bound=IpcSettings)
+
+
+class ArrowIpcSink(BufferedSink[S]):
     kind = "arrow_ipc"
     guarantee = "exactly-once"
     capabilities = Capabilities(
@@ -47,7 +61,7 @@ class ArrowIpcSink(BufferedSink):
     )
     suffix = ".arrow"
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(self, cfg: S, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         super().__init__(cfg, data_dir, columns)
         # A routed path ("out/{tenant}"): the files in the directories the rows name,
         # the coverage in a control directory (sinks/ipc_routes.py).

@@ -32,13 +32,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
 from thalweg.errors import ThalwegError
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
+from thalweg.sinks.contract import Capabilities, Held
 
 # (topic, partition, epoch): an epoch's positions are names in one broker log only.
 CoverageKey = tuple[str, int, int]
@@ -173,39 +174,26 @@ class Landed:
         return Landed({k: merge_ranges(v) for k, v in out.items()})
 
 
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What a kind of destination supports, declared beside its code: the contract
-    suite (``tests/integration/test_destination_contract.py``) runs each case a kind
-    declares and skips the others naming the field, never silently."""
+class SinkSettings(Protocol):
+    """What every sink's settings have: a ``[[sinks]]`` table (``thalweg.config.sinks``,
+    each kind its own model) or a node lane's settings (``sinks/node_lane.py``)."""
 
-    upsert: bool  # ``mode = "upsert"``: one row per key, the fold of the topic
-    routing: bool  # a table or path template naming record fields ("{tenant}_orders")
-    refuses_values: bool  # some values can never go in (``on_refused`` is exercised)
-    reads_back: bool  # its rows and its own coverage record can be read back (verify)
-    rebuilds_dropped: bool  # a dropped unrouted table or file is rebuilt by the next pass
-    detects_deleted_rows: bool = False  # the running feeder notices rows deleted behind it
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def topics(self) -> list[str]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """What a destination holds, read back from the destination itself (``twg verify``
-    and ``twg recover`` ask this, never a copy of the destination's layout).
-
-    ``coverage``: its own record of coverage (None: it keeps none, the coverage store is
-    the only record). ``rows``: per configured topic, the locator columns of its rows
-    (None: no table for that topic).
-    """
-
-    coverage: Ranges | None
-    rows: dict[str, pa.Table | None]
+#: A sink's settings type: each destination takes its own typed section.
+C = TypeVar("C", bound=SinkSettings)
 
 
-class Sink(ABC):
+class Sink(ABC, Generic[C]):
     """One configured destination.
 
     Args:
-        cfg: its ``[[sinks]]`` table (a model of ``thalweg.config.sinks``).
+        cfg: its typed ``[[sinks]]`` table (a model of ``thalweg.config.sinks``).
         data_dir: the gateway's ``data_dir`` (embedded defaults live under it).
         columns: the gateway's metadata columns (its ``metadata_prefix``): the names the
             rows carry and the destination gets.
@@ -217,8 +205,8 @@ class Sink(ABC):
     guarantee: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: C, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+        self.cfg: C = cfg
         self.name: str = cfg.name
         self.data_dir = Path(data_dir)
         self.columns = columns if columns is not None else MetadataColumns()
@@ -273,11 +261,11 @@ class Sink(ABC):
         )
 
 
-class BufferedSink(Sink):
+class BufferedSink(Sink[C]):
     """Rows buffered per topic until ``flush``, which commits them in one ``_commit``
     on a worker thread (the backends' clients block)."""
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(self, cfg: C, data_dir: Path, columns: MetadataColumns | None = None) -> None:
         super().__init__(cfg, data_dir, columns)
         self._rows: dict[str, list[pa.Table]] = {}
         self._spans: list[Span] = []

@@ -18,21 +18,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 from pyarrow import flight
 
+from thalweg.config.sinks import FlightSinkConfig
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks import routes
-from thalweg.sinks.base import BufferedSink, Capabilities, Ranges, SinkUnavailableError
+from thalweg.sinks.base import BufferedSink, Ranges, SinkUnavailableError
+from thalweg.sinks.contract import Capabilities
 
 # What a failed call or a broken connection raises: Flight's errors (their base class
 # is not an ArrowException), Arrow's, and the socket's.
 _FAILURES = (flight.FlightError, pa.ArrowException, OSError)
 
 
-class FlightSink(BufferedSink):
+class FlightSink(BufferedSink[FlightSinkConfig]):
     kind = "flight"
     guarantee = "at-least-once"
     # The receiver keeps no record of its own: the coverage store is the only one, and
@@ -41,7 +42,9 @@ class FlightSink(BufferedSink):
         upsert=False, routing=True, refuses_values=False, reads_back=False, rebuilds_dropped=False
     )
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(
+        self, cfg: FlightSinkConfig, data_dir: Path, columns: MetadataColumns | None = None
+    ) -> None:
         super().__init__(cfg, data_dir, columns)
         self._client: flight.FlightClient | None = None
         self._routed = routes.routed(cfg.path)  # a put per value of a row's field

@@ -27,7 +27,6 @@ import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,18 +45,18 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.upsert_util import create_match_filter
 
+from thalweg.config.sinks import IcebergSinkConfig
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import iceberg_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
-    Capabilities,
-    Held,
     Landed,
     Ranges,
     SinkSchemaError,
     SinkUnavailableError,
 )
+from thalweg.sinks.contract import Capabilities, Held
 from thalweg.sinks.fold import ROW, deleted, newest_per_key, numbered, taken
 from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
 from thalweg.sinks.iceberg_types import iceberg_types, parse_transform, same_types
@@ -67,14 +66,16 @@ log = logging.getLogger(__name__)
 _COMMIT_TRIES = 5
 
 
-class IcebergSink(BufferedSink):
+class IcebergSink(BufferedSink[IcebergSinkConfig]):
     kind = "iceberg"
     guarantee = "exactly-once"
     capabilities = Capabilities(
         upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
     )
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(
+        self, cfg: IcebergSinkConfig, data_dir: Path, columns: MetadataColumns | None = None
+    ) -> None:
         super().__init__(cfg, data_dir, columns)
         self._catalog: Catalog | None = None
         self._upsert = getattr(cfg, "mode", "append") == "upsert"

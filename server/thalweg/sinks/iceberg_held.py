@@ -15,7 +15,8 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 
 from thalweg.sinks import iceberg_routes, routes
-from thalweg.sinks.base import Held, Ranges
+from thalweg.sinks.base import Ranges
+from thalweg.sinks.contract import Held
 from thalweg.sinks.iceberg_coverage import table_coverage
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ it configures, and a missing backend package is named with its install hint
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from thalweg.errors import ConfigError
 from thalweg.sinks.base import Sink
@@ -27,7 +27,7 @@ SINKS: dict[str, _Entry] = {
 }
 
 
-def load_sink_class(kind: str) -> type[Sink]:
+def load_sink_class(kind: str) -> type[Sink[Any]]:
     """The sink class for ``kind`` (imported on first use).
 
     Raises:

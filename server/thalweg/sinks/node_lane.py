@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -56,11 +55,13 @@ def node_ranges(
     return merge_ranges([(a, b) for e, a, b, _ in files if e == epoch])
 
 
-class NodeLaneSink(ArrowIpcSink):
+class NodeLaneSink(ArrowIpcSink["NodeLaneSettings"]):
     kind = "node_lane"
     suffix = ".parquet"
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(
+        self, cfg: NodeLaneSettings, data_dir: Path, columns: MetadataColumns | None = None
+    ) -> None:
         super().__init__(cfg, data_dir, columns)
         self.root = Path(data_dir) / NODES_DIR / cfg.node
 
@@ -84,6 +85,7 @@ class NodeLaneSettings:
     commit_interval_s: float = 5.0
     raw: bool = False
     path: None = None
+    max_paths: int = 1  # a node's lane is never routed
     max_buffered_rows: int = 500_000
     commit_rows: int | None = None
     commit_bytes: int | None = None

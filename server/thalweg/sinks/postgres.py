@@ -35,13 +35,12 @@ from typing import Any
 import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
+from thalweg.config.sinks import PostgresSinkConfig
 from thalweg.records.columns import RECORD_ID_TYPE, MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks import routes
 from thalweg.sinks.base import (
     BufferedSink,
-    Capabilities,
-    Held,
     Landed,
     Ranges,
     SinkError,
@@ -49,6 +48,7 @@ from thalweg.sinks.base import (
     SinkSchemaError,
     SinkUnavailableError,
 )
+from thalweg.sinks.contract import Capabilities, Held
 from thalweg.sinks.fold import DELETED, newest_per_key
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,16 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class PostgresSink(BufferedSink):
+class PostgresSink(BufferedSink[PostgresSinkConfig]):
     kind = "postgres"
     guarantee = "exactly-once"
     capabilities = Capabilities(
         upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
     )
 
-    def __init__(self, cfg: Any, data_dir: Path, columns: MetadataColumns | None = None) -> None:
+    def __init__(
+        self, cfg: PostgresSinkConfig, data_dir: Path, columns: MetadataColumns | None = None
+    ) -> None:
         super().__init__(cfg, data_dir, columns)
         self._conn: Any = None
         self._record_id = self.columns.record_id

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
-from thalweg.sinks.base import Held, Ranges
+from thalweg.sinks.base import Ranges
+from thalweg.sinks.contract import Held
 from thalweg.sinks.postgres import COVERAGE_TABLE, quote_ident
 
 if TYPE_CHECKING:

@@ -41,7 +41,8 @@ from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks import routes
-from thalweg.sinks.base import Held, Ranges, Sink
+from thalweg.sinks.base import Ranges, Sink
+from thalweg.sinks.contract import Held
 from thalweg.sinks.fold import DELETED, with_deletes
 from thalweg.sinks.loader import load_sink_class
 from thalweg.verify.lanes import LaneAudit
@@ -80,7 +81,7 @@ def read_sink(cfg: ThalwegConfig, name: str, columns: MetadataColumns, report: R
     return SinkState(store, dest)
 
 
-def destination(cfg: ThalwegConfig, sink_cfg: Any) -> Sink:
+def destination(cfg: ThalwegConfig, sink_cfg: Any) -> Sink[Any]:
     """The configured sink, not opened: what verify and recover ask about the
     destination (``Sink.holds``, ``Sink.rebuild_step``, ``Sink.capabilities``)."""
     cls = load_sink_class(sink_cfg.kind)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from thalweg.sinks.base import Capabilities, Sink
+from thalweg.sinks.base import Sink
+from thalweg.sinks.contract import Capabilities
 from thalweg.sinks.loader import SINKS, load_sink_class
 
 ROOT = Path(__file__).resolve().parents[3] / "server" / "thalweg"
@@ -60,6 +61,7 @@ def test_nothing_outside_the_destinations_imports_one_of_their_modules() -> None
     shared = {
         "thalweg.sinks",
         "thalweg.sinks.base",
+        "thalweg.sinks.contract",
         "thalweg.sinks.loader",
         "thalweg.sinks.fold",
         "thalweg.sinks.routes",
