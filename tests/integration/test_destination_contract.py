@@ -7,7 +7,8 @@ written here by the sink's own feeder (what ``twg stream`` and ``twg recover`` r
 
 * every record lands once, a second pass writes nothing, ``twg verify`` is clean —
   under the default metadata prefix and another one;
-* rows deleted behind the gateway's back are named by ``twg verify``;
+* rows deleted behind the gateway's back are named by ``twg verify``, and fed again by
+  the running feeder (after a flush) and when the sink opens;
 * a dropped destination is rebuilt from the lane by ``twg recover``;
 * a value the destination refuses is set aside (``on_refused``), the rest lands;
 * an upsert sink holds the fold of the topic;
@@ -21,6 +22,8 @@ kill -9 of every kind is in ``tests/e2e/test_sink_recovery.py``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import threading
@@ -36,13 +39,15 @@ import pytest
 from click.testing import CliRunner
 from pyarrow import flight
 
-from tests.helpers import feeder_pass, iceberg_catalog, write_segment
+from tests.helpers import feeder_pass, iceberg_catalog, wait_until, write_segment
 from tests.postgres_server import PostgresServer
 from thalweg.cli.main import cli
 from thalweg.config import parse_config
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane import LaneLayout
 from thalweg.records.columns import MetadataColumns
+from thalweg.recovery.build import build_feeders
+from thalweg.recovery.feeder import SinkFeeder
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks.contract import Capabilities
 from thalweg.sinks.loader import load_sink_class
@@ -254,7 +259,13 @@ def lane(
             write_segment(env.data, TOPIC, p, positions, first, payload=columns, prefix=prefix)
 
 
-def configure(env: Env, kind: str, prefix: str = "_twg_", **extra: Any) -> ThalwegConfig:
+def configure(
+    env: Env,
+    kind: str,
+    prefix: str = "_twg_",
+    recovery: dict[str, Any] | None = None,
+    **extra: Any,
+) -> ThalwegConfig:
     """A configuration with one sink ``s`` of ``kind`` on TOPIC, and its TOML file."""
     table = {"name": "s", "topics": [TOPIC], **ADAPTERS[kind].table(env, "s", extra)}
     body = {
@@ -263,6 +274,7 @@ def configure(env: Env, kind: str, prefix: str = "_twg_", **extra: Any) -> Thalw
             {"name": "k", "kind": "kafka", "bootstrap_servers": "127.0.0.1:9", "topics": [TOPIC]}
         ],
         "sinks": [table],
+        **({"recovery": recovery} if recovery else {}),
     }
     (env.tmp / "twg.toml").write_text(_toml(body))
     return parse_config(body)
@@ -298,6 +310,38 @@ def every_record(positions: range = range(100)) -> list[tuple[int, int]]:
     return sorted((p, o) for p in range(PARTITIONS) for o in positions)
 
 
+def _n(first: int, end: int) -> dict[str, pa.Array]:
+    return {"n": pa.array(range(first, end), pa.int64())}
+
+
+@contextlib.contextmanager
+def running_feeder(cfg: ThalwegConfig) -> Iterator[SinkFeeder]:
+    """Sink ``s``'s feeder running (``SinkFeeder.run``, as ``twg stream`` runs it) on a
+    thread of its own, stopped and joined on exit."""
+    [feeder] = build_feeders(
+        cfg, LaneLayout(cfg.gateway.data_dir), MetadataColumns(cfg.gateway.metadata_prefix)
+    )
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(feeder.run(stop))
+        except BaseException as exc:  # the test fails on it below
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield feeder
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=30)
+        loop.close()
+    assert not thread.is_alive() and not failed, failed
+
+
 @pytest.mark.parametrize("prefix", ["_twg_", "_x_"])
 @pytest.mark.parametrize("kind", DESTINATIONS)
 def test_every_record_lands_once_and_a_second_pass_writes_nothing(
@@ -318,21 +362,45 @@ def test_every_record_lands_once_and_a_second_pass_writes_nothing(
 
 
 @pytest.mark.parametrize("kind", DESTINATIONS)
-def test_rows_deleted_behind_its_back_are_named_by_verify(env: Env, kind: str) -> None:
+def test_rows_deleted_behind_its_back_are_named_by_verify_and_fed_again(
+    env: Env, kind: str
+) -> None:
     requires(kind, "reads_back")
     lane(env)
-    cfg = configure(env, kind)
-    feeder_pass(cfg, "s")
-    verified(cfg)
+    # Every flush is followed by the feeder's recheck (recovery.recheck_every_flushes).
+    cfg = configure(
+        env,
+        kind,
+        commit_interval_s=0.05,
+        recovery={"recheck_every_flushes": 1, "poll_interval_s": 0.05},
+    )
+    rows = ADAPTERS[kind].rows
     delete = ADAPTERS[kind].delete
     assert delete is not None, f"{kind} reads back: the suite needs its delete"
-    delete(env, cfg, "s", 1, 57)
-    report = verify(cfg, broker=False, sink="s")
-    found = {(f.code, f.where) for f in report.findings if f.level == "error"}
-    assert found == {("sink_missing", f"sink s: {TOPIC}[1]")}, report.as_text()
-    assert report.sinks["s"]["missing"] == 1
-    # The running feeder re-feeding them is not built yet (docs/status.md).
+    detects = load_sink_class(kind).capabilities.detects_deleted_rows
+    with running_feeder(cfg) as feeder:
+        wait_until(lambda: sorted(rows(env, cfg, "s", "_twg_")) == every_record(), 30, "rows")
+        delete(env, cfg, "s", 1, 57)
+        # Nothing new arrives, so nothing is flushed or rechecked: verify sees the hole.
+        report = verify(cfg, broker=False, sink="s")
+        found = {(f.code, f.where) for f in report.findings if f.level == "error"}
+        assert found == {("sink_missing", f"sink s: {TOPIC}[1]")}, report.as_text()
+        assert report.sinks["s"]["missing"] == 1
+        if detects:
+            # The live edge moves on: a flush, its recheck, and 1/57 is fed again.
+            write_segment(env.data, TOPIC, 0, range(100, 110), 100, payload=_n(100, 110))
+            want = sorted([*every_record(), *((0, o) for o in range(100, 110))])
+            wait_until(lambda: sorted(rows(env, cfg, "s", "_twg_")) == want, 30, "57 fed again")
+            assert feeder.lost_records == 1
     requires(kind, "detects_deleted_rows")
+    verified(cfg)
+    # And when the sink opens (a restart, twg recover): found before anything is fed.
+    delete(env, cfg, "s", 0, 3)
+    delete(env, cfg, "s", 0, 4)
+    done = feeder_pass(cfg, "s")
+    assert (done.positions, done.rows) == (2, 2)
+    assert sorted(rows(env, cfg, "s", "_twg_")) == want
+    verified(cfg)
 
 
 @pytest.mark.parametrize("kind", DESTINATIONS)
@@ -390,6 +458,16 @@ def test_an_upsert_sink_holds_the_fold_of_the_topic(env: Env, kind: str) -> None
     held = ADAPTERS[kind].rows(env, cfg, "s", "_twg_")
     assert sorted(held) == sorted(newest), held  # one row per id: its newest
     assert feeder_pass(cfg, "s").rows == 0
+    assert sorted(ADAPTERS[kind].rows(env, cfg, "s", "_twg_")) == sorted(newest)
+    verified(cfg)
+    requires(kind, "detects_deleted_rows")
+    # A live key's row deleted behind its back: its newest record is fed again, and only
+    # it (the fold's live keys are what the table should hold, not every record fed).
+    delete = ADAPTERS[kind].delete
+    assert delete is not None
+    delete(env, cfg, "s", 1, 95)
+    assert (1, 95) not in ADAPTERS[kind].rows(env, cfg, "s", "_twg_")
+    assert (feeder_pass(cfg, "s").positions, feeder_pass(cfg, "s").positions) == (1, 0)
     assert sorted(ADAPTERS[kind].rows(env, cfg, "s", "_twg_")) == sorted(newest)
     verified(cfg)
 

@@ -312,6 +312,14 @@ class RecoveryConfig(_Model):
         1.0, gt=0, description="How often a sink looks for new durable segments."
     )
     retry_max_s: float = Field(30.0, gt=0, description="Longest wait between tries of a down sink.")
+    recheck_every_flushes: int = Field(
+        100,
+        ge=0,
+        description="A sink that reads its rows back compares them with the lane when it "
+        "opens and every this many flushes, and feeds again the rows deleted behind the "
+        "gateway's back (docs/sinks.md); 0: never. Each check reads the destination's "
+        "locator columns and the lane's positions once.",
+    )
     max_lag_records: int | None = Field(
         None,
         gt=0,

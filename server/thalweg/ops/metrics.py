@@ -235,6 +235,13 @@ class Metrics:
             ["sink"],
             registry=r,
         )
+        self.sink_rows_lost = Counter(
+            "twg_sink_rows_lost",
+            "Rows a sink's destination had held and no longer did (deleted behind the "
+            "gateway's back), found by the feeder's recheck and fed again.",
+            ["sink"],
+            registry=r,
+        )
         self.node_dead_letters = Counter(
             "twg_node_dead_letters",
             "Records a pipeline node refused, written to its dead-letter lane, by reason "

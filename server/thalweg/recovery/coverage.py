@@ -108,6 +108,20 @@ class CoverageStore:
             self._covered.setdefault(key, Coverage()).add(start, end)
             self._dirty = True
 
+    def remove(self, key: CoverageKey, ranges: list[tuple[int, int]]) -> None:
+        """Forget ``ranges`` of ``key``: the destination was found not to hold their rows
+        (deleted behind the gateway's back, ``recovery/recheck.py``), so they are gaps
+        again and the feeder writes them once more."""
+        with self._lock:
+            cov = self._covered.get(key)
+            if cov is None or not ranges:
+                return
+            fresh = Coverage()
+            for a, b in subtract_ranges(cov.ranges, ranges):
+                fresh.add(a, b)
+            self._covered[key] = fresh
+            self._dirty = True
+
     def covered(self, key: CoverageKey) -> list[tuple[int, int]]:
         with self._lock:
             cov = self._covered.get(key)

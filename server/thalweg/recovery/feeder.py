@@ -45,6 +45,7 @@ from thalweg.records.ranges import subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.isolate import Item, by_partition, isolate
 from thalweg.recovery.reading import SpanReader, Transform
+from thalweg.recovery.recheck import deleted_behind, rechecks
 from thalweg.recovery.refused import SinkDeadLetters
 from thalweg.sinks.base import (
     BufferedSink,
@@ -136,6 +137,11 @@ class SinkFeeder:
         self._last_flush = time.monotonic()
         self._opened = False
         self._inflight: asyncio.Task[None] | None = None
+        self._rechecks = recovery.recheck_every_flushes > 0 and rechecks(
+            sink, derived=transform is not None or node is not None
+        )
+        self._flushes_unchecked = 0
+        self.lost_records = 0  # found deleted behind its back and fed again (for /health)
         if health is not None:
             health.register(self.component, "sink", gates_readiness=False)
 
@@ -149,6 +155,48 @@ class SinkFeeder:
             await asyncio.to_thread(self.store.flush)
         self._pending.clear()
         self._opened = True
+        if self._rechecks:
+            await self.recheck()
+
+    async def recheck(self) -> int:
+        """Compare the destination's rows with what its coverage says it holds, and make
+        the positions of rows deleted behind the gateway's back gaps again, so the next
+        pass feeds them once more (``recovery/recheck.py``); how many were found."""
+        await self._settle()  # the store must claim exactly what the destination committed
+        self._flushes_unchecked = 0
+        try:
+            lost = await asyncio.to_thread(
+                deleted_behind, self.sink, self.layout, self.columns, self.store.snapshot()
+            )
+        except Exception as exc:  # a damaged file, a database gone: the feed goes on
+            log.warning("sink %s: its rows could not be rechecked: %s", self.sink.name, exc)
+            if self.health is not None:
+                self.health.annotate(self.component, recheck_error=str(exc))
+            return 0
+        found = sum(b - a for ranges in lost.values() for a, b in ranges)
+        if not found:
+            return 0
+        for key, ranges in lost.items():
+            self.store.remove(key, ranges)
+        await asyncio.to_thread(self.store.flush)
+        self.lost_records += found
+        if self.metrics is not None:
+            self.metrics.sink_rows_lost.labels(self.sink.name).inc(found)
+        if self.health is not None:
+            self.health.annotate(self.component, lost_records=self.lost_records)
+        first = next(iter(lost.items()))
+        log.warning(
+            "sink %s: %d records its coverage claims are no longer in the destination "
+            "(deleted behind the gateway's back); feeding them again. First: %s[%d] "
+            "positions %d-%d",
+            self.sink.name,
+            found,
+            first[0][0],
+            first[0][1],
+            first[1][0][0],
+            first[1][0][1] - 1,
+        )
+        return found
 
     async def run(self, stop: asyncio.Event) -> None:
         """Feed until ``stop``; a failing sink is retried with backoff and never stops
@@ -162,6 +210,11 @@ class SinkFeeder:
                             await self.open()
                         await self.pass_once(stop=stop)
                         await self._flush_if_due()
+                        if (
+                            self._rechecks
+                            and self._flushes_unchecked >= self.cfg.recheck_every_flushes
+                        ):
+                            await self.recheck()
                     except Exception:
                         # A commit still in flight finishes (or fails) before the sink
                         # is reopened: it shares the sink's connection.
@@ -392,6 +445,7 @@ class SinkFeeder:
             for a, b in ranges:
                 self.store.add(key, a, b)
         await asyncio.to_thread(self.store.flush)
+        self._flushes_unchecked += 1
         if self.metrics is not None:
             self.metrics.sink_rows.labels(self.sink.name).inc(rows)
             self.metrics.sink_flush_seconds.labels(self.sink.name).observe(

@@ -57,7 +57,12 @@ class ArrowIpcSink(BufferedSink[S]):
     kind = "arrow_ipc"
     guarantee = "exactly-once"
     capabilities = Capabilities(
-        upsert=False, routing=True, refuses_values=False, reads_back=True, rebuilds_dropped=True
+        upsert=False,
+        routing=True,
+        refuses_values=False,
+        reads_back=True,
+        rebuilds_dropped=True,
+        detects_deleted_rows=True,
     )
     suffix = ".arrow"
 
@@ -66,11 +71,11 @@ class ArrowIpcSink(BufferedSink[S]):
         # A routed path ("out/{tenant}"): the files in the directories the rows name,
         # the coverage in a control directory (sinks/ipc_routes.py).
         self._template = str(cfg.path) if cfg.path is not None else ""
-        self._routed = routes.routed(self._template)
+        self.routed = routes.routed(self._template)
         self._dirs: set[str] = set()
         self.root = (
             ipc_routes.control_dir(self._template)
-            if self._routed
+            if self.routed
             else Path(cfg.path)
             if cfg.path is not None
             else self.data_dir / "sinks" / cfg.name
@@ -93,7 +98,7 @@ class ArrowIpcSink(BufferedSink[S]):
         """
         roots = (
             [self.root, *map(Path, ipc_routes.dirs_of(self._template))]
-            if self._routed
+            if self.routed
             else [self.root]
         )
         coverage: Ranges = {}
@@ -133,7 +138,7 @@ class ArrowIpcSink(BufferedSink[S]):
             return pa.ipc.open_file(source).read_all()
 
     def rebuild_step(self) -> str:
-        if self._routed:
+        if self.routed:
             return (
                 "remove the damaged files and, for each, the file of the same name under the "
                 "control directory _thalweg_coverage below the path's fixed part (those "
@@ -149,7 +154,7 @@ class ArrowIpcSink(BufferedSink[S]):
         ranges: Ranges = {}
         try:
             ensure_dir(self.root)
-            if self._routed:
+            if self.routed:
                 self._dirs = set(ipc_routes.dirs_of(self._template))
             for tdir in sorted(self.root.glob("topic=*")):
                 topic = unquote(tdir.name[6:])
@@ -190,7 +195,7 @@ class ArrowIpcSink(BufferedSink[S]):
             for start, end in ranges
             if (parts := [t for t, s in by_key.get(key, []) if start <= s.start and s.end <= end])
         ]
-        if self._routed:  # the ceiling first: a refusal writes nothing
+        if self.routed:  # the ceiling first: a refusal writes nothing
             whole: dict[str, list[pa.Table]] = {}
             for (topic, _, _), _, _, table in files:
                 whole.setdefault(topic, []).append(table)
@@ -210,10 +215,10 @@ class ArrowIpcSink(BufferedSink[S]):
             self._dirs.update(name for name, _ in named)
         try:
             for key, start, end, table in files:
-                if self._routed:
+                if self.routed:
                     self._write_routed(key, start, end, table)
                 # Routed, the control record: an empty file with the range's name.
-                self._write_file(key, start, end, pa.table({}) if self._routed else table)
+                self._write_file(key, start, end, pa.table({}) if self.routed else table)
         except OSError as exc:
             raise SinkUnavailableError(f"{self.root}: {exc}") from exc
 

@@ -210,6 +210,9 @@ class Sink(ABC, Generic[C]):
         self.name: str = cfg.name
         self.data_dir = Path(data_dir)
         self.columns = columns if columns is not None else MetadataColumns()
+        # A table, path or directory per value of a row's field ("{tenant}_orders"); a
+        # routed destination's replay skips what its own record covers (sinks/routes.py).
+        self.routed = False
 
     async def open(self) -> Landed | None:
         """Connect; the coverage the destination records itself, or None if it keeps

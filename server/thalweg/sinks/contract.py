@@ -26,7 +26,9 @@ class Capabilities:
     refuses_values: bool  # some values can never go in (``on_refused`` is exercised)
     reads_back: bool  # its rows and its own coverage record can be read back (verify)
     rebuilds_dropped: bool  # a dropped unrouted table or file is rebuilt by the next pass
-    detects_deleted_rows: bool = False  # the running feeder notices rows deleted behind it
+    # The feeder notices rows deleted behind it from an unrouted table still there, and
+    # feeds them again (recovery/recheck.py); needs ``reads_back``.
+    detects_deleted_rows: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ class FlightSink(BufferedSink[FlightSinkConfig]):
     ) -> None:
         super().__init__(cfg, data_dir, columns)
         self._client: flight.FlightClient | None = None
-        self._routed = routes.routed(cfg.path)  # a put per value of a row's field
+        self.routed = routes.routed(cfg.path)  # a put per value of a row's field
         self._paths: set[str] = set()  # the routed paths put to since start (max_paths)
 
     def descriptor_path(self, topic: str) -> str:
@@ -89,7 +89,7 @@ class FlightSink(BufferedSink[FlightSinkConfig]):
                 self.columns,
                 whole=False,
             )
-            if self._routed
+            if self.routed
             else {(self.descriptor_path(t), t): table for t, table in by_topic.items()}
         )
         for (path, _), table in sorted(puts.items()):

@@ -70,7 +70,12 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
     kind = "iceberg"
     guarantee = "exactly-once"
     capabilities = Capabilities(
-        upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
+        upsert=True,
+        routing=True,
+        refuses_values=True,
+        reads_back=True,
+        rebuilds_dropped=True,
+        detects_deleted_rows=True,
     )
 
     def __init__(
@@ -81,7 +86,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
         self._key: list[str] = cfg.row_key(self.columns.source("key")) if self._upsert else []
         self._keep_value = "source_value" in cfg.metadata  # else dropped (sinks/fold.py)
-        self._routed = routes.routed(cfg.table)  # a table per row value (iceberg_routes)
+        self.routed = routes.routed(cfg.table)  # a table per row value (iceberg_routes)
         self._tables: set[str] = set()
 
     # -- catalog and tables ------------------------------------------------------------
@@ -152,9 +157,9 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         self._catalog = None
         ranges: Ranges = {}
         try:
-            if self._routed:  # the control record (sinks/iceberg_routes.py)
+            if self.routed:  # the control record (sinks/iceberg_routes.py)
                 self._tables, ranges = iceberg_routes.opened(self._connect(), self.cfg)
-            for topic in [] if self._routed else self.cfg.topics:
+            for topic in [] if self.routed else self.cfg.topics:
                 table = self.table(topic)
                 if table is not None:
                     found = table_coverage(table, self.name)
@@ -171,7 +176,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
             for t in sorted(topics)
             if rows.get(t)
         }
-        if self._routed:
+        if self.routed:
             self._commit_routed(by_topic, covered)
             return
         for topic in sorted(topics):

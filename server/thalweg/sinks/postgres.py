@@ -64,7 +64,12 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
     kind = "postgres"
     guarantee = "exactly-once"
     capabilities = Capabilities(
-        upsert=True, routing=True, refuses_values=True, reads_back=True, rebuilds_dropped=True
+        upsert=True,
+        routing=True,
+        refuses_values=True,
+        reads_back=True,
+        rebuilds_dropped=True,
+        detects_deleted_rows=True,
     )
 
     def __init__(
@@ -79,7 +84,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         self._upsert = getattr(cfg, "mode", "append") == "upsert"
         # A table per value of a row's field ("{tenant}_orders", sinks/routes.py): the
         # tables made so far, counted against max_tables.
-        self._routed = routes.routed(cfg.table)
+        self.routed = routes.routed(cfg.table)
         self._tables: set[str] = set()
         self._key: list[str] = cfg.row_key(self.columns.source("key")) if self._upsert else []
         # Keyed by the record key, the rows came with their value (a tombstone deletes):
@@ -110,7 +115,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
     def tables_of(self, cur: Any, topic: str) -> list[str]:
         """The tables of ``topic`` in the schema: its one table, or with a routed
         template every table the template can name."""
-        if not self._routed:
+        if not self.routed:
             return [self.table_name(topic)]
         cur.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
@@ -156,7 +161,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
                 found = cur.fetchall()
                 self._tables = {t for topic in self.cfg.topics for t in self.tables_of(cur, topic)}
                 # A routed sink's tables are made on first sight: a missing one is new.
-                topics = set() if self._routed else {str(row[0]) for row in found}
+                topics = set() if self.routed else {str(row[0]) for row in found}
                 lost = self._lost_tables(cur, topics)
                 found = [row for row in found if row[0] not in lost]
             conn.commit()
@@ -231,7 +236,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         """Each table's rows per topic: one table per topic, or with a routed template a
         table per value of the rows' fields (``routes.assign``: rows naming none, or one
         table past ``max_tables``, refused by name)."""
-        if not self._routed:
+        if not self.routed:
             return {(self.table_name(t), t): data for t, data in by_topic.items()}
         cfg = self.cfg
         return routes.assign(
@@ -352,7 +357,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
     def _missing_with_claims(self, cur: Any, name: str, topic: str) -> bool:
         """The table is gone while the topic's coverage claims positions (dropped under
         a running feeder). A routed sink's table may be new: not asked."""
-        return not self._routed and not self._exists(cur, name) and self._claims(cur, topic)
+        return not self.routed and not self._exists(cur, name) and self._claims(cur, topic)
 
     def _claims(self, cur: Any, topic: str) -> bool:
         cur.execute(

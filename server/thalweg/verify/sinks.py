@@ -18,8 +18,9 @@ may be running), the feeder lock is not taken. Sinks fed through a pipeline node
 derived rows (any number per record): only their coverage is checked. The Flight sink's
 destination keeps no record: its store alone is checked against the lane.
 
-Its length: the checks and the readers of the three destinations they compare with
-(Postgres, Iceberg, Arrow IPC) — read-only readers that exist for these checks alone.
+Which positions a destination should hold is ``recovery.expected``, which the running
+feeder asks too (it feeds again what was deleted behind its back); what it holds, each
+destination answers itself (``Sink.holds``).
 """
 
 from __future__ import annotations
@@ -30,20 +31,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from thalweg.config.models import ThalwegConfig
 from thalweg.config.sinks import Upserts
-from thalweg.lane.layout import Lane, LaneLayout
+from thalweg.lane.layout import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.recovery.coverage import CoverageStore
+from thalweg.recovery.expected import folded, held_positions, inside, of_topic
 from thalweg.recovery.refused import SinkDeadLetters
-from thalweg.sinks import routes
 from thalweg.sinks.base import Ranges, Sink
 from thalweg.sinks.contract import Held
-from thalweg.sinks.fold import DELETED, with_deletes
 from thalweg.sinks.loader import load_sink_class
 from thalweg.verify.lanes import LaneAudit
 from thalweg.verify.report import Report
@@ -123,7 +121,7 @@ def audit_sink(
                 where,
                 f"covers {_show(ahead)}, beyond what the lane holds",
             )
-        table = _of_topic(dest.rows.get(topic), columns, topic)
+        table = of_topic(dest.rows.get(topic), columns, topic)
         if derived or topic not in dest.rows:
             continue  # derived rows, or a destination without rows to read (flight)
         if lane.epoch:
@@ -137,11 +135,11 @@ def audit_sink(
         window = subtract_ranges(merge_ranges(claimed), [(0, lane.floor)])
         if not sink_cfg.raw:
             window = subtract_ranges(window, lane.undecided)
-        want = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
+        want = inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
         want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
         refused += set_aside
         if isinstance(sink_cfg, Upserts) and sink_cfg.mode == "upsert":
-            want = _folded(layout, sink_cfg, columns, topic, p, want)
+            want = folded(layout, sink_cfg, columns, topic, p, want)
         counts = _check_rows(table, want, window, columns, p, where, report)
         checked, missing, twice, extra = (
             x + y for x, y in zip((checked, missing, twice, extra), counts, strict=True)
@@ -183,7 +181,7 @@ def _store_ahead(
     record. Any row the sink would take there (a decoded row, for a sink fed through a
     node too: the node may have kept it) keeps it an error."""
     above = subtract_ranges(gap, [(0, lane.floor)])
-    rows = _inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, above)
+    rows = inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, above)
     rows, _ = _without_refused(
         cfg, name, columns, lane.topic, lane.partition, rows, where, Report()
     )
@@ -242,78 +240,6 @@ def _without_refused(
     return np.setdiff1d(want, unique, assume_unique=True), len(unique)
 
 
-def _folded(
-    layout: LaneLayout,
-    sink_cfg: Upserts,
-    columns: MetadataColumns,
-    topic: str,
-    partition: int,
-    want: np.ndarray,
-) -> np.ndarray:
-    """Of the positions ``want`` (the decoded rows inside the coverage), those an upsert
-    sink keeps: per table and key the newest, unless it is a delete (``__deleted``, or
-    keyed by the record key a tombstone); rows without every key column change nothing.
-
-    Folded as the sink folds (``sinks.fold``): a routed sink (``"{tenant}_orders"``)
-    folds each table alone, so the table a row names is part of its key here. The rows
-    come from the lanes as audited (``layout``: a bucket's fetched copy, not the local
-    cache, which may hold part of it)."""
-    key = sink_cfg.row_key(columns.source("key"))
-    template = getattr(sink_cfg, "table", "")
-    routing = routes.fields(template)
-    wanted = list(dict.fromkeys([*key, *routing, columns.position, DELETED]))
-    if sink_cfg.record_keyed:
-        wanted.append(columns.value)
-    parts = []
-    for seg in layout.segments(Lane.RAW, topic, partition):
-        twin = layout.partition_dir(Lane.DECODED, topic, partition) / seg.path.name
-        if twin.exists():
-            parts.append(_segment_columns(seg.path, twin, wanted, columns))
-    rows = pa.concat_tables(parts, promote_options="permissive") if parts else None
-    if rows is None or any(k not in rows.column_names for k in key):
-        return np.zeros(0, np.int64)  # no row names a key (tombstones only)
-    positions = rows.column(columns.position).to_numpy(zero_copy_only=False)
-    rows = with_deletes(
-        rows.filter(pa.array(np.isin(positions, want))), columns.value, keep_value=False
-    )
-    if routing:
-        named, _ = routes.names(rows, template, topic)
-        rows = rows.append_column(ROUTED, named)
-        key = [*key, ROUTED]
-    for k in key:
-        rows = rows.filter(pc.is_valid(rows.column(k)))
-    if not rows.num_rows:
-        return np.zeros(0, np.int64)
-    top = rows.group_by(key).aggregate([(columns.position, "max")])
-    newest = top.column(top.num_columns - 1).to_numpy(zero_copy_only=False)
-    if DELETED in rows.column_names:
-        gone = rows.filter(pc.fill_null(rows.column(DELETED), False)).column(columns.position)
-        newest = np.setdiff1d(newest, gone.to_numpy(zero_copy_only=False))
-    return np.sort(newest.astype(np.int64))
-
-
-ROUTED = "_thalweg_table"  # the table a routed row names, beside its key
-
-
-def _segment_columns(
-    raw: Path, twin: Path, wanted: list[str], columns: MetadataColumns
-) -> pa.Table:
-    """A segment's decoded rows with the ``wanted`` columns it has: from the decoded
-    twin, and those only the raw segment holds (the record key, the value, any
-    ``_twg_source_`` column) matched to them by position."""
-    held = set(pq.read_schema(twin).names)
-    rows = pq.read_table(twin, columns=[c for c in wanted if c in held])
-    rest = [c for c in wanted if c not in held and c != columns.position]
-    rest = [c for c in rest if c in pq.read_schema(raw).names]
-    if not rest:
-        return rows
-    extra = pq.read_table(raw, columns=[columns.position, *rest])
-    at = pc.index_in(rows.column(columns.position), extra.column(columns.position))
-    for c in rest:
-        rows = rows.append_column(c, pc.take(extra.column(c), at))
-    return rows
-
-
 def _check_rows(
     table: pa.Table | None,
     want: np.ndarray,
@@ -325,7 +251,11 @@ def _check_rows(
 ) -> tuple[int, int, int, int]:
     """The destination's rows of one partition inside ``window`` against the positions
     the lane says it should hold; (checked, missing, twice, extra)."""
-    got = np.zeros(0, np.int64) if table is None else _positions(table, columns, partition, window)
+    got = (
+        np.zeros(0, np.int64)
+        if table is None
+        else held_positions(table, columns, partition, window)
+    )
     unique, counts = np.unique(got, return_counts=True)
     lost = np.setdiff1d(want, unique, assume_unique=True)
     more = np.setdiff1d(unique, want, assume_unique=True)
@@ -362,29 +292,6 @@ def _check_rows(
             f"{', '.join(map(str, more[:5]))})",
         )
     return len(want), len(lost), len(dup), len(more)
-
-
-def _inside(positions: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
-    keep = np.zeros(len(positions), dtype=bool)
-    for a, b in ranges:
-        keep |= (positions >= a) & (positions < b)
-    return positions[keep]
-
-
-def _of_topic(table: pa.Table | None, columns: MetadataColumns, topic: str) -> pa.Table | None:
-    """The rows of ``topic`` in a destination's rows (a table several topics share)."""
-    name = columns.source("topic")
-    if table is None or name not in table.column_names:
-        return table
-    return table.filter(pc.equal(table.column(name), topic))
-
-
-def _positions(
-    table: pa.Table, columns: MetadataColumns, partition: int, window: list[tuple[int, int]]
-) -> np.ndarray:
-    rows = table.filter(pc.equal(table.column(columns.partition), partition))
-    pos = rows.column(columns.position).to_numpy(zero_copy_only=False).astype(np.int64)
-    return _inside(pos, window)
 
 
 def _show(ranges: list[tuple[int, int]]) -> str:

@@ -94,3 +94,14 @@ def test_the_destination_record_replaces_the_store(tmp_path: Path) -> None:
     assert CoverageStore(tmp_path, "lake").snapshot() == {("t", 0, 0): [(0, 60)]}
     store.replace({("t", 0, 0): [(0, 60)]})
     assert not store.flush()  # unchanged: nothing written
+
+
+def test_removed_ranges_are_gaps_again_and_durably_so(tmp_path: Path) -> None:
+    s = CoverageStore(tmp_path, "lake")
+    s.add(K, 0, 100)
+    s.remove(K, [(57, 58), (90, 95)])
+    s.remove(("orders", 9, 0), [(0, 1)])  # a key it never covered: nothing
+    assert s.covered(K) == [(0, 57), (58, 90), (95, 100)]
+    assert s.gaps(K, [(0, 100)]) == [(57, 58), (90, 95)]
+    assert s.flush()
+    assert CoverageStore(tmp_path, "lake").covered(K) == [(0, 57), (58, 90), (95, 100)]
