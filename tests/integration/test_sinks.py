@@ -213,10 +213,12 @@ def test_twg_recover_names_rows_a_table_lost_under_its_coverage_and_fails(
     postgres: PostgresServer,
     tmp_path: Path,
 ) -> None:
-    """Rows deleted by hand from a table that is still there: a pass trusts the coverage
-    and writes nothing again, so ``twg recover`` checks the destination after it — exit
-    1, the partitions and counts named, never "ok" over rows that are not there. After
-    the runbook's steps (the coverage removed) the next one writes them and passes."""
+    """Rows deleted by hand from a table that is still there: the sink's recheck on open
+    finds them and ``twg recover`` feeds exactly those again. With the recheck off a
+    pass trusts the coverage and writes nothing, so ``twg recover`` checks the
+    destination after it — exit 1, the partitions and counts named, never "ok" over
+    rows that are not there. After the runbook's steps (the coverage removed) the next
+    one writes them and passes."""
     topic = topic_factory(partitions=2)
     data = tmp_path / "lane"
     n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(300)))
@@ -227,6 +229,15 @@ def test_twg_recover_names_rows_a_table_lost_under_its_coverage_and_fails(
     schema, table = db["schema_name"], topic.replace("-", "_")
     postgres.query(f'DELETE FROM "{schema}"."{table}" WHERE "n" % 10 = 0 RETURNING 1')
     config = postgres_config(tmp_path, data, broker, topic, postgres, schema)
+    fed = twg_recover(config, "db")
+    assert fed.returncode == 0, fed.stdout + fed.stderr
+    assert json.loads(fed.stdout)["rows"] == n // 10 and json.loads(fed.stdout)["check"] == []
+    got = postgres_rows(postgres, topic)
+    assert len(got) == n and len({r[0] for r in got}) == n
+    postgres.query(f'DELETE FROM "{schema}"."{table}" WHERE "n" % 10 = 0 RETURNING 1')
+    config = postgres_config(
+        tmp_path, data, broker, topic, postgres, schema, "recheck_every_flushes = 0"
+    )
     out = twg_recover(config, "db")
     assert out.returncode == 1, out.stdout + out.stderr
     summary = json.loads(out.stdout)
@@ -266,8 +277,9 @@ def test_twg_recover_on_iceberg_names_deleted_rows_and_a_dropped_table_is_rebuil
     tmp_path: Path,
 ) -> None:
     """An Iceberg sink with dead letters in its topic passes the check; rows deleted from
-    the table (its coverage kept in an older snapshot) are named, exit 1; the runbook's
-    step for Iceberg — drop the table — and the next pass rebuilds it whole, once."""
+    the table (its coverage kept in an older snapshot) are fed again by the recheck on
+    open; with the recheck off they are named, exit 1; the runbook's step for Iceberg —
+    drop the table — and the next pass rebuilds it whole, once."""
     topic = topic_factory(partitions=1)
     data = tmp_path / "lane"
     n = produce_json(broker.bootstrap, topic, ({"n": i} for i in range(200)))
@@ -283,6 +295,20 @@ def test_twg_recover_on_iceberg_names_deleted_rows_and_a_dropped_table_is_rebuil
     ident = "thalweg." + "".join(c if c.isalnum() or c == "_" else "_" for c in topic)
     catalog = iceberg_catalog(data, "lake")
     catalog.load_table(ident).delete("n < 20")
+    fed = twg_recover(config, "lake")
+    assert fed.returncode == 0, fed.stdout + fed.stderr
+    assert json.loads(fed.stdout)["rows"] == 20 and json.loads(fed.stdout)["check"] == []
+    rows = iceberg_rows(data, topic)
+    assert rows.num_rows == n and len(set(rows.column(RID).to_pylist())) == n
+    catalog.load_table(ident).delete("n < 20")
+    config = cli_config(
+        tmp_path,
+        data,
+        broker,
+        topic,
+        'name = "lake"\nkind = "iceberg"',
+        "recheck_every_flushes = 0",
+    )
     out = twg_recover(config, "lake")
     assert out.returncode == 1, out.stdout + out.stderr
     summary = json.loads(out.stdout)
@@ -439,20 +465,32 @@ def twg_recover(config: Path, sink: str, *more: str) -> subprocess.CompletedProc
 
 
 def postgres_config(
-    tmp_path: Path, data: Path, broker: TansuBroker, topic: str, pg: PostgresServer, schema: str
+    tmp_path: Path,
+    data: Path,
+    broker: TansuBroker,
+    topic: str,
+    pg: PostgresServer,
+    schema: str,
+    recovery: str = "",
 ) -> Path:
     """A config file (for the CLI) with a Postgres sink ``db`` of ``topic`` into
     ``schema``."""
     sink = f'name = "db"\nkind = "postgres"\ndsn = "{pg.dsn}"\nschema_name = "{schema}"'
-    return cli_config(tmp_path, data, broker, topic, sink)
+    return cli_config(tmp_path, data, broker, topic, sink, recovery)
 
 
-def cli_config(tmp_path: Path, data: Path, broker: TansuBroker, topic: str, sink: str) -> Path:
+def cli_config(
+    tmp_path: Path, data: Path, broker: TansuBroker, topic: str, sink: str, recovery: str = ""
+) -> Path:
     """A config file (for the CLI) of ``data``'s lane, its Kafka source of ``topic`` and
-    one sink of it (``sink``: its lines but ``topics``)."""
+    one sink of it (``sink``: its lines but ``topics``; ``recovery``: lines of its
+    ``[recovery]`` section)."""
     path = tmp_path / "twg.toml"
     path.write_text(
         f"""
+[recovery]
+{recovery}
+
 [gateway]
 data_dir = "{data}"
 

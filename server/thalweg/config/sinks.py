@@ -316,9 +316,9 @@ class RecoveryConfig(_Model):
         100,
         ge=0,
         description="A sink that reads its rows back compares them with the lane when it "
-        "opens and every this many flushes, and feeds again the rows deleted behind the "
-        "gateway's back (docs/sinks.md); 0: never. Each check reads the destination's "
-        "locator columns and the lane's positions once.",
+        "opens and every this many flushes (and at most 5 % of the time), and feeds again "
+        "the rows deleted behind the gateway's back (docs/sinks.md); 0: never. Each check "
+        "reads the destination's locator columns and the lane's positions once.",
     )
     max_lag_records: int | None = Field(
         None,

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 _HEALTH = {SinkState.UP: State.UP, SinkState.DEGRADED: State.DEGRADED, SinkState.DOWN: State.DOWN}
 _DEGRADED_RETRY_S = 60.0  # a schema refusal waits for a person, not for a backoff
+RECHECK_SHARE = 0.05  # at most this share of a running feeder's time goes to rechecks
 
 
 @dataclass
@@ -141,6 +142,7 @@ class SinkFeeder:
             sink, derived=transform is not None or node is not None
         )
         self._flushes_unchecked = 0
+        self._recheck_not_before = 0.0  # monotonic: keeps the rechecks' share of time small
         self.lost_records = 0  # found deleted behind its back and fed again (for /health)
         if health is not None:
             health.register(self.component, "sink", gates_readiness=False)
@@ -164,6 +166,7 @@ class SinkFeeder:
         pass feeds them once more (``recovery/recheck.py``); how many were found."""
         await self._settle()  # the store must claim exactly what the destination committed
         self._flushes_unchecked = 0
+        began = time.monotonic()
         try:
             lost = await asyncio.to_thread(
                 deleted_behind, self.sink, self.layout, self.columns, self.store.snapshot()
@@ -173,6 +176,11 @@ class SinkFeeder:
             if self.health is not None:
                 self.health.annotate(self.component, recheck_error=str(exc))
             return 0
+        finally:
+            # A check costs what the table holds (1.8 s per million Postgres rows): the
+            # next waits until this one is at most RECHECK_SHARE of the time since.
+            took = time.monotonic() - began
+            self._recheck_not_before = time.monotonic() + took * (1 / RECHECK_SHARE - 1)
         found = sum(b - a for ranges in lost.values() for a, b in ranges)
         if not found:
             return 0
@@ -213,6 +221,7 @@ class SinkFeeder:
                         if (
                             self._rechecks
                             and self._flushes_unchecked >= self.cfg.recheck_every_flushes
+                            and time.monotonic() >= self._recheck_not_before
                         ):
                             await self.recheck()
                     except Exception:
