@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from datafusion import SessionContext
 
 from tests.unit.lane.test_lane import COLS, R, writer
@@ -93,3 +94,60 @@ def test_a_field_the_topic_no_longer_has_comes_as_nulls(tmp_path: Path) -> None:
         snapshot.close()
     assert sorted(got.column("v").to_pylist()) == [3, 4]
     assert got.column("gone").null_count == got.num_rows == 2
+
+
+class _Caller:
+    """What ``do_get`` asks of a gRPC call's context, for a caller with auth off."""
+
+    def get_middleware(self, key: str) -> None:
+        return None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module: object) -> list[ReadTicket]:
+    """The tickets ``module``'s ``plan_read`` is called with, calling it through."""
+    calls: list[ReadTicket] = []
+    real = plan_read
+
+    def counted(catalog: LaneCatalog, ticket: ReadTicket, *args: object) -> object:
+        calls.append(ticket)
+        return real(catalog, ticket, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "plan_read", counted)
+    return calls
+
+
+def test_each_latest_read_is_planned_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its positions are fixed at one moment: the view's answer and the rows it folds
+    come from one plan, in Flight SQL's ``latest`` table and in the ``do_get`` view."""
+    from thalweg.config.models import FlightServingConfig
+    from thalweg.flight.limits import StreamLimiter
+    from thalweg.flight.read import service
+    from thalweg.flight.sql import tables as sql_tables
+    from thalweg.ops.metrics import Metrics
+
+    catalog = _catalog(tmp_path)
+    sql_calls = _counting(monkeypatch, sql_tables)
+    lane_tables = LaneTables(catalog)
+    schema = lane_tables.schema(Lane.DECODED, "t")
+    assert schema is not None
+    snapshot = lane_tables.snapshot()
+    try:
+        got = snapshot.latest_frame(SessionContext(), "t", schema, EVERYTHING).to_arrow_table()
+    finally:
+        snapshot.close()
+    assert sorted(got.column("v").to_pylist()) == [3, 4]
+    assert len(sql_calls) == 1
+    get_calls = _counting(monkeypatch, service)
+    reads = service.Reads(
+        catalog, Metrics(), FlightServingConfig(), StreamLimiter(4), "grpc://127.0.0.1:1"
+    )
+    reads.do_get(_Caller(), ReadTicket(topic="t", view="latest", columns=["v"]))  # type: ignore[arg-type]
+    assert len(get_calls) == 1
+    # The one plan reads the fold's columns besides the one asked.
+    assert get_calls[0].columns is not None and {"v", COLS.position} <= set(get_calls[0].columns)

@@ -117,6 +117,17 @@ def output_schema(catalog: LaneCatalog, ticket: ReadTicket) -> tuple[pa.Schema, 
     return decoded_schema(payload, catalog.columns, ticket.metadata), payload
 
 
+def answered_schema(catalog: LaneCatalog, ticket: ReadTicket) -> pa.Schema:
+    """The schema a read of ``ticket`` sends, checked as :func:`plan_read` checks it but
+    with no positions fixed: what a view that reads other columns to answer with these
+    (the latest view's fold) asks first, so its one read is planned once.
+
+    Raises:
+        TicketError: as :func:`plan_read`.
+    """
+    return _checked(catalog, ticket)[2]
+
+
 def plan_read(
     catalog: LaneCatalog, ticket: ReadTicket, elsewhere: Callable[[int], bool] | None = None
 ) -> ReadPlan:
@@ -127,6 +138,29 @@ def plan_read(
     ``elsewhere`` says another gateway serves are planned but not checked against this
     lane (their owner resolves the ticket again).
     """
+    full, payload, schema, wanted = _checked(catalog, ticket)
+    predicate = build_predicate(ticket, full)
+    ranges = []
+    for p in wanted:
+        durable = catalog.durable_end(ticket.topic, p)
+        start = _start(catalog, ticket.topic, p, ticket.start, durable)
+        end = _end(catalog, ticket.topic, p, ticket.end, durable)
+        if end is not None and end < start:
+            # Nothing to read: an empty range at the start (an endpoint ticket that parses,
+            # and never below a retention floor — a replica whose copy of a lane lags its
+            # floor has a durable end below it).
+            end = start
+        if elsewhere is None or not elsewhere(p):
+            _check_held(catalog, ticket.topic, p, start, end)
+        ranges.append(PartitionRange(p, start, end))
+    return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
+
+
+def _checked(
+    catalog: LaneCatalog, ticket: ReadTicket
+) -> tuple[pa.Schema, pa.Schema, pa.Schema, list[int]]:
+    """The ticket checked against the catalog: (the lane's full schema, its payload
+    part, the schema sent, the partitions read)."""
     catalog.prepare(ticket.topic)
     if ticket.topic not in catalog.topics():
         raise TicketError(f"unknown topic {ticket.topic!r}")
@@ -157,21 +191,7 @@ def plan_read(
         if unknown:
             raise TicketError(f"column {unknown[0]!r} is not in the read's schema")
         schema = pa.schema([full.field(c) for c in ticket.columns])
-    predicate = build_predicate(ticket, full)
-    ranges = []
-    for p in wanted:
-        durable = catalog.durable_end(ticket.topic, p)
-        start = _start(catalog, ticket.topic, p, ticket.start, durable)
-        end = _end(catalog, ticket.topic, p, ticket.end, durable)
-        if end is not None and end < start:
-            # Nothing to read: an empty range at the start (an endpoint ticket that parses,
-            # and never below a retention floor — a replica whose copy of a lane lags its
-            # floor has a durable end below it).
-            end = start
-        if elsewhere is None or not elsewhere(p):
-            _check_held(catalog, ticket.topic, p, start, end)
-        ranges.append(PartitionRange(p, start, end))
-    return ReadPlan(ticket, schema, payload, tuple(ranges), full, predicate)
+    return full, payload, schema, wanted
 
 
 def start_of_new_partition(catalog: LaneCatalog, ticket: ReadTicket, p: int) -> int:

@@ -24,7 +24,7 @@ from thalweg.flight.errors import refusing, relocation
 from thalweg.flight.limits import StreamLimiter
 from thalweg.flight.read.endpoints import EndpointPlan, plan_endpoints
 from thalweg.flight.read.latest import fold_input, fold_latest
-from thalweg.flight.read.plan import ReadPlan, plan_read
+from thalweg.flight.read.plan import ReadPlan, answered_schema, plan_read
 from thalweg.flight.read.stream import FollowLagError, HistoryGapError, read_stream
 from thalweg.flight.read.tickets import (
     MAX_TICKET_BYTES,
@@ -120,7 +120,9 @@ class Reads:
         read = self._readable(context, read)
         catalog = self._catalog_for(read)
         latest = read.view == "latest"
-        schema = plan_read(catalog, read).schema if latest else None
+        # The view answers with the asked columns and reads the fold's besides: one plan
+        # (positions fixed once), of the read it folds.
+        schema = answered_schema(catalog, read) if latest else None
         asked = (
             read
             if schema is None
