@@ -233,6 +233,7 @@ class Gateway:
                 decoder_for=self._decoder,
                 writer=ctx.writer,
                 observer=_NodeObserver(self.stats, self.metrics),
+                mirror=self.mirror,
             )
             if feed
             else []

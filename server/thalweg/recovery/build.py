@@ -20,6 +20,7 @@ from thalweg.config.pipeline import upstream
 from thalweg.errors import ConfigError
 from thalweg.lane.layout import LaneLayout, Segment
 from thalweg.lane.read.reader import LaneReader
+from thalweg.lane.remote.mirror import LaneMirror
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health
 from thalweg.ops.metrics import Metrics
@@ -47,6 +48,7 @@ def build_feeders(
     writer: SegmentWriter | None = None,
     only: str | None = None,
     observer: StageObserver | None = None,
+    mirror: LaneMirror | None = None,
 ) -> list[SinkFeeder]:
     """One feeder per ``[[sinks]]`` table and per materialised node's lane
     (``node:<name>``), or only the one named ``only``; each holds its feeder lock.
@@ -100,6 +102,7 @@ def build_feeders(
                     writer=writer,
                     transform=transform,
                     node=above,
+                    mirror=mirror,
                 )
             )
     except BaseException:

@@ -36,6 +36,7 @@ from thalweg.config.sinks import RecoveryConfig
 from thalweg.lane.coverage import Coverage
 from thalweg.lane.epochs import current_epoch
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.remote.mirror import LaneMirror
 from thalweg.lane.writer import SegmentWriter
 from thalweg.ops.health import Health, State
 from thalweg.ops.metrics import Metrics
@@ -94,6 +95,8 @@ class SinkFeeder:
         transform: a node chain applied to each segment's rows (``recovery.reading``).
         node: read this materialised node's lane, not the topic's: a sink or lane below
             it (its gaps are then what that lane holds and this sink does not).
+        mirror: the lanes' bucket, which keeps the sink's dead-letter lane too
+            (``lane/remote/refused_sync.py``); None: local lanes.
     """
 
     def __init__(
@@ -110,8 +113,10 @@ class SinkFeeder:
         writer: SegmentWriter | None = None,
         transform: Transform | None = None,
         node: str | None = None,
+        mirror: LaneMirror | None = None,
     ) -> None:
         self.sink = sink
+        self.mirror = mirror
         self.store = store
         self.layout = layout
         self.columns = columns
@@ -151,6 +156,10 @@ class SinkFeeder:
 
     async def open(self) -> None:
         """Connect the sink and take its own record of coverage over the store's."""
+        if self.mirror is not None:
+            # What this sink set aside on another host (a wiped cache) is here before
+            # anything is rechecked or fed; what this host set aside goes up.
+            await asyncio.to_thread(self.mirror.sync_refused, self.sink.name)
         trusted = await self.sink.open()
         if trusted is not None:
             self.store.replace(trusted.ranges)
@@ -476,6 +485,8 @@ class SinkFeeder:
                 written += await asyncio.to_thread(
                     self.refused.record, topic, partition, positions, errors
                 )
+            if self.mirror is not None:  # in the bucket before their positions are covered
+                await asyncio.to_thread(self.mirror.sync_refused, self.sink.name)
             spans = [(pa.table({}), span) for piece, _ in found.refused for _, span in piece]
             found.add(await sink.land(spans))
             self.refused_records += written

@@ -379,4 +379,6 @@ def _bucket_copy(cfg: ThalwegConfig, root: Path, only: str | None, report: Repor
                             "landed; nothing reads it, and the partition's owner sweeps it)",
                         )
             mirror.restore(t, p)
+    for s in cfg.sinks:  # what each sink set aside, wherever it is fed (read-only)
+        mirror.sync_refused(s.name, put=False)
     return layout

@@ -111,7 +111,7 @@ def audit_sink(
         claimed = merge_ranges(dest.coverage.get(key, [])) if dest.coverage is not None else held
         if dest.coverage is not None and subtract_ranges(held, claimed):
             _store_ahead(
-                cfg, name, sink_cfg, columns, lane, subtract_ranges(held, claimed), where, report
+                layout, name, sink_cfg, columns, lane, subtract_ranges(held, claimed), where, report
             )
         ahead = subtract_ranges(subtract_ranges(claimed, lane.coverage), [(0, lane.floor)])
         if ahead:
@@ -136,7 +136,7 @@ def audit_sink(
         if not sink_cfg.raw:
             window = subtract_ranges(window, lane.undecided)
         want = inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, window)
-        want, set_aside = _without_refused(cfg, name, columns, topic, p, want, where, report)
+        want, set_aside = _without_refused(layout, name, columns, topic, p, want, where, report)
         refused += set_aside
         if isinstance(sink_cfg, Upserts) and sink_cfg.mode == "upsert":
             want = folded(layout, sink_cfg, columns, topic, p, want)
@@ -164,7 +164,7 @@ def audit_sink(
 
 
 def _store_ahead(
-    cfg: ThalwegConfig,
+    layout: LaneLayout,
     name: str,
     sink_cfg: Any,
     columns: MetadataColumns,
@@ -183,7 +183,7 @@ def _store_ahead(
     above = subtract_ranges(gap, [(0, lane.floor)])
     rows = inside(lane.raw_positions if sink_cfg.raw else lane.decoded_positions, above)
     rows, _ = _without_refused(
-        cfg, name, columns, lane.topic, lane.partition, rows, where, Report()
+        layout, name, columns, lane.topic, lane.partition, rows, where, Report()
     )
     # Below the floor the lane no longer says; a decoded twin being rebuilt does not
     # say yet: either is an error still.
@@ -209,7 +209,7 @@ def _store_ahead(
 
 
 def _without_refused(
-    cfg: ThalwegConfig,
+    layout: LaneLayout,
     sink: str,
     columns: MetadataColumns,
     topic: str,
@@ -220,10 +220,8 @@ def _without_refused(
 ) -> tuple[np.ndarray, int]:
     """The positions the destination should hold less those its dead-letter lane holds
     (records it refused: ``recovery.refused``); a position set aside twice is a finding.
-    That lane is kept beside the gateway, in ``data_dir`` (a bucket lane's
-    ``object_store.cache_dir``), never in the bucket, like the coverage store: verify
-    reads both where it runs (docs/operations.md)."""
-    layout = LaneLayout(Path(cfg.gateway.data_dir))
+    Read from ``layout``, the lanes as audited: ``data_dir``, or the bucket's copy, which
+    holds the sink's dead-letter lane too (``lane/remote/refused_sync.py``)."""
     held = SinkDeadLetters(layout, sink, columns).held(topic, partition)
     if not len(held):
         return want, 0

@@ -42,6 +42,7 @@ from thalweg.errors import SegmentConflictError
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.remote.objectstore import ObjectStore
+from thalweg.lane.remote.refused_sync import sync_refused
 from thalweg.lane.upkeep.retention import raise_floor
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,15 @@ class LaneMirror:
                     continue  # put meanwhile
                 put += 1
             return put
+
+    def sync_refused(self, sink: str, *, put: bool = True) -> tuple[int, int]:
+        """Sink ``sink``'s dead-letter lane the same here and in the bucket
+        (``lane/remote/refused_sync.py``); (put, fetched).
+
+        Raises:
+            LaneError: the store did not answer or take a file (retriable).
+        """
+        return sync_refused(self.layout, self.store, sink, put=put)
 
     def landed(self, topic: str, partition: int, name: str, generation: int) -> bool:
         """Whether the segment's raw object is in the store (durable there)."""
