@@ -123,3 +123,39 @@ def test_a_sinks_refused_records_are_kept_in_the_bucket_and_fetched_back(
     done = CliRunner().invoke(cli, [*args[:4], str(here), *args[5:]], obj={})
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["sinks"]["ice"]["refused"] == len(BAD)
+
+
+def test_every_replica_fetches_the_sinks_dead_letter_lanes(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A replica that does not feed the sink serves its refused records all the same:
+    its lane sync fetches them (``LaneSync.refused``) and its catalog lists the sink."""
+    from thalweg.engine.jobs.lane_sync import LaneSync
+    from thalweg.group.owners import OwnerDirectory
+    from thalweg.lane.read.catalog import LaneCatalog
+    from thalweg.lane.read.live import LiveTail
+
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    feeder_host = tmp_path / "feeder"
+    name = "00000000000000000003-00000000000000000007.parquet"
+    rows = pa.table({MetadataColumns().position: pa.array([3, 7], pa.int64())})
+    local = feeder_host / "refused" / "db" / "dlq" / "topic=t" / "partition=0" / name
+    local.parent.mkdir(parents=True)
+    pq.write_table(rows, local)
+    assert LaneMirror(LaneLayout(feeder_host), store).sync_refused("db") == (1, 0)
+
+    replica = LaneLayout(tmp_path / "replica")
+    sync = LaneSync(
+        LaneMirror(replica, store),
+        lambda: [],
+        lambda: [],
+        OwnerDirectory(),
+        1.0,
+        sinks=lambda: ["db", "other"],
+    )
+    assert sync.refused() == 1
+    assert sync.refused() == 0  # fetched once
+    assert SinkDeadLetters(replica, "db", MetadataColumns()).held("t", 0).tolist() == [3, 7]
+    catalog = LaneCatalog(replica, MetadataColumns(), LiveTail())
+    assert catalog.dead_letter_sinks() == ["db"]

@@ -249,6 +249,7 @@ class Gateway:
                 self._owned,
                 self.owners,
                 g.object_store.sync_interval_s,
+                sinks=lambda: [s.name for s in cfg.sinks],
             )
             if self.mirror is not None
             else None

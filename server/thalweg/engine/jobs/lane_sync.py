@@ -36,8 +36,10 @@ class LaneSync:
         owners: OwnerDirectory,
         interval_s: float,
         synced: Callable[[str, int], None] = lambda _topic, _partition: None,
+        sinks: Callable[[], list[str]] = list,
     ) -> None:
         self._mirror = mirror
+        self._sinks = sinks  # whose dead-letter lanes every replica serves too
         self.synced = synced  # told of each partition whose files a sync changed
         self._warm: set[str] = set()  # topics synced whole at least once
         self._topics = topics
@@ -51,6 +53,7 @@ class LaneSync:
             owned = set(self._owned())  # read on the loop: the runners change it there
             try:
                 await asyncio.to_thread(self.once, owned)
+                await asyncio.to_thread(self.refused)
                 if time.monotonic() - self._swept_at >= self._mirror.orphan_age_s / 2:
                     await asyncio.to_thread(self.sweep, owned)
             except Exception:
@@ -76,6 +79,13 @@ class LaneSync:
                 fetched = sum(pool.map(self._sync_one, todo))
         self._warm.update(topic for topic, _ in todo)
         return fetched
+
+    def refused(self) -> int:
+        """Fetch the sinks' dead-letter lanes (``lane/remote/refused_sync.py``): what a
+        sink's feeder set aside, wherever it runs, is read from any replica (a dlq
+        ticket's ``"sink"``); the files fetched. Fetched only: each lane's one writer
+        is its sink's feeder, which puts."""
+        return sum(self._mirror.sync_refused(s, put=False)[1] for s in self._sinks())
 
     def sweep(self, owned: set[PartitionKey]) -> int:
         """Remove the orphaned twin objects of the partitions this replica owns
