@@ -68,7 +68,7 @@ from thalweg.verify.sinks import destination
 pytestmark = pytest.mark.integration
 
 #: Every destination kind. A new one joins the suite here (and in ADAPTERS).
-DESTINATIONS = ["postgres", "iceberg", "arrow_ipc", "flight"]
+DESTINATIONS = ["postgres", "iceberg", "arrow_ipc", "flight", "delta"]
 TOPIC = "t"
 TWG = [sys.executable, "-m", "thalweg.cli.main"]
 PARTITIONS = 2
@@ -193,6 +193,21 @@ def _ipc_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, positio
                 w.write_table(table.filter(keep))
 
 
+def _delta_table(env: Env) -> Any:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(env.data / "sinks" / "s" / TOPIC))
+
+
+def _delta_drop(env: Env, cfg: ThalwegConfig, name: str) -> None:
+    shutil.rmtree(env.data / "sinks" / name / TOPIC)
+
+
+def _delta_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, position: int) -> None:
+    cols = MetadataColumns(cfg.gateway.metadata_prefix)
+    _delta_table(env).delete(f'"{cols.partition}" = {partition} AND "{cols.position}" = {position}')
+
+
 def _nul_text(positions: list[int], bad: set[int]) -> pa.Array:
     return pa.array([f"a\u0000b{p}" if p in bad else f"ok{p}" for p in positions])
 
@@ -217,6 +232,13 @@ ADAPTERS: dict[str, Adapter] = {
         rows=_held_rows,
         drop=_ipc_drop,
         delete=_ipc_delete,
+    ),
+    "delta": Adapter(
+        table=lambda env, name, extra: {"kind": "delta", **extra},
+        rows=_held_rows,
+        poison=_big_unsigned,
+        drop=_delta_drop,
+        delete=_delta_delete,
     ),
     "flight": Adapter(
         table=lambda env, name, extra: {

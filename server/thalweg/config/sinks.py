@@ -253,6 +253,49 @@ class ArrowIpcSinkConfig(_SinkBase):
         return value
 
 
+class DeltaSinkConfig(Upserts):
+    """A Delta Lake table per topic (``sinks/delta.py``, docs/sinks.md)."""
+
+    kind: Literal["delta"]
+    uri: str | None = Field(
+        None,
+        description="Where the tables are: a directory or file:// URL, or s3://bucket/prefix "
+        "(default data_dir/sinks/<name>); a topic's table is <uri>/<table>.",
+    )
+    table: str = Field(
+        "{topic}",
+        description="The table's directory under uri; {topic} is replaced (one table per "
+        "topic: a {field} of the rows is not supported yet).",
+    )
+    storage_options: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="delta-rs object-store options (AWS_ENDPOINT_URL, AWS_REGION, "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP, ...), kept secret.",
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _topic_only(cls, value: str) -> str:
+        fields = TEMPLATE_FIELD.findall(value)
+        if any(f != "topic" for f in fields) or value.count("{") != len(fields):
+            raise ValueError(
+                f"table {value!r}: a Delta table is named by {{topic}} only (routing by a "
+                "field of the rows is not supported yet)"
+            )
+        if not value.strip() or "/" in value or value in (".", ".."):
+            raise ValueError(f"table {value!r}: one directory name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_table_per_topic(self) -> DeltaSinkConfig:
+        if len(self.topics) > 1 and "{topic}" not in self.table:
+            raise ValueError(
+                f"sinks.{self.name}: table {self.table!r} has no {{topic}} but the sink "
+                "receives several topics; one Delta table per topic"
+            )
+        return self
+
+
 class FlightSinkConfig(_SinkBase):
     kind: Literal["flight"]
     location: str = Field(description="grpc://host:port or grpc+tls://host:port")
@@ -288,7 +331,11 @@ class FlightSinkConfig(_SinkBase):
 
 
 SinkConfig = Annotated[
-    IcebergSinkConfig | PostgresSinkConfig | ArrowIpcSinkConfig | FlightSinkConfig,
+    IcebergSinkConfig
+    | PostgresSinkConfig
+    | ArrowIpcSinkConfig
+    | FlightSinkConfig
+    | DeltaSinkConfig,
     Field(discriminator="kind"),
 ]
 

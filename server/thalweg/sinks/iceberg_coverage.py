@@ -6,13 +6,13 @@ commits, never stand in for this sink's coverage."""
 
 from __future__ import annotations
 
-import json
-
 from pyiceberg.table import Table
 
 from thalweg.sinks.base import Ranges
+from thalweg.sinks.coverage_json import decode_coverage, encode_coverage
 
 COVERAGE_PREFIX = "thalweg.coverage."
+__all__ = ["COVERAGE_PREFIX", "decode_coverage", "encode_coverage", "table_coverage"]
 
 
 def table_coverage(table: Table, sink: str) -> Ranges:
@@ -31,19 +31,3 @@ def table_coverage(table: Table, sink: str) -> Ranges:
     if text is None:
         text = table.properties.get(key)
     return decode_coverage(text) if text is not None else {}
-
-
-def encode_coverage(ranges: Ranges) -> str:
-    body: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    for (t, p, e), rs in sorted(ranges.items()):
-        body.setdefault(t, {})[f"{p}:{e}"] = rs
-    return json.dumps(body, separators=(",", ":"))
-
-
-def decode_coverage(text: str) -> Ranges:
-    out: Ranges = {}
-    for topic, parts in json.loads(text).items():
-        for key, rs in parts.items():
-            p, _, e = key.partition(":")
-            out[(topic, int(p), int(e))] = [(int(a), int(b)) for a, b in rs]
-    return out

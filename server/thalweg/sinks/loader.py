@@ -24,6 +24,7 @@ SINKS: dict[str, _Entry] = {
     "postgres": _Entry("thalweg.sinks.postgres:PostgresSink", "postgres", built=True),
     "arrow_ipc": _Entry("thalweg.sinks.arrow_ipc:ArrowIpcSink", None, built=True),
     "flight": _Entry("thalweg.sinks.flight:FlightSink", None, built=True),
+    "delta": _Entry("thalweg.sinks.delta:DeltaSink", "delta", built=True),
 }
 
 

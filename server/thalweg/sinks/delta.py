@@ -1,0 +1,282 @@
+"""The Delta Lake sink (``kind = "delta"``): a Delta table per topic, through delta-rs
+(the ``deltalake`` package, ADR 0040).
+
+**Exactly once.** Each flush is one Delta commit per topic, and the commit carries the
+sink's coverage: its ``commitInfo`` holds ``thalweg.coverage.<sink>`` (the ranges of
+every partition the table holds, ``sinks/coverage_json.py``) and an application
+transaction per partition (``twg:<sink>:<topic>:<partition>``, version the last
+position landed) — the marker Delta's own streaming writers use, read back by
+``DeltaTable.transaction_version``. The coverage is read back from the newest commit
+that has it (an ``OPTIMIZE`` or ``VACUUM`` commit in between carries none), so a crash
+after the commit loses nothing and one before it wrote nothing visible: a flush that
+covers ranges without rows (dead letters only) is a commit with no files. A dropped
+table (its directory removed) takes its coverage with it and is written again whole.
+
+**Upsert** (``mode = "upsert"``): each flush is folded to one row per key
+(``sinks/fold.py``) and merged — a newer row replaces the key's row, a delete removes
+it, an older one (a replay) changes nothing — in one commit with the coverage.
+
+**Types.** What delta-rs maps itself it maps (a 16-byte record id becomes ``binary``,
+millisecond timestamps microseconds); an unsigned 64-bit value past 2**63-1 has no Delta
+type and is refused (the record is set aside, ``on_refused``). Added columns evolve the
+table (``schema_mode = "merge"``); another change is a schema error (``degraded``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from thalweg.config.sinks import DeltaSinkConfig
+from thalweg.records.columns import MetadataColumns
+from thalweg.records.ranges import merge_ranges
+from thalweg.sinks import routes
+from thalweg.sinks.base import (
+    BufferedSink,
+    Landed,
+    Ranges,
+    SinkSchemaError,
+    SinkUnavailableError,
+)
+from thalweg.sinks.contract import Capabilities, Held
+from thalweg.sinks.coverage_json import decode_coverage, encode_coverage
+from thalweg.sinks.fold import DELETED, newest_per_key
+
+log = logging.getLogger(__name__)
+
+COVERAGE_PREFIX = "thalweg.coverage."
+_HISTORY = 100  # commits read back at a time looking for the coverage
+
+
+class DeltaSink(BufferedSink[DeltaSinkConfig]):
+    """Appends (or merges) each flush into ``<uri>/<table>`` with its coverage."""
+
+    kind = "delta"
+    guarantee = "exactly-once"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        upsert=True,
+        routing=False,
+        refuses_values=True,
+        reads_back=True,
+        rebuilds_dropped=True,
+        detects_deleted_rows=True,
+    )
+
+    def __init__(
+        self, cfg: DeltaSinkConfig, data_dir: Path, columns: MetadataColumns | None = None
+    ) -> None:
+        super().__init__(cfg, data_dir, columns)
+        self._key = cfg.row_key(self.columns.source("key"))
+        self._upsert = cfg.mode == "upsert"
+        self._keep_value = "source_value" in cfg.metadata
+        self._covered: dict[str, Ranges] = {}  # per topic, as its table records it
+
+    # -- where ------------------------------------------------------------------------
+
+    @property
+    def base(self) -> str:
+        """Where the tables are: ``uri``, or ``data_dir/sinks/<name>``."""
+        uri = self.cfg.uri or str(self.data_dir / "sinks" / self.name)
+        return uri.removesuffix("/")
+
+    def table_uri(self, topic: str) -> str:
+        return f"{self.base}/{routes.safe_name(self.cfg.table.replace('{topic}', topic))}"
+
+    def _options(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.cfg.storage_options.items()}
+
+    def _load(self, topic: str) -> Any:
+        """The topic's table now, or None before its first commit (or once dropped)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.table_uri(topic), storage_options=self._options())
+        except TableNotFoundError:
+            return None
+
+    # -- the contract -----------------------------------------------------------------
+
+    def holds(self, wanted: list[str]) -> Held:
+        """The coverage each table's commits record and the ``wanted`` columns of its
+        rows (None: no table for the topic)."""
+        coverage: Ranges = {}
+        rows: dict[str, pa.Table | None] = {}
+        for topic in self.cfg.topics:
+            table = self._load(topic)
+            if table is None:
+                rows[topic] = None
+                continue
+            coverage.update(_coverage(table, self.name))
+            names = {f.name for f in table.schema().fields}
+            rows[topic] = table.to_pyarrow_table(columns=[c for c in wanted if c in names])
+        return Held(coverage, rows)
+
+    def rebuild_step(self) -> str:
+        return (
+            "remove the table's directory (its commit log holds the coverage, which goes "
+            "with it), and run twg recover again: the table is written again whole"
+        )
+
+    # -- open and commit --------------------------------------------------------------
+
+    def _open(self) -> Landed | None:
+        ranges: Ranges = {}
+        self._covered = {}
+        try:
+            if urlparse(self.base).scheme in ("", "file"):
+                Path(urlparse(self.base).path or self.base).mkdir(parents=True, exist_ok=True)
+            for topic in self.cfg.topics:
+                table = self._load(topic)
+                found = {} if table is None else _coverage(table, self.name)
+                self._covered[topic] = found
+                ranges.update(found)
+        except OSError as exc:
+            raise SinkUnavailableError(f"delta sink {self.name!r}: {exc}") from exc
+        return Landed({k: merge_ranges(v) for k, v in ranges.items()})
+
+    def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
+        from deltalake.exceptions import DeltaError, SchemaMismatchError
+
+        topics = sorted({k[0] for k in covered} | set(rows))
+        for topic in topics:
+            parts = rows.get(topic, [])
+            data = (
+                _delta_types(pa.concat_tables(parts, promote_options="permissive"))
+                if parts
+                else None
+            )
+            mine = {k: v for k, v in covered.items() if k[0] == topic}
+            try:
+                self._land(topic, data, mine)
+            except SchemaMismatchError as exc:
+                raise SinkSchemaError(
+                    f"delta table {self.table_uri(topic)}: the rows do not fit it: {exc}"
+                ) from exc
+            except (DeltaError, OSError) as exc:
+                raise SinkUnavailableError(
+                    f"delta table {self.table_uri(topic)}: {_first_line(exc)}"
+                ) from exc
+
+    def _land(self, topic: str, data: pa.Table | None, covered: Ranges) -> None:
+        """One commit of ``data`` (None: no rows) with the topic's coverage grown by
+        ``covered``."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        merged = dict(self._covered.get(topic, {}))
+        for key, rs in covered.items():
+            merged[key] = merge_ranges([*merged.get(key, []), *rs])
+        props = CommitProperties(
+            custom_metadata={COVERAGE_PREFIX + self.name: encode_coverage(merged)},
+            app_transactions=[
+                Transaction(f"twg:{self.name}:{t}:{p}", max(b for _, b in rs) - 1)
+                for (t, p, _), rs in sorted(covered.items())
+                if rs
+            ],
+        )
+        table = self._load(topic)
+        if table is None and data is None:
+            return  # nothing to make a table of: the spans had no rows (the next do)
+        if self._upsert and table is not None:
+            self._merge(topic, table, data, props)
+        else:
+            if self._upsert and data is not None:
+                data = self._newest(topic, data)
+                data = data.filter(pc.invert(_deleted(data)))
+            write_deltalake(
+                table if table is not None else self.table_uri(topic),
+                data if data is not None else _empty(table),
+                mode="append",
+                schema_mode="merge",
+                storage_options=None if table is not None else self._options(),
+                commit_properties=props,
+            )
+        self._covered[topic] = merged
+
+    def _newest(self, topic: str, data: pa.Table) -> pa.Table:
+        return newest_per_key(
+            data, self._key, topic, self.name, self.columns, keep_value=self._keep_value
+        )
+
+    def _merge(self, topic: str, table: Any, data: pa.Table | None, props: Any) -> None:
+        """Each key's newest row of the flush merged in: newer than the table's row
+        replaces it (or, a delete, removes it); an older one changes nothing."""
+        if data is None:
+            from deltalake import write_deltalake
+
+            write_deltalake(table, _empty(table), mode="append", commit_properties=props)
+            return
+        newest = self._newest(topic, data)
+        if DELETED not in newest.column_names:
+            newest = newest.append_column(DELETED, pa.array([False] * newest.num_rows))
+        pos = _q(self.columns.position)
+        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self._key)
+        newer = f"s.{pos} > t.{pos}"
+        gone = f"coalesce(s.{_q(DELETED)}, false)"
+        (
+            table.merge(
+                newest,
+                predicate=on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=True,
+                commit_properties=props,
+            )
+            .when_matched_delete(predicate=f"{gone} AND {newer}")
+            .when_matched_update_all(predicate=f"NOT {gone} AND {newer}")
+            .when_not_matched_insert_all(predicate=f"NOT {gone}")
+            .execute()
+        )
+
+    def _close(self) -> None:
+        self._covered = {}
+
+
+def _coverage(table: Any, sink: str) -> Ranges:
+    """``sink``'s coverage of ``table``: the newest commit's that has it (a compaction
+    or vacuum commit in between carries none)."""
+    key = COVERAGE_PREFIX + sink
+    limit = _HISTORY
+    while True:
+        history = table.history(limit=limit)
+        for commit in history:  # newest first
+            text = commit.get(key)
+            if isinstance(text, str):
+                return decode_coverage(text)
+        if len(history) < limit:
+            return {}
+        limit *= 10
+
+
+def _delta_types(table: pa.Table) -> pa.Table:
+    """Unsigned 64-bit columns as Delta's ``long``, checked: a value past 2**63-1 raises
+    ``ArrowInvalid`` (the records are refused, not wrapped)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_uint64(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.int64(), safe=True))
+    return table
+
+
+def _deleted(rows: pa.Table) -> pa.ChunkedArray | pa.Array:
+    if DELETED not in rows.column_names:
+        return pa.array([False] * rows.num_rows)
+    return pc.fill_null(rows.column(DELETED), False)
+
+
+def _empty(table: Any) -> pa.Table:
+    """No rows, in the table's schema: a commit that moves the coverage alone."""
+    return pa.schema(table.schema().to_arrow()).empty_table()
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,126 @@
+"""The Delta Lake sink (``sinks/delta.py``) read back by a reader we did not write:
+DuckDB's ``delta`` extension (delta-kernel-rs, a second implementation of the protocol,
+loaded from the file the ``duckdb-extension-delta`` wheel installs). The behaviours every
+destination shares are the contract suite's (``test_destination_contract.py``); here what
+is Delta's own: the coverage in the commit log across a compaction commit and over
+skipped offsets, an added column, the application transactions, an upsert's merge."""
+
+from __future__ import annotations
+
+import pathlib
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from tests.helpers import feeder_pass, write_segment
+from thalweg.config import parse_config
+from thalweg.config.models import ThalwegConfig
+from thalweg.records.columns import MetadataColumns
+from thalweg.sinks.delta import DeltaSink
+
+pytestmark = pytest.mark.integration
+
+COLS = MetadataColumns()
+
+
+def _duckdb() -> duckdb.DuckDBPyConnection:
+    """DuckDB with its delta extension loaded from the wheel's file (no download here)."""
+    import duckdb_extension_delta
+
+    [ext] = pathlib.Path(duckdb_extension_delta.__file__).parent.rglob("delta.duckdb_extension")
+    con = duckdb.connect(
+        config={"allow_unsigned_extensions": "true", "autoload_known_extensions": "false"}
+    )
+    con.execute(f"LOAD '{ext}'")
+    return con
+
+
+def _config(data: Path, **sink: Any) -> ThalwegConfig:
+    return parse_config(
+        {
+            "gateway": {"data_dir": str(data)},
+            "sources": [
+                {"name": "k", "kind": "kafka", "bootstrap_servers": "127.0.0.1:9", "topics": ["t"]}
+            ],
+            "sinks": [{"name": "d", "kind": "delta", "topics": ["t"], **sink}],
+        }
+    )
+
+
+def test_appended_rows_read_by_duckdb_each_once_with_their_metadata(tmp_path: Path) -> None:
+    for p in range(2):
+        write_segment(tmp_path, "t", p, range(0, 50), 0, payload={"n": pa.array(range(50))})
+    cfg = _config(tmp_path)
+    assert feeder_pass(cfg, "d").positions == 100
+    table = str(tmp_path / "sinks" / "d" / "t")
+    got = _duckdb().execute(
+        f'SELECT count(*), count(DISTINCT "{COLS.record_id}"), sum(n), '
+        f"count(DISTINCT \"{COLS.partition}\") FROM delta_scan('{table}')"
+    )
+    assert got.fetchall() == [(100, 100, 2 * sum(range(50)), 2)]
+    # The application transaction per partition: the last position landed.
+    delta = DeltaTable(table)
+    assert [delta.transaction_version(f"twg:d:t:{p}") for p in range(2)] == [49, 49]
+
+
+def test_the_coverage_is_read_back_across_a_compaction_and_over_skipped_offsets(
+    tmp_path: Path,
+) -> None:
+    write_segment(tmp_path, "t", 0, range(0, 30), 0, payload={"n": pa.array(range(30))})
+    cfg = _config(tmp_path)
+    feeder_pass(cfg, "d")
+    write_segment(tmp_path, "t", 0, range(30, 60), 30, payload={"n": pa.array(range(30, 60))})
+    feeder_pass(cfg, "d")
+    table = str(tmp_path / "sinks" / "d" / "t")
+    DeltaTable(table).optimize.compact()  # a commit of another writer, with no coverage
+    assert DeltaTable(table).history(limit=1)[0]["operation"] == "OPTIMIZE"
+    sink = DeltaSink(cfg.sinks[0], tmp_path)  # type: ignore[arg-type]
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 60)]}
+    assert feeder_pass(cfg, "d").positions == 0  # nothing is written twice
+    # Positions with no row for the sink (skipped offsets: a segment covering from 60
+    # whose first record is 70) are covered with the row at 70, in one commit.
+    write_segment(tmp_path, "t", 0, range(70, 71), 60, payload={"n": pa.array([70])})
+    files = len(DeltaTable(table).file_uris())
+    done = feeder_pass(cfg, "d")
+    assert (done.positions, done.rows) == (11, 1)
+    assert len(DeltaTable(table).file_uris()) == files + 1
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 71)]}
+    assert _duckdb().execute(f"SELECT count(*) FROM delta_scan('{table}')").fetchone() == (61,)
+
+
+def test_an_added_column_evolves_the_table(tmp_path: Path) -> None:
+    write_segment(tmp_path, "t", 0, range(0, 10), 0, payload={"n": pa.array(range(10))})
+    cfg = _config(tmp_path)
+    feeder_pass(cfg, "d")
+    later = {"n": pa.array(range(10, 20)), "tag": pa.array([f"x{i}" for i in range(10)])}
+    write_segment(tmp_path, "t", 0, range(10, 20), 10, payload=later)
+    feeder_pass(cfg, "d")
+    table = str(tmp_path / "sinks" / "d" / "t")
+    rows = (
+        _duckdb()
+        .execute(f"SELECT count(*), count(tag), min(tag) FROM delta_scan('{table}')")
+        .fetchall()
+    )
+    assert rows == [(20, 10, "x0")]
+
+
+def test_an_upsert_table_read_by_duckdb_is_the_fold(tmp_path: Path) -> None:
+    # Five ids, each updated again and again; id 4's last event is a delete.
+    n = 40
+    ids = [i % 5 for i in range(n)]
+    payload = {
+        "id": pa.array(ids, pa.int64()),
+        "v": pa.array([f"v{i}" for i in range(n)]),
+        "__deleted": pa.array([i == 39 for i in range(n)]),
+    }
+    write_segment(tmp_path, "t", 0, range(n), 0, payload=payload)
+    cfg = _config(tmp_path, mode="upsert", key=["id"], commit_rows=7)
+    feeder_pass(cfg, "d", end=20)  # two passes: the second merges into the first's rows
+    feeder_pass(cfg, "d")
+    table = str(tmp_path / "sinks" / "d" / "t")
+    got = _duckdb().execute(f"SELECT id, v FROM delta_scan('{table}') ORDER BY id").fetchall()
+    assert got == [(0, "v35"), (1, "v36"), (2, "v37"), (3, "v38")]
