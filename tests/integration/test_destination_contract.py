@@ -2,7 +2,8 @@
 
 As pyiceberg runs one behaviour suite over every catalog, each case here runs for each
 kind in :data:`DESTINATIONS`, on the real component — a PostgreSQL server, Iceberg on
-its SQL catalog over SQLite, Arrow IPC files, a Flight receiver — fed from a lane
+its SQL catalog over SQLite, Delta Lake tables (delta-rs), Arrow IPC files, a Flight
+receiver — fed from a lane
 written here by the sink's own feeder (what ``twg stream`` and ``twg recover`` run):
 
 * every record lands once, a second pass writes nothing, ``twg verify`` is clean —

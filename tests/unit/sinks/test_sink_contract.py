@@ -29,7 +29,9 @@ from thalweg.sinks.base import (
 
 
 def test_unknown_and_unbuilt_kinds_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="unknown sink kind 'lake'; known: arrow_ipc, delta, flight"):
+    with pytest.raises(
+        ConfigError, match="unknown sink kind 'lake'; known: arrow_ipc, delta, flight"
+    ):
         loader.load_sink_class("lake")
     for kind, entry in loader.SINKS.items():
         if entry.built:
