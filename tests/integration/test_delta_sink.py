@@ -124,3 +124,36 @@ def test_an_upsert_table_read_by_duckdb_is_the_fold(tmp_path: Path) -> None:
     table = str(tmp_path / "sinks" / "d" / "t")
     got = _duckdb().execute(f"SELECT id, v FROM delta_scan('{table}') ORDER BY id").fetchall()
     assert got == [(0, "v35"), (1, "v36"), (2, "v37"), (3, "v38")]
+
+
+def test_tables_on_s3_each_record_once_after_a_lost_coverage_store(
+    moto: Any, tmp_path: Path
+) -> None:
+    """``uri = "s3://…"`` on moto: delta-rs writes the table and its log there, the
+    coverage comes back from the commit log there (the local coverage store removed, as
+    a new host has none), and nothing is written twice."""
+    import uuid
+
+    from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY
+
+    name = f"delta-{uuid.uuid4().hex[:8]}"
+    moto.client().create_bucket(Bucket=name)
+    options = {
+        "AWS_ENDPOINT_URL": moto.endpoint,
+        "AWS_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_ALLOW_HTTP": "true",
+    }
+    for p in range(2):
+        write_segment(tmp_path, "t", p, range(0, 40), 0, payload={"n": pa.array(range(40))})
+    cfg = _config(tmp_path, uri=f"s3://{name}/lake", storage_options=options)
+    assert feeder_pass(cfg, "d").positions == 80
+    (tmp_path / "coverage" / "d.json").unlink()
+    again = feeder_pass(cfg, "d")
+    assert (again.positions, again.rows) == (0, 0)
+    table = DeltaTable(f"s3://{name}/lake/t", storage_options=options)
+    rows = table.to_pyarrow_table(columns=[COLS.record_id])
+    assert rows.num_rows == 80 and len(set(rows.column(0).to_pylist())) == 80
+    keys = [o["Key"] for o in moto.client().list_objects_v2(Bucket=name)["Contents"]]
+    assert any("_delta_log/" in k for k in keys) and not (tmp_path / "sinks").exists()
