@@ -1,12 +1,13 @@
-"""Sink benchmark: the gateway's Iceberg and Postgres sinks against bare bulk loads.
+"""Sink benchmark: the gateway's Iceberg, Delta and Postgres sinks against bare loads.
 
 Writes N decoded records (~8 columns plus the ``_twg_`` locators) as a lane on disk —
 raw segments and their decoded twins, 50k rows each — then measures in one run, per
 destination:
 
-  (a) bare:    the same Arrow rows, already in memory, appended with pyiceberg (one
-               append per ``--commit-rows``) / bulk-loaded with ADBC ingest into the
-               table (one transaction per ``--commit-rows``);
+  (a) bare:    the same Arrow rows, already in memory, appended with pyiceberg / with
+               ``deltalake.write_deltalake`` (one append per ``--commit-rows``) /
+               bulk-loaded with ADBC ingest into the table (one transaction per
+               ``--commit-rows``);
   (b) thalweg: one recovery pass of the sink (``SinkFeeder.pass_once``) over the lane,
                flushing every ``--commit-rows``: reading the decoded lane, the sink's
                type adjustments, its coverage commit (Iceberg snapshot summary; Postgres
@@ -131,6 +132,16 @@ def bare_iceberg(home: Path, batches: list[pa.Table]) -> float:
     return time.perf_counter() - t0
 
 
+def bare_delta(home: Path, batches: list[pa.Table]) -> float:
+    """``write_deltalake`` of each batch, an append (a commit) each."""
+    from deltalake import write_deltalake
+
+    t0 = time.perf_counter()
+    for b in batches:
+        write_deltalake(str(home), b, mode="append")
+    return time.perf_counter() - t0
+
+
 def bare_postgres(dsn: str, batches: list[pa.Table], *, primary_key: bool) -> float:
     """ADBC ingest, a transaction per batch; with ``primary_key`` into a table keyed by
     the record id like the sink's (the index is most of a keyed load's cost)."""
@@ -217,6 +228,12 @@ def main() -> None:
             )
             assert rows == n, rows
             results["iceberg"] = (a, b, c)
+            a = bare_delta(root / "bare-delta", batches)
+            b, rows, c = gateway_sink(
+                root / "lane", {"name": "dl", "kind": "delta"}, args.commit_rows
+            )
+            assert rows == n, rows
+            results["delta"] = (a, b, c)
             no_key = bare_postgres(pg.dsn, batches, primary_key=False)
             a = bare_postgres(pg.dsn, batches, primary_key=True)
             b, rows, c = gateway_sink(
