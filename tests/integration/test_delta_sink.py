@@ -157,3 +157,32 @@ def test_tables_on_s3_each_record_once_after_a_lost_coverage_store(
     assert rows.num_rows == 80 and len(set(rows.column(0).to_pylist())) == 80
     keys = [o["Key"] for o in moto.client().list_objects_v2(Bucket=name)["Contents"]]
     assert any("_delta_log/" in k for k in keys) and not (tmp_path / "sinks").exists()
+
+
+def test_small_files_are_compacted_and_vacuumed_every_n_commits(tmp_path: Path) -> None:
+    """A flush is a commit and a file; every ``compact_every_commits`` the table's files
+    are compacted and the replaced ones vacuumed — the rows, the coverage and the
+    record-once check unchanged."""
+    for first in range(0, 60, 10):
+        rows = {"n": pa.array(range(first, first + 10))}
+        write_segment(tmp_path, "t", 0, range(first, first + 10), first, payload=rows)
+    cfg = _config(tmp_path, commit_rows=10, compact_every_commits=3, vacuum_retention_hours=0)
+    cfg = cfg.model_copy(
+        update={"recovery": cfg.recovery.model_copy(update={"window_records": 10})}
+    )
+    assert feeder_pass(cfg, "d").flushes >= 6
+    table = str(tmp_path / "sinks" / "d" / "t")
+    operations = [c["operation"] for c in DeltaTable(table).history()]
+    assert operations.count("OPTIMIZE") == 2, operations
+    assert "VACUUM END" in operations, operations
+    # Six commits of one file each became one file; the replaced files are gone.
+    assert len(DeltaTable(table).file_uris()) == 1
+    on_disk = list(Path(table).glob("*.parquet"))
+    assert len(on_disk) == 1, on_disk
+    sink = DeltaSink(cfg.sinks[0], tmp_path)  # type: ignore[arg-type]
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 60)]}
+    assert feeder_pass(cfg, "d").positions == 0
+    got = _duckdb().execute(
+        f"SELECT count(*), count(DISTINCT \"{COLS.record_id}\") FROM delta_scan('{table}')"
+    )
+    assert got.fetchall() == [(60, 60)]

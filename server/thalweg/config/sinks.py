@@ -272,6 +272,21 @@ class DeltaSinkConfig(Upserts):
         description="delta-rs object-store options (AWS_ENDPOINT_URL, AWS_REGION, "
         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP, ...), kept secret.",
     )
+    compact_every_commits: int = Field(
+        100,
+        ge=0,
+        description="Small files bounded: every this many commits to a table, its small "
+        "files are rewritten into large ones (OPTIMIZE, delta-rs optimize.compact) and the "
+        "files no version within vacuum_retention_hours reads are removed (VACUUM); 0: "
+        "never (compact and vacuum with your own jobs).",
+    )
+    vacuum_retention_hours: int = Field(
+        168,
+        ge=0,
+        description="VACUUM keeps the files a version of the last this many hours reads "
+        "(time travel and readers still on an older version); below Delta's own 168 it "
+        "is applied as given.",
+    )
 
     @field_validator("table")
     @classmethod

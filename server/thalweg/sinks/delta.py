@@ -76,6 +76,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         self._upsert = cfg.mode == "upsert"
         self._keep_value = "source_value" in cfg.metadata
         self._covered: dict[str, Ranges] = {}  # per topic, as its table records it
+        self._commits: dict[str, int] = {}  # per topic, since its last compaction
 
     # -- where ------------------------------------------------------------------------
 
@@ -198,6 +199,37 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 commit_properties=props,
             )
         self._covered[topic] = merged
+        self._commits[topic] = self._commits.get(topic, 0) + 1
+        every = self.cfg.compact_every_commits
+        if every and self._commits[topic] >= every:
+            self._commits[topic] = 0
+            self._upkeep(topic)
+
+    def _upkeep(self, topic: str) -> None:
+        """Bound the table's small files: a flush is a file per commit, so compact them
+        (a commit of its own, with no coverage: ``_coverage`` steps over it) and vacuum
+        what no recent version reads. A failure is logged, never a failed flush — the
+        flush's commit has landed."""
+        table = self._load(topic)
+        if table is None:
+            return
+        try:
+            done = table.optimize.compact()
+            gone = table.vacuum(
+                retention_hours=self.cfg.vacuum_retention_hours,
+                dry_run=False,
+                enforce_retention_duration=False,
+            )
+        except Exception as exc:  # the rows are committed; the next round tries again
+            log.warning("delta table %s: compaction failed: %s", self.table_uri(topic), exc)
+            return
+        log.info(
+            "delta table %s: compacted %s files into %s, vacuumed %d",
+            self.table_uri(topic),
+            done.get("numFilesRemoved"),
+            done.get("numFilesAdded"),
+            len(gone),
+        )
 
     def _newest(self, topic: str, data: pa.Table) -> pa.Table:
         return newest_per_key(
