@@ -186,3 +186,41 @@ def test_small_files_are_compacted_and_vacuumed_every_n_commits(tmp_path: Path) 
         f"SELECT count(*), count(DISTINCT \"{COLS.record_id}\") FROM delta_scan('{table}')"
     )
     assert got.fetchall() == [(60, 60)]
+
+
+def test_a_table_dropped_under_an_open_sink_claims_only_what_it_is_made_with(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import shutil
+
+    from thalweg.sinks.base import Span
+
+    cfg = _config(tmp_path)
+    sink = DeltaSink(cfg.sinks[0], tmp_path)  # type: ignore[arg-type]
+
+    def rows(first: int, end: int) -> pa.Table:
+        return pa.table(
+            {
+                "n": pa.array(range(first, end), pa.int64()),
+                COLS.partition: pa.array([0] * (end - first), pa.int32()),
+                COLS.position: pa.array(range(first, end), pa.int64()),
+            }
+        )
+
+    async def run() -> None:
+        await sink.open()
+        await sink.write(rows(0, 10), Span("t", 0, 0, 0, 10))
+        await sink.flush()
+        shutil.rmtree(tmp_path / "sinks" / "d" / "t")  # dropped behind the open sink
+        await sink.write(rows(10, 20), Span("t", 0, 0, 10, 20))
+        await sink.flush()
+        await sink.close()
+
+    asyncio.run(run())
+    held = sink.holds([COLS.position])
+    assert held.coverage == {("t", 0, 0): [(10, 20)]}  # not 0-20: those rows went
+    table = held.rows["t"]
+    assert table is not None and sorted(table.column(COLS.position).to_pylist()) == list(
+        range(10, 20)
+    )

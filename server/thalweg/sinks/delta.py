@@ -170,7 +170,10 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         ``covered``."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        merged = dict(self._covered.get(topic, {}))
+        table = self._load(topic)
+        # A table dropped under a running feeder took its record with it: a new one
+        # claims only what it is made with (the recheck feeds the rest again).
+        merged = dict(self._covered.get(topic, {})) if table is not None else {}
         for key, rs in covered.items():
             merged[key] = merge_ranges([*merged.get(key, []), *rs])
         props = CommitProperties(
@@ -181,7 +184,6 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 if rs
             ],
         )
-        table = self._load(topic)
         if table is None and data is None:
             return  # nothing to make a table of: the spans had no rows (the next do)
         if self._upsert and table is not None:
