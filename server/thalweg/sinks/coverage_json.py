@@ -8,6 +8,9 @@ import json
 
 from thalweg.sinks.base import Ranges
 
+# A destination's key for a sink's coverage: ``thalweg.coverage.<sink>`` (ADR 0022).
+COVERAGE_PREFIX = "thalweg.coverage."
+
 
 def encode_coverage(ranges: Ranges) -> str:
     body: dict[str, dict[str, list[tuple[int, int]]]] = {}

@@ -45,12 +45,11 @@ from thalweg.sinks.base import (
     SinkUnavailableError,
 )
 from thalweg.sinks.contract import Capabilities, Held
-from thalweg.sinks.coverage_json import decode_coverage, encode_coverage
-from thalweg.sinks.fold import DELETED, newest_per_key
+from thalweg.sinks.coverage_json import COVERAGE_PREFIX, decode_coverage, encode_coverage
+from thalweg.sinks.fold import DELETED, deleted, newest_per_key
 
 log = logging.getLogger(__name__)
 
-COVERAGE_PREFIX = "thalweg.coverage."
 _HISTORY = 100  # commits read back at a time looking for the coverage
 
 
@@ -191,7 +190,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         else:
             if self._upsert and data is not None:
                 data = self._newest(topic, data)
-                data = data.filter(pc.invert(_deleted(data)))
+                data = data.filter(pc.invert(deleted(data)))
             write_deltalake(
                 table if table is not None else self.table_uri(topic),
                 data if data is not None else _empty(table),
@@ -295,12 +294,6 @@ def _delta_types(table: pa.Table) -> pa.Table:
         if pa.types.is_uint64(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(pa.int64(), safe=True))
     return table
-
-
-def _deleted(rows: pa.Table) -> pa.ChunkedArray | pa.Array:
-    if DELETED not in rows.column_names:
-        return pa.array([False] * rows.num_rows)
-    return pc.fill_null(rows.column(DELETED), False)
 
 
 def _empty(table: Any) -> pa.Table:

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pyiceberg.table import Table
 
 from thalweg.sinks.base import Ranges
-from thalweg.sinks.coverage_json import decode_coverage, encode_coverage
+from thalweg.sinks.coverage_json import COVERAGE_PREFIX, decode_coverage, encode_coverage
 
-COVERAGE_PREFIX = "thalweg.coverage."
 __all__ = ["COVERAGE_PREFIX", "decode_coverage", "encode_coverage", "table_coverage"]
 
 
