@@ -216,9 +216,7 @@ class Client:
 
         with ThreadPoolExecutor(max(1, parallel)) as pool:
             tables = list(pool.map(fetch, info.endpoints))
-        if not tables:
-            return info.schema.empty_table()
-        return pa.concat_tables(tables)
+        return _joined(tables, info.schema)
 
     def read_node(self, node: str) -> pa.Table:
         """A pipeline node's rows as one table (docs/pipeline.md), with the locators of
@@ -229,7 +227,7 @@ class Client:
         tables = [
             self._flight.do_get(e.ticket, options=self._options).read_all() for e in info.endpoints
         ]
-        return pa.concat_tables(tables) if tables else info.schema.empty_table()
+        return _joined(tables, info.schema)
 
     def to_pandas(self, topic: str, **options: Any) -> Any:
         """:meth:`read` as a pandas DataFrame (needs pandas installed)."""
@@ -364,3 +362,14 @@ def connect(location: str, *, token: str | None = None, **kwargs: Any) -> Client
         ticket_encoding: ``"json"`` (default) or ``"protobuf"`` tickets on the wire.
     """
     return Client(location, token=token, **kwargs)
+
+
+def _joined(tables: list[pa.Table], planned: pa.Schema) -> pa.Table:
+    """The endpoints' tables as one. Each endpoint is answered when it is fetched, with
+    the lane's schema then: a field first decoded between the plan and a fetch (a topic's
+    first records, an added field) is in some tables and not others, and a widened type
+    (int to double) is wider in the later ones. The lane's schema only grows, so the
+    union is exact: the rows answered before a field existed hold null there."""
+    if not tables:
+        return planned.empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
