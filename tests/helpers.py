@@ -634,3 +634,21 @@ topics = ["t"]{path}
 """
     )
     return config
+
+
+def duckdb_with(*extensions: str) -> Any:
+    """DuckDB with ``extensions`` (``"iceberg"``, ``"delta"``, ``"avro"``, ``"httpfs"``)
+    loaded from the files their ``duckdb-extension-<name>`` wheels install: DuckDB
+    cannot download extensions here."""
+    import importlib
+
+    import duckdb
+
+    con = duckdb.connect(
+        config={"allow_unsigned_extensions": "true", "autoload_known_extensions": "false"}
+    )
+    for name in extensions:
+        module = importlib.import_module(f"duckdb_extension_{name}")
+        [ext] = Path(module.__file__ or "").parent.rglob(f"{name}.duckdb_extension")
+        con.execute(f"LOAD '{ext}'")
+    return con

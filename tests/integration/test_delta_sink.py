@@ -7,7 +7,6 @@ skipped offsets, an added column, the application transactions, an upsert's merg
 
 from __future__ import annotations
 
-import pathlib
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from tests.helpers import feeder_pass, write_segment
+from tests.helpers import duckdb_with, feeder_pass, write_segment
 from thalweg.config import parse_config
 from thalweg.config.models import ThalwegConfig
 from thalweg.records.columns import MetadataColumns
@@ -28,14 +27,8 @@ COLS = MetadataColumns()
 
 
 def _duckdb() -> duckdb.DuckDBPyConnection:
-    """DuckDB with its delta extension loaded from the wheel's file (no download here)."""
-    import duckdb_extension_delta
-
-    [ext] = pathlib.Path(duckdb_extension_delta.__file__).parent.rglob("delta.duckdb_extension")
-    con = duckdb.connect(
-        config={"allow_unsigned_extensions": "true", "autoload_known_extensions": "false"}
-    )
-    con.execute(f"LOAD '{ext}'")
+    """DuckDB with its delta extension (delta-kernel-rs), loaded from the wheel's file."""
+    con: duckdb.DuckDBPyConnection = duckdb_with("delta")
     return con
 
 

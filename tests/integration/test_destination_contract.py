@@ -1,9 +1,10 @@
 """The destination contract suite: one set of behaviours, run over every destination.
 
 As pyiceberg runs one behaviour suite over every catalog, each case here runs for each
-kind in :data:`DESTINATIONS`, on the real component — a PostgreSQL server, Iceberg on
-its SQL catalog over SQLite, Delta Lake tables (delta-rs), Arrow IPC files, a Flight
-receiver — fed from a lane
+destination in :data:`DESTINATIONS`, on the real component — a PostgreSQL server,
+Iceberg on its SQL catalog over SQLite, on Glue (moto) and on a REST catalog that vends
+the storage keys (``tests/iceberg_rest.py``, its warehouse on moto), Delta Lake tables
+(delta-rs) on disk and on moto, Arrow IPC files, a Flight receiver — fed from a lane
 written here by the sink's own feeder (what ``twg stream`` and ``twg recover`` run):
 
 * every record lands once, a second pass writes nothing, ``twg verify`` is clean —
@@ -45,13 +46,14 @@ from pyarrow import flight
 
 from tests.helpers import (
     feeder_pass,
-    iceberg_catalog,
     kill_at,
     safe_count,
     seeded_rng,
     wait_until,
     write_segment,
 )
+from tests.iceberg_rest import IcebergRestCatalog
+from tests.moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from tests.postgres_server import PostgresServer
 from thalweg.cli.main import cli
 from thalweg.config import parse_config
@@ -68,8 +70,19 @@ from thalweg.verify.sinks import destination
 
 pytestmark = pytest.mark.integration
 
-#: Every destination kind. A new one joins the suite here (and in ADAPTERS).
-DESTINATIONS = ["postgres", "iceberg", "arrow_ipc", "flight", "delta"]
+#: Every destination: each sink kind, and the deployments of one kind whose storage or
+#: catalog differ (Iceberg on Glue and on a REST catalog with vended credentials, Delta
+#: on S3). A new one joins the suite here (and in ADAPTERS).
+DESTINATIONS = [
+    "postgres",
+    "iceberg",
+    "iceberg_glue",
+    "iceberg_rest",
+    "arrow_ipc",
+    "flight",
+    "delta",
+    "delta_s3",
+]
 TOPIC = "t"
 TWG = [sys.executable, "-m", "thalweg.cli.main"]
 PARTITIONS = 2
@@ -98,13 +111,17 @@ class Env:
     data: Path
     postgres: PostgresServer
     receiver: Receiver
+    moto: MotoServer
+    bucket: str  # a bucket of this test's own on moto
+    rest: IcebergRestCatalog
     schema: str  # a Postgres schema of this test's own
 
 
 @dataclass(frozen=True)
 class Adapter:
-    """How the suite configures, reads, damages and poisons one kind of destination."""
+    """How the suite configures, reads, damages and poisons one destination."""
 
+    kind: str
     table: Callable[[Env, str, dict[str, Any]], dict[str, Any]]
     # What the destination holds for TOPIC: (partition, position) of each row.
     rows: Callable[[Env, ThalwegConfig, str, str], list[tuple[int, int]]]
@@ -112,6 +129,9 @@ class Adapter:
     poison: Callable[[list[int], set[int]], pa.Array] | None = None
     drop: Callable[[Env, ThalwegConfig, str], None] | None = None
     delete: Callable[[Env, ThalwegConfig, str, int, int], None] | None = None
+    # Records per partition of the kill -9 case: fewer where each commit is a round trip
+    # to a catalog and a bucket (the case is about the moments, not the volume).
+    kill_records: int = 20_000
 
 
 def _held_rows(env: Env, cfg: ThalwegConfig, name: str, prefix: str) -> list[tuple[int, int]]:
@@ -159,16 +179,76 @@ def _pg_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, position
     )
 
 
+def _ice_sink(cfg: ThalwegConfig, name: str) -> Any:
+    """The sink's own view of its catalog (whichever catalog it is)."""
+    return destination(cfg, next(s for s in cfg.sinks if s.name == name))
+
+
 def _ice_drop(env: Env, cfg: ThalwegConfig, name: str) -> None:
-    iceberg_catalog(env.data, name).drop_table(f"thalweg.{TOPIC}")
+    sink = _ice_sink(cfg, name)
+    sink._connect().drop_table(sink.identifier(TOPIC))
 
 
 def _ice_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, position: int) -> None:
     from pyiceberg.expressions import And, EqualTo
 
     cols = MetadataColumns(cfg.gateway.metadata_prefix)
-    table = iceberg_catalog(env.data, name).load_table(f"thalweg.{TOPIC}")
+    table = _ice_sink(cfg, name).table(TOPIC)
     table.delete(And(EqualTo(cols.partition, partition), EqualTo(cols.position, position)))
+
+
+def _s3_props(env: Env) -> dict[str, Any]:
+    return {"s3.endpoint": env.moto.endpoint, "s3.region": REGION}
+
+
+def _glue_table(env: Env, name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    secret = {"s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY}
+    secret |= {"glue.access-key-id": ACCESS_KEY, "glue.secret-access-key": SECRET_KEY}
+    return {
+        "kind": "iceberg",
+        "namespace": env.schema,  # Glue's databases are the server's, not the test's
+        "catalog": {
+            "type": "glue",
+            "warehouse": f"s3://{env.bucket}/warehouse",
+            "properties": {
+                **_s3_props(env),
+                "glue.endpoint": env.moto.endpoint,
+                "glue.region": REGION,
+            },
+            "secret_properties": secret,
+        },
+        **extra,
+    }
+
+
+def _rest_table(env: Env, name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A REST catalog that vends the storage keys: the sink is given none of its own."""
+    return {
+        "kind": "iceberg",
+        "catalog": {
+            "type": "rest",
+            "uri": env.rest.url,
+            "warehouse": env.rest.warehouse,
+            "token": env.rest.token,
+            "properties": _s3_props(env),
+        },
+        **extra,
+    }
+
+
+def _delta_s3_table(env: Env, name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "delta",
+        "uri": f"s3://{env.bucket}/delta",
+        "storage_options": {
+            "AWS_ENDPOINT_URL": env.moto.endpoint,
+            "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ALLOW_HTTP": "true",
+        },
+        **extra,
+    }
 
 
 def _ipc_files(env: Env, name: str) -> list[Path]:
@@ -194,19 +274,29 @@ def _ipc_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, positio
                 w.write_table(table.filter(keep))
 
 
-def _delta_table(env: Env) -> Any:
+def _delta_table(cfg: ThalwegConfig, name: str) -> Any:
     from deltalake import DeltaTable
 
-    return DeltaTable(str(env.data / "sinks" / "s" / TOPIC))
+    sink = _ice_sink(cfg, name)
+    return DeltaTable(sink.table_uri(TOPIC), storage_options=sink.storage_options())
 
 
 def _delta_drop(env: Env, cfg: ThalwegConfig, name: str) -> None:
-    shutil.rmtree(env.data / "sinks" / name / TOPIC)
+    uri = _ice_sink(cfg, name).table_uri(TOPIC)
+    if not uri.startswith("s3://"):
+        shutil.rmtree(uri.removeprefix("file://"))
+        return
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    s3: Any = env.moto.client()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=obj["Key"])
 
 
 def _delta_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, position: int) -> None:
     cols = MetadataColumns(cfg.gateway.metadata_prefix)
-    _delta_table(env).delete(f'"{cols.partition}" = {partition} AND "{cols.position}" = {position}')
+    where = f'"{cols.partition}" = {partition} AND "{cols.position}" = {position}'
+    _delta_table(cfg, name).delete(where)
 
 
 def _nul_text(positions: list[int], bad: set[int]) -> pa.Array:
@@ -219,29 +309,65 @@ def _big_unsigned(positions: list[int], bad: set[int]) -> pa.Array:
 
 ADAPTERS: dict[str, Adapter] = {
     "postgres": Adapter(
-        table=_pg_table, rows=_held_rows, poison=_nul_text, drop=_pg_drop, delete=_pg_delete
+        kind="postgres",
+        table=_pg_table,
+        rows=_held_rows,
+        poison=_nul_text,
+        drop=_pg_drop,
+        delete=_pg_delete,
     ),
     "iceberg": Adapter(
+        kind="iceberg",
         table=lambda env, name, extra: {"kind": "iceberg", **extra},
         rows=_held_rows,
         poison=_big_unsigned,
         drop=_ice_drop,
         delete=_ice_delete,
     ),
+    "iceberg_glue": Adapter(
+        kind="iceberg",
+        table=_glue_table,
+        rows=_held_rows,
+        poison=_big_unsigned,
+        drop=_ice_drop,
+        delete=_ice_delete,
+        kill_records=6_000,
+    ),
+    "iceberg_rest": Adapter(
+        kind="iceberg",
+        table=_rest_table,
+        rows=_held_rows,
+        poison=_big_unsigned,
+        drop=_ice_drop,
+        delete=_ice_delete,
+        kill_records=6_000,
+    ),
     "arrow_ipc": Adapter(
+        kind="arrow_ipc",
         table=lambda env, name, extra: {"kind": "arrow_ipc", **extra},
         rows=_held_rows,
         drop=_ipc_drop,
         delete=_ipc_delete,
     ),
     "delta": Adapter(
+        kind="delta",
         table=lambda env, name, extra: {"kind": "delta", **extra},
         rows=_held_rows,
         poison=_big_unsigned,
         drop=_delta_drop,
         delete=_delta_delete,
     ),
+    "delta_s3": Adapter(
+        kind="delta",
+        table=_delta_s3_table,
+        rows=_held_rows,
+        poison=_big_unsigned,
+        drop=_delta_drop,
+        delete=_delta_delete,
+        kill_records=6_000,
+    ),
     "flight": Adapter(
+        kind="flight",
         table=lambda env, name, extra: {
             "kind": "flight",
             "location": f"grpc://127.0.0.1:{env.receiver.port}",
@@ -256,7 +382,8 @@ ADAPTERS: dict[str, Adapter] = {
 def test_every_destination_is_in_the_suite() -> None:
     from thalweg.sinks.loader import SINKS
 
-    assert sorted(DESTINATIONS) == sorted(SINKS) == sorted(ADAPTERS)
+    assert sorted(DESTINATIONS) == sorted(ADAPTERS)
+    assert sorted(SINKS) == sorted({a.kind for a in ADAPTERS.values()})
 
 
 @pytest.fixture
@@ -269,15 +396,43 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def env(tmp_path: Path, postgres: PostgresServer, receiver: Receiver) -> Env:
-    return Env(tmp_path, tmp_path / "lane", postgres, receiver, f"c_{uuid.uuid4().hex[:10]}")
+def env(
+    tmp_path: Path, postgres: PostgresServer, receiver: Receiver, moto: MotoServer
+) -> Iterator[Env]:
+    bucket = moto.bucket_url("contract").removeprefix("s3://").split("/")[0]
+    (tmp_path / "rest").mkdir()
+    rest = IcebergRestCatalog(
+        tmp_path / "rest",
+        warehouse=f"s3://{bucket}/rest",
+        storage={
+            "s3.endpoint": moto.endpoint,
+            "s3.region": REGION,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+        },
+        vend=lambda: {"s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": SECRET_KEY},
+        token=uuid.uuid4().hex,
+    )
+    schema = f"c_{uuid.uuid4().hex[:10]}"
+    try:
+        yield Env(
+            tmp_path, tmp_path / "lane", postgres, receiver, moto, bucket, rest, schema=schema
+        )
+    finally:
+        rest.stop()
 
 
-def requires(kind: str, capability: str) -> None:
-    """Skip, naming the declaration, a case ``kind`` does not support."""
+def sink_class(dest: str) -> Any:
+    """The sink class of destination ``dest``."""
+    return load_sink_class(ADAPTERS[dest].kind)
+
+
+def requires(dest: str, capability: str) -> None:
+    """Skip, naming the declaration, a case ``dest`` does not support."""
+    kind = ADAPTERS[dest].kind
     caps: Capabilities = load_sink_class(kind).capabilities
     if not getattr(caps, capability):
-        pytest.skip(f"{kind}: Capabilities.{capability} is False (sinks/{kind}.py)")
+        pytest.skip(f"{dest}: Capabilities.{capability} is False (sinks/{kind}.py)")
 
 
 def lane(
@@ -324,6 +479,8 @@ def _toml(body: dict[str, Any]) -> str:
             return "true" if v else "false"
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table; keys quoted ("s3.endpoint")
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
         return json.dumps(v) if isinstance(v, str) else str(v)
 
     out = []
@@ -393,7 +550,7 @@ def test_every_record_lands_once_and_a_second_pass_writes_nothing(
     assert (again.positions, again.rows) == (0, 0)
     assert sorted(adapter.rows(env, cfg, "s", prefix)) == every_record()
     report = verified(cfg)
-    if load_sink_class(kind).capabilities.reads_back:
+    if sink_class(kind).capabilities.reads_back:
         assert report.sinks["s"]["records_checked"] == PARTITIONS * 100
 
 
@@ -402,7 +559,7 @@ def test_every_record_lands_once_across_kill_9_mid_pass(env: Env, kind: str) -> 
     """``twg recover`` (a process, as deployed) SIGKILLed three times at random moments
     of a pass of many small flushes, then run to the end: an exactly-once destination
     holds every record once, an at-least-once one (``Sink.guarantee``) every record."""
-    per, size = 20_000, 1_000
+    per, size = ADAPTERS[kind].kill_records, 1_000
     lane(env, segments=[(a, a + size) for a in range(0, per, size)])
     cfg = configure(
         env,
@@ -435,7 +592,7 @@ def test_every_record_lands_once_across_kill_9_mid_pass(env: Env, kind: str) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     got = rows(env, cfg, "s", "_twg_")
     want = every_record(range(per))
-    if load_sink_class(kind).guarantee == "exactly-once":
+    if sink_class(kind).guarantee == "exactly-once":
         assert sorted(got) == want  # each once: nothing lost, nothing twice
     else:
         assert sorted(set(got)) == want  # each at least once
@@ -458,7 +615,7 @@ def test_rows_deleted_behind_its_back_are_named_by_verify_and_fed_again(
     rows = ADAPTERS[kind].rows
     delete = ADAPTERS[kind].delete
     assert delete is not None, f"{kind} reads back: the suite needs its delete"
-    detects = load_sink_class(kind).capabilities.detects_deleted_rows
+    detects = sink_class(kind).capabilities.detects_deleted_rows
     with running_feeder(cfg) as feeder:
         wait_until(lambda: sorted(rows(env, cfg, "s", "_twg_")) == every_record(), 30, "rows")
         delete(env, cfg, "s", 1, 57)
@@ -554,6 +711,7 @@ def test_an_upsert_sink_holds_the_fold_of_the_topic(env: Env, kind: str) -> None
 
 
 ROUTE = {"postgres": "table", "iceberg": "table", "arrow_ipc": "path", "flight": "path"}
+ROUTE |= {"delta": "table"}
 
 
 @pytest.mark.parametrize("kind", DESTINATIONS)
@@ -570,8 +728,8 @@ def test_a_routed_sink_holds_each_record_once_across_its_tables(env: Env, kind: 
     template = {
         "table": "{topic}_{shard}",
         "path": str(env.tmp / "routed" / "{shard}") if kind == "arrow_ipc" else "got/{shard}",
-    }[ROUTE[kind]]
-    cfg = configure(env, kind, **{ROUTE[kind]: template})
+    }[ROUTE[ADAPTERS[kind].kind]]
+    cfg = configure(env, kind, **{ROUTE[ADAPTERS[kind].kind]: template})
     feeder_pass(cfg, "s")
     if kind == "flight":
         assert sorted(env.receiver.tables) == [f"got/{s}" for s in shards]

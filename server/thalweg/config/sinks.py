@@ -92,12 +92,20 @@ class IcebergCatalogConfig(_Model):
     """A pyiceberg catalog. The embedded default is a SQL catalog on SQLite with a
     local warehouse, both under ``data_dir/sinks/<name>/``."""
 
-    type: Literal["sql", "rest"] = "sql"
+    type: Literal["sql", "rest", "glue"] = "sql"
     uri: str | None = Field(
-        None, description="sql: an SQLAlchemy URL; rest: the catalog's base URL."
+        None,
+        description="sql: an SQLAlchemy URL; rest: the catalog's base URL; glue: unused "
+        "(the region and endpoint are properties: glue.region, glue.endpoint).",
     )
     warehouse: str | None = Field(None, description="file:///… or s3://bucket/prefix.")
     token: SecretStr | None = Field(None, description="Bearer token of a REST catalog.")
+    credential: SecretStr | None = Field(
+        None,
+        description="A REST catalog's OAuth2 client credentials, '<client_id>:<secret>', "
+        "exchanged for a token at the catalog's token endpoint (properties: "
+        "oauth2-server-uri, scope).",
+    )
     properties: dict[str, str] = Field(
         default_factory=dict,
         description="Passed to pyiceberg as they are, e.g. s3.endpoint, s3.region.",

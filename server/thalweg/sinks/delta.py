@@ -88,7 +88,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
     def table_uri(self, topic: str) -> str:
         return f"{self.base}/{routes.safe_name(self.cfg.table.replace('{topic}', topic))}"
 
-    def _options(self) -> dict[str, str]:
+    def storage_options(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.cfg.storage_options.items()}
 
     def _load(self, topic: str) -> Any:
@@ -97,7 +97,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.table_uri(topic), storage_options=self._options())
+            return DeltaTable(self.table_uri(topic), storage_options=self.storage_options())
         except TableNotFoundError:
             return None
 
@@ -196,7 +196,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 data if data is not None else _empty(table),
                 mode="append",
                 schema_mode="merge",
-                storage_options=None if table is not None else self._options(),
+                storage_options=None if table is not None else self.storage_options(),
                 commit_properties=props,
             )
         self._covered[topic] = merged

@@ -35,6 +35,7 @@ from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
     NoSuchTableError,
+    TableAlreadyExistsError,
     ValidationError,
 )
 from pyiceberg.io.pyarrow import (  # the two steps of Table.append, taken apart
@@ -47,7 +48,7 @@ from pyiceberg.table.upsert_util import create_match_filter
 
 from thalweg.config.sinks import IcebergSinkConfig
 from thalweg.records.columns import MetadataColumns
-from thalweg.records.ranges import merge_ranges
+from thalweg.records.ranges import merge_ranges, subtract_ranges
 from thalweg.sinks import iceberg_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
@@ -88,6 +89,10 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         self._keep_value = "source_value" in cfg.metadata  # else dropped (sinks/fold.py)
         self.routed = routes.routed(cfg.table)  # a table per row value (iceberg_routes)
         self._tables: set[str] = set()
+        # Per table: the coverage this sink knows of its record (read at open, then
+        # what each of its commits covered). Positions the record holds beyond it were
+        # landed by another writer of this sink (``_append``).
+        self._known: dict[str, Ranges] = {}
 
     # -- catalog and tables ------------------------------------------------------------
 
@@ -104,6 +109,12 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
             props["uri"] = c.uri
         if c.token is not None:
             props["token"] = c.token.get_secret_value()
+        if c.credential is not None:
+            props["credential"] = c.credential.get_secret_value()
+            if c.uri and "oauth2-server-uri" not in props:
+                # The spec's token endpoint, named: pyiceberg's implicit fallback to it is
+                # deprecated and warns on every load.
+                props["oauth2-server-uri"] = c.uri.rstrip("/") + "/v1/oauth/tokens"
         if c.warehouse:
             props["warehouse"] = c.warehouse
         elif c.type == "sql":
@@ -155,6 +166,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
 
     def _open(self) -> Landed | None:
         self._catalog = None
+        self._known = {}
         ranges: Ranges = {}
         try:
             if self.routed:  # the control record (sinks/iceberg_routes.py)
@@ -163,6 +175,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                 table = self.table(topic)
                 if table is not None:
                     found = table_coverage(table, self.name)
+                    self._known[self.identifier(topic)] = found
                     ranges.update({k: v for k, v in found.items() if k[0] == topic})
         except Exception as exc:  # the catalog or the warehouse is not reachable
             self._catalog = None
@@ -226,7 +239,15 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
 
     def _append(self, topic: str, ident: str, data: pa.Table | None, covered: Ranges) -> None:
         """Write the data files once, then commit them with the coverage, retrying the
-        commit (not the write) when another writer committed first."""
+        commit (not the write) when another writer committed first.
+
+        Rows at positions the table's record holds beyond what this sink knows of it
+        (read at open, then written by its own commits) are left out, at the first load
+        and after every conflict: a writer of this sink that committed part of this
+        flush meanwhile (a gateway that lost its partitions and did not know it yet)
+        never makes them land twice. Positions it knew of are not left out: a recheck
+        feeds rows deleted behind the sink's back again at positions its record still
+        claims."""
         table = self._load(ident)
         if table is None:
             if data is None:
@@ -235,10 +256,9 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         if self._upsert:
             self._fold(topic, ident, table, data, covered)
             return
-        files: list[DataFile] = []
-        if data is not None:
-            self._evolve(table, data.schema, ident)
-            files = self._write_files(table, data)
+        known = self._known.get(ident, {})
+        data = self._not_landed(table, known, topic, data, covered)
+        files = self._files(table, data, ident)
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
             # writer's commit must not be overwritten by a stale summary.
@@ -253,18 +273,66 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                     with update.fast_append() as append:
                         for f in files:
                             append.append_data_file(f)
+                # What this sink fed (not what others landed in partitions it has not
+                # fed yet: those are left out when it feeds them).
+                self._known[ident] = {
+                    k: merge_ranges([*known.get(k, []), *covered.get(k, [])])
+                    for k in {*known, *covered}
+                }
                 return
-            except CommitFailedException:
+            except CommitFailedException as exc:
                 if attempt == _COMMIT_TRIES - 1:
                     raise
+                log.info(
+                    "iceberg sink %s: %s moved before the commit (%s); retrying from a "
+                    "fresh load (%d/%d)",
+                    self.name,
+                    ident,
+                    exc,
+                    attempt + 1,
+                    _COMMIT_TRIES - 1,
+                )
                 spec, schema = table.spec().spec_id, table.schema().schema_id
                 table = self._connect().load_table(ident)
-                if data is not None and (
-                    table.spec().spec_id != spec or table.schema().schema_id != schema
-                ):
-                    # The files were laid out for another spec or schema: write again.
-                    self._evolve(table, data.schema, ident)
-                    files = self._write_files(table, data)
+                fresh = self._not_landed(table, known, topic, data, covered)
+                moved = table.spec().spec_id != spec or table.schema().schema_id != schema
+                if fresh is not data or moved:
+                    # Part of the flush landed meanwhile, or the files were laid out for
+                    # another spec or schema: write again (the old files are orphans).
+                    data = fresh
+                    files = self._files(table, data, ident)
+
+    def _not_landed(
+        self, table: Table, known: Ranges, topic: str, data: pa.Table | None, covered: Ranges
+    ) -> pa.Table | None:
+        """``data`` less the rows at positions the table's record holds beyond ``known``
+        (the same table when none; None when all)."""
+        if data is None:
+            return None
+        now = table_coverage(table, self.name)
+        landed = {
+            k: gone for k, rs in now.items() if (gone := subtract_ranges(rs, known.get(k, [])))
+        }
+        if not landed:
+            return data
+        rest = routes.not_held(data, landed, covered, topic, self.columns)
+        if rest.num_rows == data.num_rows:
+            return data
+        log.warning(
+            "iceberg sink %s: %s already holds %d of this flush's rows (another writer of "
+            "this sink committed them); writing the other %d",
+            self.name,
+            table.name(),
+            data.num_rows - rest.num_rows,
+            rest.num_rows,
+        )
+        return rest if rest.num_rows else None
+
+    def _files(self, table: Table, data: pa.Table | None, ident: str) -> list[DataFile]:
+        if data is None:
+            return []
+        self._evolve(table, data.schema, ident)
+        return self._write_files(table, data)
 
     def _fold(
         self, topic: str, ident: str, table: Table, data: pa.Table | None, covered: Ranges
@@ -337,8 +405,14 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                 f"iceberg table {ident}: partition_by {self.cfg.partition_by} "
                 f"does not fit the rows ({exc}); columns: {', '.join(schema.names)}"
             ) from exc
-        tx.commit_transaction()
+        try:
+            tx.commit_transaction()
+        except (CommitFailedException, TableAlreadyExistsError):
+            # Another writer created it first (a replica, this sink's twin): use theirs.
+            log.info("iceberg sink %s: %s was created by another writer", self.name, ident)
+            return self._connect().load_table(ident)
         log.info("iceberg sink %s created %s", self.name, ident)
+        self._known[ident] = {}
         return self._connect().load_table(ident)
 
     def _evolve(self, table: Table, schema: pa.Schema, ident: str) -> None:
