@@ -35,12 +35,6 @@ from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
     NoSuchTableError,
-    TableAlreadyExistsError,
-    ValidationError,
-)
-from pyiceberg.io.pyarrow import (  # the two steps of Table.append, taken apart
-    _check_pyarrow_schema_compatible,
-    _dataframe_to_data_files,
 )
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -58,9 +52,10 @@ from thalweg.sinks.base import (
     SinkUnavailableError,
 )
 from thalweg.sinks.contract import Capabilities, Held
-from thalweg.sinks.fold import ROW, deleted, newest_per_key, numbered, taken
+from thalweg.sinks.fold import deleted, newest_per_key
 from thalweg.sinks.iceberg_coverage import COVERAGE_PREFIX, encode_coverage, table_coverage
-from thalweg.sinks.iceberg_types import iceberg_types, parse_transform, same_types
+from thalweg.sinks.iceberg_tables import create_table, evolve, newer_than_held, write_files
+from thalweg.sinks.iceberg_types import iceberg_types
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +326,8 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
     def _files(self, table: Table, data: pa.Table | None, ident: str) -> list[DataFile]:
         if data is None:
             return []
-        self._evolve(table, data.schema, ident)
-        return self._write_files(table, data)
+        evolve(table, data.schema, ident)
+        return write_files(table, data)
 
     def _fold(
         self, topic: str, ident: str, table: Table, data: pa.Table | None, covered: Ranges
@@ -348,7 +343,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
             )
         )
         if newest is not None:
-            self._evolve(table, newest.schema, ident)
+            evolve(table, newest.schema, ident)
         for attempt in range(_COMMIT_TRIES):
             merged = table_coverage(table, self.name)
             for key, rs in covered.items():
@@ -357,7 +352,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
             fresh, replaced = (
                 (None, None)
                 if newest is None
-                else _newer_than_held(table, newest, self._key, self.columns.position)
+                else newer_than_held(table, newest, self._key, self.columns.position)
             )
             kept = None if fresh is None else fresh.filter(pc.invert(deleted(fresh)))
             try:
@@ -376,81 +371,14 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                     raise
                 table = self._connect().load_table(ident)
 
-    def _write_files(self, table: Table, data: pa.Table) -> list[DataFile]:
-        try:
-            _check_pyarrow_schema_compatible(
-                table.schema(),
-                provided_schema=data.schema,
-                format_version=table.metadata.format_version,
-            )
-        except ValueError as exc:
-            raise SinkSchemaError(
-                f"iceberg table {table.name()}: rows do not fit the table: {exc}"
-            ) from exc
-        return list(_dataframe_to_data_files(table.metadata, data, table.io))
-
     def _create(self, ident: str, schema: pa.Schema) -> Table:
-        """The table and its partition spec in one commit: a spec that cannot be made
-        leaves no unpartitioned table behind to be appended to."""
-        tx = self._connect().create_table_transaction(ident, schema=schema)
-        try:
-            if self.cfg.partition_by:
-                spec = tx.update_spec()
-                for text in self.cfg.partition_by:
-                    transform, column = parse_transform(text)
-                    spec.add_field(column, transform, f"{column}_{text.split('(')[0]}")
-                spec.commit()
-        except (ValueError, ValidationError) as exc:
-            raise SinkSchemaError(
-                f"iceberg table {ident}: partition_by {self.cfg.partition_by} "
-                f"does not fit the rows ({exc}); columns: {', '.join(schema.names)}"
-            ) from exc
-        try:
-            tx.commit_transaction()
-        except (CommitFailedException, TableAlreadyExistsError):
-            # Another writer created it first (a replica, this sink's twin): use theirs.
+        table, made = create_table(self._connect(), ident, schema, self.cfg.partition_by)
+        if made:
+            log.info("iceberg sink %s created %s", self.name, ident)
+            self._known[ident] = {}
+        else:  # another writer created it first (a replica, this sink's twin)
             log.info("iceberg sink %s: %s was created by another writer", self.name, ident)
-            return self._connect().load_table(ident)
-        log.info("iceberg sink %s created %s", self.name, ident)
-        self._known[ident] = {}
-        return self._connect().load_table(ident)
-
-    def _evolve(self, table: Table, schema: pa.Schema, ident: str) -> None:
-        """Add new columns and widen types; refuse any other change."""
-        current = table.schema().as_arrow()
-        if all(f.name in current.names for f in schema) and same_types(current, schema):
-            return
-        try:
-            with table.update_schema() as update:
-                update.union_by_name(schema)
-        except (ValidationError, ValueError, TypeError) as exc:
-            raise SinkSchemaError(
-                f"iceberg table {ident}: the rows' schema cannot "
-                f"be applied ({exc}); only added columns and widened types are"
-            ) from exc
+        return table
 
     def _close(self) -> None:
         self._catalog = None
-
-
-def _newer_than_held(
-    table: Table, newest: pa.Table, key: list[str], position: str
-) -> tuple[pa.Table, pa.Table]:
-    """The rows of ``newest`` whose key the table holds from no newer ``position``, and
-    of those, the ones whose key the table holds (their old rows are to be deleted)."""
-    if not newest.num_rows or table.current_snapshot() is None:
-        return newest, newest.slice(0, 0)
-    held = table.scan(
-        row_filter=create_match_filter(newest, key), selected_fields=(*key, position)
-    ).to_arrow()
-    if not held.num_rows:
-        return newest, newest.slice(0, 0)
-    held = held.rename_columns([*key, "_held"]).cast(
-        pa.schema([*(newest.schema.field(k) for k in key), pa.field("_held", pa.int64())])
-    )
-    joined = numbered(newest, key, position).join(held, key, join_type="left outer")
-    held_at = joined.column("_held")
-    newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(position), held_at))
-    fresh = joined.filter(newer)
-    replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
-    return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))
