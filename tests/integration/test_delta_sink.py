@@ -20,6 +20,7 @@ from thalweg.config import parse_config
 from thalweg.config.models import ThalwegConfig
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.delta import DeltaSink
+from thalweg.verify import verify
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +218,36 @@ def test_a_table_dropped_under_an_open_sink_claims_only_what_it_is_made_with(
     assert table is not None and sorted(table.column(COLS.position).to_pylist()) == list(
         range(10, 20)
     )
+
+
+def test_a_routed_flush_cut_before_its_control_commit_lands_each_row_once(
+    tmp_path: Path,
+) -> None:
+    """``table = "t_{shard}"``: a flush lands table by table, then in the control
+    record. Cut between the two (the control table's last commit file removed, as a
+    crash before that commit leaves it), the sink reopens short of the flush, the lane
+    replays it, and each table — which already holds its rows — keeps them once; DuckDB's
+    reader sees each position once in the table its shard names."""
+    for first in (0, 30):
+        positions = range(first, first + 30)
+        payload = {"n": pa.array(positions), "shard": pa.array([f"s{p % 3}" for p in positions])}
+        write_segment(tmp_path, "t", 0, positions, first, payload=payload)
+    cfg = _config(tmp_path, table="t_{shard}", commit_rows=30)
+    feeder_pass(cfg, "d", end=30)
+    feeder_pass(cfg, "d")
+    base = tmp_path / "sinks" / "d"
+    assert sorted(p.name for p in base.iterdir()) == ["_thalweg_coverage", "t_s0", "t_s1", "t_s2"]
+    sink = DeltaSink(cfg.sinks[0], tmp_path)  # type: ignore[arg-type]
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 60)]}
+    log = sorted((base / "_thalweg_coverage" / "_delta_log").glob("*.json"))
+    log[-1].unlink()  # the crash: the second flush's control commit never written
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 30)]}
+    again = feeder_pass(cfg, "d")
+    assert again.positions == 30  # replayed from the lane
+    con = _duckdb()
+    for s in range(3):
+        got = con.execute(f"SELECT n FROM delta_scan('{base / f't_s{s}'}') ORDER BY n").fetchall()
+        assert [n for (n,) in got] == [p for p in range(60) if p % 3 == s]
+    assert sink.holds([COLS.position]).coverage == {("t", 0, 0): [(0, 60)]}
+    report = verify(cfg, broker=False, sink="d")
+    assert report.ok, report.as_text()

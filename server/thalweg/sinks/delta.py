@@ -11,6 +11,8 @@ that has it (an ``OPTIMIZE`` or ``VACUUM`` commit in between carries none), so a
 after the commit loses nothing and one before it wrote nothing visible: a flush that
 covers ranges without rows (dead letters only) is a commit with no files. A dropped
 table (its directory removed) takes its coverage with it and is written again whole.
+A routed ``table`` (``"{tenant}_orders"``) lands a flush table by table and then in a
+control record (``sinks/delta_routes.py``).
 
 **Upsert** (``mode = "upsert"``): each flush is folded to one row per key
 (``sinks/fold.py``) and merged — a newer row replaces the key's row, a delete removes
@@ -36,7 +38,7 @@ import pyarrow.compute as pc
 from thalweg.config.sinks import DeltaSinkConfig
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
-from thalweg.sinks import routes
+from thalweg.sinks import delta_log, delta_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -45,12 +47,10 @@ from thalweg.sinks.base import (
     SinkUnavailableError,
 )
 from thalweg.sinks.contract import Capabilities, Held
-from thalweg.sinks.coverage_json import COVERAGE_PREFIX, decode_coverage, encode_coverage
+from thalweg.sinks.coverage_json import COVERAGE_PREFIX, encode_coverage
 from thalweg.sinks.fold import DELETED, deleted, newest_per_key
 
 log = logging.getLogger(__name__)
-
-_HISTORY = 100  # commits read back at a time looking for the coverage
 
 
 class DeltaSink(BufferedSink[DeltaSinkConfig]):
@@ -60,7 +60,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
     guarantee = "exactly-once"
     capabilities: ClassVar[Capabilities] = Capabilities(
         upsert=True,
-        routing=False,
+        routing=True,
         refuses_values=True,
         reads_back=True,
         rebuilds_dropped=True,
@@ -75,7 +75,9 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         self._upsert = cfg.mode == "upsert"
         self._keep_value = "source_value" in cfg.metadata
         self._covered: dict[str, Ranges] = {}  # per topic, as its table records it
-        self._commits: dict[str, int] = {}  # per topic, since its last compaction
+        self._commits: dict[str, int] = {}  # per table URI, since its last compaction
+        self.routed = routes.routed(cfg.table)  # a table per row value (delta_routes)
+        self._tables: set[str] = set()  # a routed sink's tables
 
     # -- where ------------------------------------------------------------------------
 
@@ -93,35 +95,46 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
 
     def _load(self, topic: str) -> Any:
         """The topic's table now, or None before its first commit (or once dropped)."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.table_uri(topic), storage_options=self.storage_options())
-        except TableNotFoundError:
-            return None
+        return delta_routes.load(self.table_uri(topic), self.storage_options())
 
     # -- the contract -----------------------------------------------------------------
 
     def holds(self, wanted: list[str]) -> Held:
         """The coverage each table's commits record and the ``wanted`` columns of its
         rows (None: no table for the topic)."""
+        if self.routed:
+            return self._held_routed(wanted)
         coverage: Ranges = {}
         rows: dict[str, pa.Table | None] = {}
         for topic in self.cfg.topics:
             table = self._load(topic)
-            if table is None:
-                rows[topic] = None
-                continue
-            coverage.update(_coverage(table, self.name))
-            names = {f.name for f in table.schema().fields}
-            rows[topic] = table.to_pyarrow_table(columns=[c for c in wanted if c in names])
+            rows[topic] = None if table is None else _read(table, wanted)
+            if table is not None:
+                coverage.update(delta_log.coverage(table, self.name))
+        return Held(coverage, rows)
+
+    def _held_routed(self, wanted: list[str]) -> Held:
+        """The control record's coverage, and the rows of every table it names that the
+        template can name for each topic (None: no such table)."""
+        options = self.storage_options()
+        names, coverage = delta_routes.opened(self.base, self.name, self.cfg.topics, options)
+        rows: dict[str, pa.Table | None] = {}
+        for topic in self.cfg.topics:
+            like = routes.pattern(self.cfg.table, topic)
+            parts = [
+                _read(t, wanted)
+                for n in sorted(names)
+                if like.match(n) and (t := delta_routes.load(f"{self.base}/{n}", options))
+            ]
+            rows[topic] = pa.concat_tables(parts, promote_options="permissive") if parts else None
         return Held(coverage, rows)
 
     def rebuild_step(self) -> str:
         return (
             "remove the table's directory (its commit log holds the coverage, which goes "
-            "with it), and run twg recover again: the table is written again whole"
+            "with it)"
+            + (f" and the control table {delta_routes.CONTROL}" if self.routed else "")
+            + ", and run twg recover again: the table is written again whole"
         )
 
     # -- open and commit --------------------------------------------------------------
@@ -132,9 +145,13 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         try:
             if urlparse(self.base).scheme in ("", "file"):
                 Path(urlparse(self.base).path or self.base).mkdir(parents=True, exist_ok=True)
-            for topic in self.cfg.topics:
+            if self.routed:
+                self._tables, ranges = delta_routes.opened(
+                    self.base, self.name, self.cfg.topics, self.storage_options()
+                )
+            for topic in [] if self.routed else self.cfg.topics:
                 table = self._load(topic)
-                found = {} if table is None else _coverage(table, self.name)
+                found = {} if table is None else delta_log.coverage(table, self.name)
                 self._covered[topic] = found
                 ranges.update(found)
         except OSError as exc:
@@ -145,34 +162,69 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         from deltalake.exceptions import DeltaError, SchemaMismatchError
 
         topics = sorted({k[0] for k in covered} | set(rows))
-        for topic in topics:
-            parts = rows.get(topic, [])
-            data = (
-                _delta_types(pa.concat_tables(parts, promote_options="permissive"))
-                if parts
-                else None
-            )
-            mine = {k: v for k, v in covered.items() if k[0] == topic}
-            try:
-                self._land(topic, data, mine)
-            except SchemaMismatchError as exc:
-                raise SinkSchemaError(
-                    f"delta table {self.table_uri(topic)}: the rows do not fit it: {exc}"
-                ) from exc
-            except (DeltaError, OSError) as exc:
-                raise SinkUnavailableError(
-                    f"delta table {self.table_uri(topic)}: {_first_line(exc)}"
-                ) from exc
+        by_topic = {
+            t: _delta_types(pa.concat_tables(rows[t], promote_options="permissive"))
+            for t in topics
+            if rows.get(t)
+        }
+        uri = self.base
+        try:
+            if self.routed:
+                self._commit_routed(by_topic, covered)
+                return
+            for topic in topics:
+                uri = self.table_uri(topic)
+                mine = {k: v for k, v in covered.items() if k[0] == topic}
+                table = self._load(topic)
+                # A table dropped under a running feeder took its record with it: a new
+                # one claims only what it is made with (the recheck feeds the rest).
+                known = self._covered.get(topic, {}) if table is not None else {}
+                data = by_topic.get(topic)
+                self._covered[topic] = self._land(uri, topic, table, data, mine, known)
+        except SchemaMismatchError as exc:
+            raise SinkSchemaError(f"delta table {uri}: the rows do not fit it: {exc}") from exc
+        except (DeltaError, OSError) as exc:
+            raise SinkUnavailableError(f"delta table {uri}: {_first_line(exc)}") from exc
 
-    def _land(self, topic: str, data: pa.Table | None, covered: Ranges) -> None:
-        """One commit of ``data`` (None: no rows) with the topic's coverage grown by
-        ``covered``."""
+    def _commit_routed(self, by_topic: Mapping[str, pa.Table], covered: Ranges) -> None:
+        """Every table's rows first (refusing, by name, rows naming none), then each
+        table in turn, less what its own coverage says it holds, and the control record
+        once the last has landed (``sinks/delta_routes.py``)."""
+        tables = routes.assign(
+            by_topic,
+            self.cfg.table,
+            self._tables,
+            self.cfg.max_tables,
+            self.name,
+            self.columns,
+            deletes_name_nothing=self._upsert,
+        )
+        options = self.storage_options()
+        for (name, topic), part in sorted(tables.items()):
+            uri = f"{self.base}/{name}"
+            mine = {k: v for k, v in covered.items() if k[0] == topic}
+            table = delta_routes.load(uri, options)
+            own = {} if table is None else delta_log.coverage(table, self.name)
+            rest = routes.not_held(part, own, mine, topic, self.columns)
+            self._land(uri, topic, table, rest if rest.num_rows else None, mine, own)
+            self._tables.add(name)
+        delta_routes.cover(self.base, self.name, covered, self._tables, options)
+
+    def _land(
+        self,
+        uri: str,
+        topic: str,
+        table: Any,
+        data: pa.Table | None,
+        covered: Ranges,
+        known: Ranges,
+    ) -> Ranges:
+        """One commit of ``data`` (None: no rows) of ``topic`` into the table at ``uri``
+        (``table``, None before its first commit), its coverage ``known`` grown by
+        ``covered``: the coverage it records now."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        table = self._load(topic)
-        # A table dropped under a running feeder took its record with it: a new one
-        # claims only what it is made with (the recheck feeds the rest again).
-        merged = dict(self._covered.get(topic, {})) if table is not None else {}
+        merged = dict(known)
         for key, rs in covered.items():
             merged[key] = merge_ranges([*merged.get(key, []), *rs])
         props = CommitProperties(
@@ -184,7 +236,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
             ],
         )
         if table is None and data is None:
-            return  # nothing to make a table of: the spans had no rows (the next do)
+            return merged  # nothing to make a table of: the spans had no rows
         if self._upsert and table is not None:
             self._merge(topic, table, data, props)
         else:
@@ -192,26 +244,26 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 data = self._newest(topic, data)
                 data = data.filter(pc.invert(deleted(data)))
             write_deltalake(
-                table if table is not None else self.table_uri(topic),
+                table if table is not None else uri,
                 data if data is not None else _empty(table),
                 mode="append",
                 schema_mode="merge",
                 storage_options=None if table is not None else self.storage_options(),
                 commit_properties=props,
             )
-        self._covered[topic] = merged
-        self._commits[topic] = self._commits.get(topic, 0) + 1
+        self._commits[uri] = self._commits.get(uri, 0) + 1
         every = self.cfg.compact_every_commits
-        if every and self._commits[topic] >= every:
-            self._commits[topic] = 0
-            self._upkeep(topic)
+        if every and self._commits[uri] >= every:
+            self._commits[uri] = 0
+            self._upkeep(uri)
+        return merged
 
-    def _upkeep(self, topic: str) -> None:
+    def _upkeep(self, uri: str) -> None:
         """Bound the table's small files: a flush is a file per commit, so compact them
-        (a commit of its own, with no coverage: ``_coverage`` steps over it) and vacuum
+        (a commit of its own, with no coverage: ``delta_log.coverage`` steps over it) and vacuum
         what no recent version reads. A failure is logged, never a failed flush — the
         flush's commit has landed."""
-        table = self._load(topic)
+        table = delta_routes.load(uri, self.storage_options())
         if table is None:
             return
         try:
@@ -222,11 +274,11 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 enforce_retention_duration=False,
             )
         except Exception as exc:  # the rows are committed; the next round tries again
-            log.warning("delta table %s: compaction failed: %s", self.table_uri(topic), exc)
+            log.warning("delta table %s: compaction failed: %s", uri, exc)
             return
         log.info(
             "delta table %s: compacted %s files into %s, vacuumed %d",
-            self.table_uri(topic),
+            uri,
             done.get("numFilesRemoved"),
             done.get("numFilesAdded"),
             len(gone),
@@ -269,22 +321,13 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
 
     def _close(self) -> None:
         self._covered = {}
+        self._tables = set()
 
 
-def _coverage(table: Any, sink: str) -> Ranges:
-    """``sink``'s coverage of ``table``: the newest commit's that has it (a compaction
-    or vacuum commit in between carries none)."""
-    key = COVERAGE_PREFIX + sink
-    limit = _HISTORY
-    while True:
-        history = table.history(limit=limit)
-        for commit in history:  # newest first
-            text = commit.get(key)
-            if isinstance(text, str):
-                return decode_coverage(text)
-        if len(history) < limit:
-            return {}
-        limit *= 10
+def _read(table: Any, wanted: list[str]) -> pa.Table:
+    """The ``wanted`` columns ``table`` has, of all its rows."""
+    names = {f.name for f in table.schema().fields}
+    return table.to_pyarrow_table(columns=[c for c in wanted if c in names])
 
 
 def _delta_types(table: pa.Table) -> pa.Table:
