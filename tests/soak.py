@@ -37,6 +37,7 @@ FAULT_TESTS = [
     "test_dag_crash.py",  # kill -9 of a DAG and its sidecar
     "test_sink_recovery.py",  # a sink outage, kill -9 with sinks
     "test_upsert_crash.py",  # kill -9 and a Postgres outage with upsert sinks
+    "test_cdc_conformance.py",  # the change-stream kit into every upsert destination, kill -9
     "test_zombie_writer.py",  # SIGSTOP past the session
     "test_zombie_mid_put.py",  # SIGSTOP mid-PUT, the PUT landing late
     "test_replica_faults.py",  # three replicas: one killed, one paused

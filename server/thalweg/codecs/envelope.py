@@ -18,6 +18,10 @@ as top-level columns, beside four columns named as Debezium's own
     the envelope's ``source`` block as it came (typed), for ordering and audit.
 ``__ts_ms``
     when the connector processed the event.
+``__unavailable``
+    the columns whose value the connector did not send (its unavailable-value
+    placeholder, which never lands: the cell is null; ``codecs/unavailable.py``); only
+    where an event had one.
 
 The order that decides which event of a key wins is the lane's position, never these
 columns (``docs/cdc.md``). An event without a usable ``op``, a create, update or read
@@ -35,10 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.codecs.base import ArrowDecoder, DecodeFailure, DecodeReason, DecodeResult, assemble
+from thalweg.codecs.unavailable import PLACEHOLDER, UNAVAILABLE, set_aside
 from thalweg.codecs.wrapper import SchemaWrapper
 
 OP, DELETED, SOURCE, TS_MS = "__op", "__deleted", "__source", "__ts_ms"
-CDC_COLUMNS = (OP, DELETED, SOURCE, TS_MS)
+CDC_COLUMNS = (OP, DELETED, SOURCE, TS_MS, UNAVAILABLE)
 _ENVELOPE = ("before", "after", "op", "source", "ts_ms")
 _OPS = ("c", "u", "d", "r")
 
@@ -51,10 +56,18 @@ class DebeziumEnvelope:
         inner: decodes the envelopes (JSON or Avro); its schema is the envelope's, not
             the lane's, so it starts unpinned.
         schema: the decoded lane's schema so far (rows and the ``__`` columns).
+        placeholder: what the connector sends for a value it could not read (its
+            ``unavailable.value.placeholder``).
     """
 
-    def __init__(self, inner: ArrowDecoder, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self,
+        inner: ArrowDecoder,
+        schema: pa.Schema | None = None,
+        placeholder: str = PLACEHOLDER,
+    ) -> None:
         self._inner = inner
+        self._placeholder = placeholder
         self._schema = schema if schema is not None else pa.schema([])
         self._lock = threading.Lock()
         self._wrapper = SchemaWrapper()  # JsonConverter's schema, cut before parsing
@@ -105,6 +118,7 @@ class DebeziumEnvelope:
             refuse(np.ones(n, dtype=bool), f"the row has a field named {clash[0]!r}")
 
         rows = _flatten(pc.if_else(pa.array(is_delete), before, after), n)
+        rows = set_aside(rows, self._placeholder, n)
         rows[OP] = pa.array(np.where(tombstone, "d", ops), pa.string())
         rows[DELETED] = pa.array(is_delete | tombstone)
         for name, column in ((SOURCE, env["source"]), (TS_MS, env["ts_ms"])):

@@ -95,6 +95,15 @@ class _SourceBase(_Model):
         "the schema/payload wrapper, or Avro); the decoded lane holds the row each names "
         "with __op, __deleted, __source and __ts_ms (docs/cdc.md).",
     )
+    unavailable_value: str = Field(
+        "__debezium_unavailable_value",
+        min_length=1,
+        description="With envelope = 'debezium': what the connector sends for a value it "
+        "could not read (its unavailable.value.placeholder; also as bytes, base64 text and "
+        "a one-element array). Such a value never lands: the cell is null, __unavailable "
+        "names the column, and upsert sinks and the latest view keep the key's current "
+        "value (docs/cdc.md).",
+    )
     cluster: str | None = Field(
         None, description="Cluster name stamped in the lane and record ids; defaults to name."
     )

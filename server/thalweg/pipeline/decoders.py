@@ -124,7 +124,7 @@ class TopicDecoders:
                 pinned = pa.schema(keep)
             if self.cfg.envelope == "debezium":
                 # The format's decoder reads envelopes, whose schema is not the lane's.
-                decoder = DebeziumEnvelope(self._decoder(None), pinned)
+                decoder = DebeziumEnvelope(self._decoder(None), pinned, self.cfg.unavailable_value)
             else:
                 decoder = self._decoder(pinned)
             if self.cfg.max_record_bytes is not None and not isinstance(

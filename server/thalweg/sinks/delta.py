@@ -26,7 +26,9 @@ table (``schema_mode = "merge"``); another change is a schema error (``degraded`
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,8 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thalweg.config.sinks import DeltaSinkConfig
+from thalweg.records import unavailable
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
+from thalweg.records.unavailable import UNAVAILABLE
 from thalweg.sinks import delta_log, delta_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
@@ -298,6 +302,13 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
             write_deltalake(table, _empty(table), mode="append", commit_properties=props)
             return
         newest = self._newest(topic, data)
+        if unavailable.named(newest):
+            newest = unavailable.from_held(
+                newest,
+                _held_rows(table, newest, self._key, self.columns.position),
+                self._key,
+                self.columns.position,
+            )
         if DELETED not in newest.column_names:
             newest = newest.append_column(DELETED, pa.array([False] * newest.num_rows))
         pos = _q(self.columns.position)
@@ -322,6 +333,20 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
     def _close(self) -> None:
         self._covered = {}
         self._tables = set()
+
+
+def _held_rows(table: Any, newest: pa.Table, key: list[str], position: str) -> pa.Table:
+    """The table's rows of the keys whose newest row still names a column as
+    unavailable: their key, position and those columns (as the table has them)."""
+    asked = unavailable.unresolved(newest)
+    names = {f.name for f in table.schema().fields}
+    wanted = [c for c in [*key, position, *unavailable.named(newest), UNAVAILABLE] if c in names]
+    if not asked.num_rows or any(k not in names for k in key):
+        return newest.slice(0, 0)
+    match = functools.reduce(
+        operator.and_, [pc.field(k).isin(pc.unique(asked.column(k))) for k in key]
+    )
+    return table.to_pyarrow_dataset().to_table(columns=list(dict.fromkeys(wanted)), filter=match)
 
 
 def _read(table: Any, wanted: list[str]) -> pa.Table:

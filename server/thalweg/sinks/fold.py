@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thalweg.records import unavailable
 from thalweg.records.columns import MetadataColumns
 from thalweg.sinks.base import SinkRefusedError, SinkSchemaError, name_records
 
@@ -61,7 +62,8 @@ def newest_per_key(
     top = top.rename_columns([*key, position])  # the keys, then the aggregate
     # Joined on a slim table (Arrow joins no struct columns), then taken whole.
     rows = numbered(data, key, position).join(top, [*key, position], join_type="inner")
-    return taken(data, rows.column(ROW))
+    # The columns a change event did not carry keep the key's current value.
+    return unavailable.from_flush(data, taken(data, rows.column(ROW)), key, position)
 
 
 def _records(

@@ -17,6 +17,8 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.upsert_util import create_match_filter
 
+from thalweg.records import unavailable
+from thalweg.records.unavailable import UNAVAILABLE
 from thalweg.sinks.base import SinkSchemaError
 from thalweg.sinks.fold import ROW, numbered, taken
 from thalweg.sinks.iceberg_types import parse_transform, same_types
@@ -94,20 +96,29 @@ def newer_than_held(
     table: Table, newest: pa.Table, key: list[str], position: str
 ) -> tuple[pa.Table, pa.Table]:
     """The rows of ``newest`` whose key the table holds from no newer ``position``, and
-    of those, the ones whose key the table holds (their old rows are to be deleted)."""
+    of those, the ones whose key the table holds (their old rows are to be deleted).
+    The columns a row names as unavailable (``__unavailable``) keep the held row's value
+    (read in the same scan)."""
     if not newest.num_rows or table.current_snapshot() is None:
         return newest, newest.slice(0, 0)
+    names = {f.name for f in table.schema().fields}
+    keeps = [c for c in [*unavailable.named(newest), UNAVAILABLE] if c in names]
     held = table.scan(
-        row_filter=create_match_filter(newest, key), selected_fields=(*key, position)
+        row_filter=create_match_filter(newest, key),
+        selected_fields=(*key, position, *dict.fromkeys(keeps)),
     ).to_arrow()
     if not held.num_rows:
         return newest, newest.slice(0, 0)
-    held = held.rename_columns([*key, "_held"]).cast(
+    slim = held.select([*key, position]).rename_columns([*key, "_held"])
+    slim = slim.cast(
         pa.schema([*(newest.schema.field(k) for k in key), pa.field("_held", pa.int64())])
     )
-    joined = numbered(newest, key, position).join(held, key, join_type="left outer")
+    joined = numbered(newest, key, position).join(slim, key, join_type="left outer")
     held_at = joined.column("_held")
     newer = pc.or_kleene(pc.is_null(held_at), pc.greater(joined.column(position), held_at))
     fresh = joined.filter(newer)
     replaced = fresh.filter(pc.is_valid(fresh.column("_held")))
-    return taken(newest, fresh.column(ROW)), taken(newest, replaced.column(ROW))
+    kept = taken(newest, fresh.column(ROW))
+    if keeps:
+        kept = unavailable.from_held(kept, held, key, position)
+    return kept, taken(newest, replaced.column(ROW))

@@ -36,8 +36,10 @@ import adbc_driver_postgresql.dbapi as pg
 import pyarrow as pa
 
 from thalweg.config.sinks import PostgresSinkConfig
+from thalweg.records import unavailable
 from thalweg.records.columns import RECORD_ID_TYPE, MetadataColumns
 from thalweg.records.ranges import merge_ranges
+from thalweg.records.unavailable import UNAVAILABLE
 from thalweg.sinks import routes
 from thalweg.sinks.base import (
     BufferedSink,
@@ -205,7 +207,10 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
     def _commit(self, rows: Mapping[str, list[pa.Table]], covered: Ranges) -> None:
         tables = self._routes(
             {
-                t: _postgres_types(pa.concat_tables(parts, promote_options="permissive"))
+                t: _postgres_types(
+                    pa.concat_tables(parts, promote_options="permissive"),
+                    keep=(UNAVAILABLE,) if self._upsert else (),
+                )
                 for t, parts in rows.items()
             }
         )
@@ -329,11 +334,15 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         )
         if not data.num_rows:
             return
+        keeps = unavailable.named(data)
+        data = _postgres_types(data)  # __unavailable, kept a list to fold, as JSON text
         target, stage, _ = self._staged_into(cur, name, topic, data, self._key)
         keys = ", ".join(quote_ident(k) for k in self._key)
         same = " AND ".join(f"t.{quote_ident(k)} = n.{quote_ident(k)}" for k in self._key)
         position = quote_ident(self._position)
         older = f"t.{position} < n.{position}"
+        if keeps:
+            cur.execute(_keep_held(target, stage, keeps, same, older))
         deleted = f"n.{quote_ident(DELETED)}" if DELETED in data.column_names else "false"
         cur.execute(
             f"DELETE FROM {target} t USING pg_temp.{quote_ident(stage)} n "
@@ -462,11 +471,40 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _postgres_types(table: pa.Table) -> pa.Table:
+def _keep_held(target: str, stage: str, keeps: list[str], same: str, older: str) -> str:
+    """The statement that gives the staged rows' unavailable columns (``keeps``, named
+    in their ``__unavailable``) the value of the row the table holds for the key, and
+    leaves named only what that row did not know either."""
+    named = f"n.{quote_ident(UNAVAILABLE)}::jsonb"
+    held = f"t.{quote_ident(UNAVAILABLE)}::jsonb"
+    sets = [
+        f"{quote_ident(c)} = CASE WHEN {named} @> {_literal(json.dumps(c))}::jsonb "
+        f"THEN t.{quote_ident(c)} ELSE n.{quote_ident(c)} END"
+        for c in keeps
+    ]
+    still = (
+        f"(SELECT jsonb_agg(x)::text FROM jsonb_array_elements_text({named}) x "
+        f"WHERE coalesce({held} @> to_jsonb(x), false))"
+    )
+    sets.append(f"{quote_ident(UNAVAILABLE)} = {still}")
+    return (
+        f"UPDATE pg_temp.{quote_ident(stage)} n SET {', '.join(sets)} FROM {target} t "
+        f"WHERE {same} AND {older} AND n.{quote_ident(UNAVAILABLE)} IS NOT NULL"
+    )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _postgres_types(table: pa.Table, *, keep: tuple[str, ...] = ()) -> pa.Table:
     """Columns ADBC cannot COPY as they are: the 16-byte record id as bytea, nested
-    values as JSON text (bytes inside them base64)."""
+    values as JSON text (bytes inside them base64); ``keep`` as they are (an upsert's
+    ``__unavailable``, folded first)."""
     for i, f in enumerate(table.schema):
         t = f.type
+        if f.name in keep:
+            continue
         if t == RECORD_ID_TYPE or pa.types.is_fixed_size_binary(t):
             table = table.set_column(i, f.name, table.column(i).cast(pa.binary()))
         elif pa.types.is_unsigned_integer(t):

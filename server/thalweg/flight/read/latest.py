@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from thalweg.errors import InvariantError
 from thalweg.flight.read.tickets import ReadTicket
+from thalweg.records import unavailable
 from thalweg.records.columns import MetadataColumns, MetadataPolicy
 
 STEP_ROWS = 1_048_576  # arriving rows folded alone, a step at a time
@@ -42,6 +43,8 @@ def fold_input(
     fold.append(columns.decode_error)
     if DELETED in payload.names:  # a change event's delete, where the topic has them
         fold.append(DELETED)
+    if unavailable.UNAVAILABLE in payload.names:  # columns the events did not carry
+        fold.append(unavailable.UNAVAILABLE)
     wanted = list(dict.fromkeys([*sent.names, *fold]))
     return read.model_copy(update={"metadata": MetadataPolicy.ALL, "columns": wanted})
 
@@ -173,7 +176,13 @@ def _fold(parts: list[pa.Table], columns: MetadataColumns) -> pa.Table:
     # sort, and a filter of the wide rows cost half a take (1 M rows, 10 % kept).
     keep = np.zeros(rows.num_rows, dtype=np.bool_)
     keep[top.column(f"{_ROW}_max").to_numpy()] = True
-    return rows.filter(pa.array(keep))
+    newest = rows.filter(pa.array(keep))
+    if unavailable.UNAVAILABLE not in rows.column_names:
+        return newest
+    # The columns a change event did not carry keep the key's last value: the earlier
+    # rows here (a step, or the earlier steps' winners before this step's rows).
+    name = columns.source("key")
+    return unavailable.from_flush(rows.filter(usable), newest, [name], columns.position)
 
 
 def _deleted(
