@@ -59,30 +59,32 @@ def from_flush(rows: pa.Table, newest: pa.Table, key: list[str], position: str) 
     gone = _deleted(rows)
     deletes = slim.filter(gone).group_by(key).aggregate([(position, "max")])
     deletes = deletes.rename_columns([*key, _GONE])
-    winners = _numbered(newest, key, position)
+    # The rows since each key's last delete, and whether the key had one: the same for
+    # every column named, so joined once.
+    alive = slim.filter(pc.invert(gone)).join(deletes, key, join_type="left outer")
+    since = pc.or_kleene(
+        pc.is_null(alive.column(_GONE)), pc.greater(alive.column(position), alive.column(_GONE))
+    )
+    alive = alive.filter(since)
+    winners = _numbered(newest, key, position).join(deletes, key, join_type="left outer")
+    winners = winners.sort_by(_ROW)
+    was_deleted = np.asarray(winners.column(_GONE).is_valid())
+    winners = winners.select([*key, position, _ROW])
     for c in columns:
-        carried = slim.filter(pc.and_(pc.invert(gone), pa.array(~_names(rows, c))))
-        carried = carried.join(deletes, key, join_type="left outer")
-        since = pc.or_kleene(
-            pc.is_null(carried.column(_GONE)),
-            pc.greater(carried.column(position), carried.column(_GONE)),
-        )
-        carried = carried.filter(since)
+        carried = alive.filter(pa.array(~_names(rows, c)[alive.column(_ROW).to_numpy()]))
         last = carried.group_by(key).aggregate([(position, "max")])
         last = last.rename_columns([*key, _AT])
         pick = carried.join(
             last, [*key, position], right_keys=[*key, _AT], join_type="inner"
         ).select([*key, _ROW])
         found = winners.join(pick.rename_columns([*key, "_src"]), key, join_type="left outer")
-        found = found.join(deletes, key, join_type="left outer").sort_by(_ROW)
-        source = found.column("_src")
+        source = found.sort_by(_ROW).column("_src")
         wanted = marks[c]
         has = np.asarray(source.is_valid()) & wanted
-        after_delete = np.asarray(found.column(_GONE).is_valid()) & wanted & ~has
         values = pc.take(rows.column(c), source)
         at = newest.schema.get_field_index(c)
         newest = newest.set_column(at, c, pc.if_else(pa.array(has), values, newest.column(c)))
-        marks[c] = wanted & ~has & ~after_delete
+        marks[c] = wanted & ~has & ~was_deleted
     return _marked(newest, marks)
 
 
