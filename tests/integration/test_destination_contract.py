@@ -15,7 +15,11 @@ written here by the sink's own feeder (what ``twg stream`` and ``twg recover`` r
 * a dropped destination is rebuilt from the lane by ``twg recover``;
 * a value the destination refuses is set aside (``on_refused``), the rest lands;
 * an upsert sink holds the fold of the topic;
-* a routed sink (a table, path or directory per field value) holds each record once.
+* a routed sink (a table, path or directory per field value) holds each record once;
+* a live table's schema changes: an added column evolves it, a widening evolves it where
+  the destination can widen (else it stops the sink, as any other change does: degraded,
+  the column and both types in /health and the log), and once the operator changed the
+  table the sink resumes from its coverage, every record once.
 
 Each destination declares what it supports (``Sink.capabilities``, beside its code): a
 case it does not support is skipped naming that declaration. A new destination joins
@@ -32,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -59,6 +64,7 @@ from thalweg.cli.main import cli
 from thalweg.config import parse_config
 from thalweg.config.models import ThalwegConfig
 from thalweg.lane import LaneLayout
+from thalweg.ops.health import Health, State
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 from thalweg.recovery.feeder import SinkFeeder
@@ -129,6 +135,11 @@ class Adapter:
     poison: Callable[[list[int], set[int]], pa.Array] | None = None
     drop: Callable[[Env, ThalwegConfig, str], None] | None = None
     delete: Callable[[Env, ThalwegConfig, str, int, int], None] | None = None
+    # The operator's change of a live table: a column renamed (old, new names) ...
+    rename: Callable[[Env, ThalwegConfig, str, str, str], None] | None = None
+    # ... and, where the destination cannot widen a column, the table rewritten with the
+    # wider types (docs/sinks.md, "Schema changes").
+    rewrite: Callable[[Env, ThalwegConfig, str, dict[str, pa.DataType]], None] | None = None
     # Records per partition of the kill -9 case: fewer where each commit is a round trip
     # to a catalog and a bucket (the case is about the moments, not the volume).
     kill_records: int = 20_000
@@ -299,6 +310,39 @@ def _delta_delete(env: Env, cfg: ThalwegConfig, name: str, partition: int, posit
     _delta_table(cfg, name).delete(where)
 
 
+def _pg_rename(env: Env, cfg: ThalwegConfig, name: str, old: str, new: str) -> None:
+    env.postgres.query(f'ALTER TABLE "{env.schema}"."{TOPIC}" RENAME COLUMN "{old}" TO "{new}"')
+
+
+def _ice_rename(env: Env, cfg: ThalwegConfig, name: str, old: str, new: str) -> None:
+    with _ice_sink(cfg, name).table(TOPIC).update_schema() as update:
+        update.rename_column(old, new)
+
+
+def _delta_rewrite(
+    env: Env,
+    cfg: ThalwegConfig,
+    name: str,
+    types: dict[str, pa.DataType] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> None:
+    """The documented rewrite of a Delta table (docs/sinks.md): read, change, overwrite."""
+    from deltalake import write_deltalake
+
+    table = _delta_table(cfg, name)
+    rows = pa.table(table.to_pyarrow_table())
+    for column, to in (types or {}).items():
+        rows = rows.set_column(
+            rows.schema.get_field_index(column), column, rows.column(column).cast(to)
+        )
+    rows = rows.rename_columns([(renamed or {}).get(c, c) for c in rows.column_names])
+    write_deltalake(table, rows, mode="overwrite", schema_mode="overwrite")
+
+
+def _delta_rename(env: Env, cfg: ThalwegConfig, name: str, old: str, new: str) -> None:
+    _delta_rewrite(env, cfg, name, renamed={old: new})
+
+
 def _nul_text(positions: list[int], bad: set[int]) -> pa.Array:
     return pa.array([f"a\u0000b{p}" if p in bad else f"ok{p}" for p in positions])
 
@@ -315,6 +359,7 @@ ADAPTERS: dict[str, Adapter] = {
         poison=_nul_text,
         drop=_pg_drop,
         delete=_pg_delete,
+        rename=_pg_rename,
     ),
     "iceberg": Adapter(
         kind="iceberg",
@@ -323,6 +368,7 @@ ADAPTERS: dict[str, Adapter] = {
         poison=_big_unsigned,
         drop=_ice_drop,
         delete=_ice_delete,
+        rename=_ice_rename,
     ),
     "iceberg_glue": Adapter(
         kind="iceberg",
@@ -332,6 +378,7 @@ ADAPTERS: dict[str, Adapter] = {
         drop=_ice_drop,
         delete=_ice_delete,
         kill_records=6_000,
+        rename=_ice_rename,
     ),
     "iceberg_rest": Adapter(
         kind="iceberg",
@@ -341,6 +388,7 @@ ADAPTERS: dict[str, Adapter] = {
         drop=_ice_drop,
         delete=_ice_delete,
         kill_records=6_000,
+        rename=_ice_rename,
     ),
     "arrow_ipc": Adapter(
         kind="arrow_ipc",
@@ -356,6 +404,8 @@ ADAPTERS: dict[str, Adapter] = {
         poison=_big_unsigned,
         drop=_delta_drop,
         delete=_delta_delete,
+        rename=_delta_rename,
+        rewrite=_delta_rewrite,
     ),
     "delta_s3": Adapter(
         kind="delta",
@@ -365,6 +415,8 @@ ADAPTERS: dict[str, Adapter] = {
         drop=_delta_drop,
         delete=_delta_delete,
         kill_records=6_000,
+        rename=_delta_rename,
+        rewrite=_delta_rewrite,
     ),
     "flight": Adapter(
         kind="flight",
@@ -508,11 +560,14 @@ def _n(first: int, end: int) -> dict[str, pa.Array]:
 
 
 @contextlib.contextmanager
-def running_feeder(cfg: ThalwegConfig) -> Iterator[SinkFeeder]:
+def running_feeder(cfg: ThalwegConfig, health: Health | None = None) -> Iterator[SinkFeeder]:
     """Sink ``s``'s feeder running (``SinkFeeder.run``, as ``twg stream`` runs it) on a
-    thread of its own, stopped and joined on exit."""
+    thread of its own, reporting to ``health``, stopped and joined on exit."""
     [feeder] = build_feeders(
-        cfg, LaneLayout(cfg.gateway.data_dir), MetadataColumns(cfg.gateway.metadata_prefix)
+        cfg,
+        LaneLayout(cfg.gateway.data_dir),
+        MetadataColumns(cfg.gateway.metadata_prefix),
+        health=health,
     )
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -736,4 +791,116 @@ def test_a_routed_sink_holds_each_record_once_across_its_tables(env: Env, kind: 
     held = ADAPTERS[kind].rows(env, cfg, "s", "_twg_")
     assert sorted(held) == every_record()
     assert feeder_pass(cfg, "s").rows == 0
+    verified(cfg)
+
+
+#: How each destination names the types the schema case uses (Postgres its own words;
+#: the others Arrow's, as ``sinks/schema_change.py`` describes a column).
+TYPE_WORDS = {
+    "postgres": {"int32": "integer", "int64": "bigint", "string": "text"},
+}
+
+
+@pytest.mark.parametrize("kind", DESTINATIONS)
+def test_a_live_tables_schema_changes_evolve_it_or_stop_the_sink_naming_the_column(
+    env: Env, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    requires(kind, "evolves_schema")
+    adapter = ADAPTERS[kind]
+    assert adapter.rename is not None, f"{kind} evolves: the suite needs its rename"
+    widens = sink_class(kind).capabilities.widens_types
+    words = TYPE_WORDS.get(kind, {"int32": "int32", "int64": "int64", "string": "string"})
+    recovery = {"poll_interval_s": 0.1, "degraded_retry_s": 0.3}
+    cfg = configure(env, kind, recovery=recovery, commit_interval_s=0.2)
+    cols = MetadataColumns()
+    health = Health()
+
+    def segment(first: int, end: int, *, wide: bool = False, tag: bool = False) -> None:
+        """Positions ``first``..``end`` of both partitions: ``n`` an int32 (int64 past
+        int32's range when ``wide``), ``x`` a float32 (float64 when ``wide``), ``s`` text,
+        and a ``tag`` column when ``tag``."""
+        for p in range(PARTITIONS):
+            positions = list(range(first, end))
+            payload = {
+                "n": pa.array(
+                    [(2**40 if wide else 0) + p * 1000 + o for o in positions],
+                    pa.int64() if wide else pa.int32(),
+                ),
+                "x": pa.array([o + 0.1 for o in positions], pa.float64() if wide else pa.float32()),
+                "s": pa.array([f"s{o}" for o in positions]),
+            }
+            if tag:
+                payload["tag"] = pa.array([f"t{o}" for o in positions])
+            write_segment(env.data, TOPIC, p, positions, first, payload=payload)
+
+    def held(*names: str) -> pa.Table:
+        found = destination(cfg, cfg.sinks[0]).holds([cols.partition, cols.position, *names])
+        table = found.rows.get(TOPIC)
+        return table if table is not None else pa.table({cols.position: pa.array([], pa.int64())})
+
+    def holding(n: int) -> None:
+        wait_until(
+            lambda: held().num_rows == n, 60, lambda: f"{kind}: {held().num_rows} rows, not {n}"
+        )
+
+    def stopped(column: str, have: str, rows: str) -> str:
+        """Wait for the sink to stop degraded; its /health detail, which names them."""
+        detail = ""
+
+        def named() -> bool:
+            nonlocal detail
+            entry = health.tree()["components"].get("sink:s", {})
+            detail = entry.get("detail", "")
+            return health.state("sink:s") is State.DEGRADED and repr(column) in detail
+
+        wait_until(named, 60, lambda: f"{kind}: not degraded naming {column!r}: {detail}")
+        assert have in detail and rows in detail, detail
+        assert any(
+            repr(column) in r.getMessage() and have in r.getMessage() for r in caplog.records
+        )
+        return detail
+
+    def changed(p: int) -> None:
+        """Positions 80..100 of partition ``p`` with ``s`` an int64, ``x`` gone."""
+        positions = list(range(80, 100))
+        payload = {"n": pa.array(positions, pa.int64()), "s": pa.array(positions)}
+        write_segment(env.data, TOPIC, p, positions, 80, payload=payload)
+
+    caplog.set_level("WARNING", logger="thalweg")
+    segment(0, 40)
+    with running_feeder(cfg, health):
+        holding(80)
+        segment(40, 60, tag=True)  # an added column evolves the table
+        holding(120)
+        assert held("tag").column("tag").drop_null().to_pylist().count("t45") == PARTITIONS
+        segment(60, 80, wide=True)  # n int32 → int64, x float32 → float64
+        if not widens:  # it stops, names the widening, and casts nothing down
+            detail = stopped("n", words["int32"], words["int64"])
+            assert "rewrite the table" in detail, detail
+            time.sleep(1.0)  # several retries, each refused again
+            assert held().num_rows == 120
+            assert adapter.rewrite is not None
+            adapter.rewrite(env, cfg, "s", {"n": pa.int64(), "x": pa.float64()})
+        holding(160)
+        wide = held("n", "x").filter(pc.greater_equal(pc.field(cols.position), 60))
+        assert min(wide.column("n").to_pylist()) >= 2**40  # not wrapped, not cut
+        assert sorted(set(wide.column("x").to_pylist())) == [o + 0.1 for o in range(60, 80)]
+        changed(0)  # s text → int64: no destination takes that as it is
+        stopped("s", words["string"], words["int64"])
+        assert held().num_rows == 160  # the lane keeps them; the table took none
+        adapter.rename(env, cfg, "s", "s", "s_text")  # the operator's change
+        holding(180)
+        changed(1)  # the changed table takes them as they come
+        holding(200)
+        wait_until(lambda: health.state("sink:s") is State.UP, 30, f"{kind}: not up again")
+    final = held("s", "s_text")
+    located = zip(
+        final.column(cols.partition).to_pylist(),
+        final.column(cols.position).to_pylist(),
+        strict=True,
+    )
+    assert sorted(located) == every_record()
+    late = final.filter(pc.greater_equal(pc.field(cols.position), 80))
+    assert sorted(late.column("s").to_pylist()) == sorted(list(range(80, 100)) * PARTITIONS)
+    assert final.filter(pc.less(pc.field(cols.position), 80)).column("s_text").null_count == 0
     verified(cfg)

@@ -377,6 +377,12 @@ class RecoveryConfig(_Model):
         1.0, gt=0, description="How often a sink looks for new durable segments."
     )
     retry_max_s: float = Field(30.0, gt=0, description="Longest wait between tries of a down sink.")
+    degraded_retry_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often a sink stopped by a schema change (degraded) tries again: "
+        "it resumes from its coverage once the table was changed (docs/sinks.md).",
+    )
     recheck_every_flushes: int = Field(
         100,
         ge=0,

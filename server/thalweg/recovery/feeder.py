@@ -64,7 +64,6 @@ from thalweg.sinks.base import (
 log = logging.getLogger(__name__)
 
 _HEALTH = {SinkState.UP: State.UP, SinkState.DEGRADED: State.DEGRADED, SinkState.DOWN: State.DOWN}
-_DEGRADED_RETRY_S = 60.0  # a schema refusal waits for a person, not for a backoff
 RECHECK_SHARE = 0.05  # at most this share of a running feeder's time goes to rechecks
 
 
@@ -247,7 +246,8 @@ class SinkFeeder:
                     continue
                 except SinkSchemaError as exc:
                     self._failed(exc)
-                    await _sleep(stop, _DEGRADED_RETRY_S)
+                    # A schema refusal waits for a person, not for a backoff.
+                    await _sleep(stop, self.cfg.degraded_retry_s)
                     continue
                 except SinkUnavailableError as exc:
                     self._failed(exc)

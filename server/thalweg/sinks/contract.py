@@ -29,6 +29,12 @@ class Capabilities:
     # The feeder notices rows deleted behind it from an unrouted table still there, and
     # feeds them again (recovery/recheck.py); needs ``reads_back``.
     detects_deleted_rows: bool = False
+    # A live table's schema: an added column evolves it; a changed column stops the
+    # sink (degraded, the column and both types named) until the table is changed, and
+    # it resumes from its coverage (sinks/schema_change.py, docs/sinks.md).
+    evolves_schema: bool = False
+    # int → long and float → double evolve the table too (without: they stop it).
+    widens_types: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ it, an older one (a replay) changes nothing — in one commit with the coverage.
 **Types.** What delta-rs maps itself it maps (a 16-byte record id becomes ``binary``,
 millisecond timestamps microseconds); an unsigned 64-bit value past 2**63-1 has no Delta
 type and is refused (the record is set aside, ``on_refused``). Added columns evolve the
-table (``schema_mode = "merge"``); another change is a schema error (``degraded``).
+table (``schema_mode = "merge"``); a widened or otherwise changed column is a schema
+error naming it (``degraded``; ``sinks/schema_change.py``): delta-rs would cast the rows
+into the old type silently, and cannot widen a column.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from thalweg.records import unavailable
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.records.unavailable import UNAVAILABLE
-from thalweg.sinks import delta_log, delta_routes, routes
+from thalweg.sinks import delta_log, delta_routes, routes, schema_change
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -69,6 +71,8 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         reads_back=True,
         rebuilds_dropped=True,
         detects_deleted_rows=True,
+        evolves_schema=True,
+        widens_types=False,
     )
 
     def __init__(
@@ -241,6 +245,14 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         )
         if table is None and data is None:
             return merged  # nothing to make a table of: the spans had no rows
+        if table is not None and data is not None:
+            schema_change.refuse(  # delta-rs would cast the rows down silently
+                pa.schema(table.schema().to_arrow()),
+                data.schema,
+                f"delta table {uri}",
+                cannot_widen="delta-rs cannot widen a Delta column",
+                applied="only added columns are applied to a Delta table",
+            )
         if self._upsert and table is not None:
             self._merge(topic, table, data, props)
         else:

@@ -72,6 +72,8 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         reads_back=True,
         rebuilds_dropped=True,
         detects_deleted_rows=True,
+        evolves_schema=True,
+        widens_types=True,
     )
 
     def __init__(

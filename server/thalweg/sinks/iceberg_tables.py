@@ -19,6 +19,7 @@ from pyiceberg.table.upsert_util import create_match_filter
 
 from thalweg.records import unavailable
 from thalweg.records.unavailable import UNAVAILABLE
+from thalweg.sinks import schema_change
 from thalweg.sinks.base import SinkSchemaError
 from thalweg.sinks.fold import ROW, numbered, taken
 from thalweg.sinks.iceberg_types import parse_transform, same_types
@@ -67,9 +68,14 @@ def evolve(table: Table, schema: pa.Schema, ident: str) -> None:
         with table.update_schema() as update:
             update.union_by_name(schema)
     except (ValidationError, ValueError, TypeError) as exc:
+        found = schema_change.conflict(current, schema)
+        what = (
+            found.describe() if found is not None else f"the rows' schema cannot be applied ({exc})"
+        )
         raise SinkSchemaError(
-            f"iceberg table {ident}: the rows' schema cannot "
-            f"be applied ({exc}); only added columns and widened types are"
+            f"iceberg table {ident}: {what}; only added columns and widened types (int → "
+            'long, float → double) are applied: change the table (docs/sinks.md, "Schema '
+            'changes") and the sink resumes from its coverage'
         ) from exc
 
 

@@ -72,6 +72,8 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         reads_back=True,
         rebuilds_dropped=True,
         detects_deleted_rows=True,
+        evolves_schema=True,
+        widens_types=True,
     )
 
     def __init__(
@@ -422,7 +424,9 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
             else:
                 raise SinkSchemaError(
                     f"postgres table {target}: column {name!r} is {have[name]}, the rows "
-                    f"have {kind}; only added columns and widened types are applied"
+                    f"have {kind}; only added columns and widened types are applied: "
+                    'change the table (docs/sinks.md, "Schema changes") and the sink '
+                    "resumes from its coverage"
                 )
         return exact
 
