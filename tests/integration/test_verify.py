@@ -552,6 +552,49 @@ def test_a_bucket_lanes_leftovers_are_named_and_the_resolved_lane_checked(
     assert [p["rows"] for p in report["partitions"]] == [9]
 
 
+def test_a_bucket_lanes_lost_first_object_is_named_against_the_origin_the_bucket_keeps(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A bucket lane begun above the broker's log start (as at ``latest`` or a group
+    commit) whose first raw object is lost: the origin record went up with the first
+    object it published, so verify — from the bucket, on a host that never saw the
+    writer's cache — names the missing start (exit 1), and finds the sound lane clean."""
+    from thalweg.lane.remote.mirror import LaneMirror
+    from thalweg.lane.remote.origin_sync import origin_rel
+
+    cache = tmp_path / "cache"
+    write_segment(cache, "t", 0, range(50, 60), 50)  # the lane begins at 50, on purpose
+    write_segment(cache, "t", 0, range(60, 70), 60)
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    mirror = LaneMirror(LaneLayout(cache), store)
+    for seg in LaneLayout(cache).segments(Lane.RAW, "t", 0):
+        mirror.publish("t", 0, seg.path.name, 1, lambda: None)
+    assert json.loads(store.read(origin_rel("t", 0)) or b"{}") == {"position": 50}
+    remote = tmp_path / "remote.toml"
+    options = ", ".join(
+        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
+    )
+    remote.write_text(
+        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
+        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
+        'topics = ["t"]\n'
+    )
+
+    def run() -> tuple[int, list[tuple[str, str, str]]]:
+        shutil.rmtree(tmp_path / "elsewhere", ignore_errors=True)  # a host of its own
+        done = CliRunner().invoke(
+            cli, ["verify", "-c", str(remote), "--no-broker", "--output", "json"]
+        )
+        found = json.loads(done.output)["findings"]
+        return done.exit_code, [(f["code"], f["where"], f["level"]) for f in found]
+
+    assert run() == (0, [])
+    store.delete([f"raw/topic=t/partition=0/{object_name(segment_name(50, 59), 1)}"])
+    code, found = run()
+    assert code == 1 and ("start_missing", "t[0]", "error") in found, found
+
+
 def test_a_twin_rebuilt_after_its_raw_object_went_up_alone_is_put_beside_it(
     moto: MotoServer, tmp_path: Path
 ) -> None:

@@ -16,6 +16,8 @@ Layout in the bucket, beside the local one::
   newest generation's is the lane and the older one is not (``resolve``); names never
   collide across members, and within one generation the conditional PUT refuses a
   second writer.
+* **Origins.** The partition's origin record (``lane/origin.py``) is PUT once before
+  its first raw object and fetched with them (``lane/remote/origin_sync.py``).
 * **Restore** (a new owner, at assignment): the partition's local lane is made the
   bucket's — objects fetched, local files the bucket lacks (written but never PUT, so
   never committed) removed — before coverage decides where to resume.
@@ -23,6 +25,11 @@ Layout in the bucket, beside the local one::
   background, so any replica serves every partition's history from its cache. A local
   file the bucket lacks is removed only once it is old enough that no write of this
   process can still be on its way to the bucket.
+
+Its length: publish, restore, sync and the deletions of upkeep share one lock per
+partition and one order of objects (origin, dead letters, decoded, raw); apart, each
+module would restate the order it must keep with the others. The records beside the
+segments (origins, a sink's refused lane) are modules of their own.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from thalweg.errors import SegmentConflictError
 from thalweg.lane.durable import TMP_MARK
 from thalweg.lane.layout import Lane, LaneLayout
 from thalweg.lane.remote.objectstore import ObjectStore
+from thalweg.lane.remote.origin_sync import fetch_origin, publish_origin
 from thalweg.lane.remote.refused_sync import sync_refused
 from thalweg.lane.upkeep.retention import raise_floor
 
@@ -103,6 +111,7 @@ class LaneMirror:
         self._leaving: dict[str, float] = {}  # local file → when it was first out of the lane
         self._orphans: dict[str, float] = {}  # twin object → when first seen without raw
         self._guard = threading.Lock()
+        self._origins: set[tuple[str, int]] = set()  # origin records put by this process
 
     # -- names -----------------------------------------------------------------------
 
@@ -126,6 +135,10 @@ class LaneMirror:
             LaneError: the store did not take it (retriable: call again).
         """
         with self._lock(topic, partition):
+            if (topic, partition) not in self._origins:  # before its first raw object
+                fence()
+                publish_origin(self.store, self.layout, topic, partition)
+                self._origins.add((topic, partition))
             raw_rel = self._dir_rel(Lane.RAW, topic, partition) + object_name(name, generation)
             for lane in _ORDER:
                 path = self.layout.partition_dir(lane, topic, partition) / name
@@ -351,6 +364,8 @@ class LaneMirror:
             # Twins are fetched before their raw file: with every raw file here, so are
             # they, and the twin lanes need no listing (a steady sync is one LIST).
             behind = any(not (raw_dir / n).exists() for n in names)
+            if behind or not orphan_age_s:  # put before the raw objects it is behind on
+                fetch_origin(self.store, self.layout, topic, partition)
             fetched = removed = 0
             for lane in _ORDER:
                 if lane is Lane.RAW:
