@@ -159,3 +159,39 @@ def test_every_replica_fetches_the_sinks_dead_letter_lanes(
     assert SinkDeadLetters(replica, "db", MetadataColumns()).held("t", 0).tolist() == [3, 7]
     catalog = LaneCatalog(replica, MetadataColumns(), LiveTail())
     assert catalog.dead_letter_sinks() == ["db"]
+
+
+def test_twg_recover_on_a_bucket_lane_fetches_it_and_keeps_the_refused_records_there(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """``twg recover`` on a host that never saw the lane: it fetches the bucket's lane
+    into its cache, feeds the sink, and puts what the destination refused into the
+    bucket; a second host's ``twg recover`` fetches them back and sets nothing aside
+    again."""
+    warehouse = tmp_path / "iceberg"
+    warehouse.mkdir()
+    writer = tmp_path / "writer"
+    values = pa.array([2**64 - 1 if p in BAD else p for p in range(20)], pa.uint64())
+    write_segment(writer, "t", 0, range(20), 0, payload={"v": values})
+    url = f"s3://{bucket(moto)}/lanes"
+    store = open_store(moto, url)
+    for f in sorted(writer.glob("*/topic=t/partition=0/*.parquet")):
+        store.put_new(str(f.relative_to(writer).with_name(object_name(f.name, 1))), f)
+
+    def recover(host: str) -> dict[str, object]:
+        toml = _config(
+            tmp_path / f"{host}.toml", url, store_cfg(moto, url, tmp_path / host), warehouse
+        )
+        args = ["--output", "json", "recover", "-c", str(toml), "--sink", "ice"]
+        done = CliRunner().invoke(cli, args, obj={})
+        assert done.exit_code == 0, done.output
+        return dict(json.loads(done.output))
+
+    first = recover("one")
+    assert (first["rows"], first["lag_after"]) == (20, 0), first
+    keys = sorted(k for k in store.listing("refused/") if k.endswith(".parquet"))
+    assert keys and all(k.startswith("refused/ice/dlq/topic=t/partition=0/") for k in keys)
+    second = recover("two")
+    assert (second["rows"], second["positions"]) == (0, 0), second
+    held = SinkDeadLetters(LaneLayout(tmp_path / "two"), "ice", MetadataColumns())
+    assert held.held("t", 0).tolist() == BAD

@@ -26,8 +26,10 @@ import click
 from thalweg.cli.output import EXIT_CONFIG, EXIT_FAILURE, emit, fail, output_option
 from thalweg.config import load_config
 from thalweg.config.models import ThalwegConfig
-from thalweg.errors import ConfigError, ThalwegError
+from thalweg.errors import ConfigError, LaneError, ThalwegError
 from thalweg.lane.layout import LaneLayout
+from thalweg.lane.remote.mirror import LaneMirror
+from thalweg.lane.remote.objectstore import ObjectStore
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
 from thalweg.recovery.feeder import PassSummary
@@ -91,7 +93,8 @@ def recover(
             raise ConfigError(f"sink {sink_name!r} does not receive topic {topic!r}")
         layout = LaneLayout(cfg.gateway.data_dir)
         columns = MetadataColumns(cfg.gateway.metadata_prefix)
-        [feeder] = build_feeders(cfg, layout, columns, only=sink_name)
+        mirror = _bucket(cfg, layout, [topic] if topic else list(getattr(sink_cfg, "topics", [])))
+        [feeder] = build_feeders(cfg, layout, columns, only=sink_name, mirror=mirror)
     except ThalwegError as exc:  # the configuration, or an unreadable coverage store
         fail(ctx, str(exc), EXIT_CONFIG)
 
@@ -137,6 +140,28 @@ def recover(
     emit(ctx, text, data)
     if not ok:
         ctx.exit(EXIT_FAILURE)
+
+
+def _bucket(cfg: ThalwegConfig, layout: LaneLayout, topics: list[str]) -> LaneMirror | None:
+    """With the lanes in a bucket: the partitions of ``topics`` fetched into the cache
+    first (this host may never have seen them), and the mirror the feeder keeps the
+    sink's dead-letter lane in (None: local lanes).
+
+    Raises:
+        ConfigError: the bucket does not answer.
+    """
+    if not cfg.gateway.lanes_in_object_store:
+        return None
+    mirror = LaneMirror(layout, ObjectStore(cfg.gateway.object_store))
+    try:
+        mirror.sync_floors()
+        for t, partitions in sorted(mirror.partitions().items()):
+            if t in topics:
+                for p in sorted(partitions):
+                    mirror.sync(t, p)
+    except LaneError as exc:
+        raise ConfigError(f"gateway.data_dir: the object store does not answer: {exc}") from exc
+    return mirror
 
 
 #: What ``twg verify`` calls rows a destination's coverage claims and it lacks.
