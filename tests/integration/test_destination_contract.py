@@ -763,6 +763,26 @@ def test_an_upsert_sink_holds_the_fold_of_the_topic(env: Env, kind: str) -> None
     assert (feeder_pass(cfg, "s").positions, feeder_pass(cfg, "s").positions) == (1, 0)
     assert sorted(ADAPTERS[kind].rows(env, cfg, "s", "_twg_")) == sorted(newest)
     verified(cfg)
+    # And by the running feeder, after a flush (recovery.recheck_every_flushes): the
+    # deleted live key's newest record fed again, while new events of other keys land.
+    running = configure(
+        env,
+        kind,
+        mode="upsert",
+        key=["id"],
+        commit_interval_s=0.05,
+        recovery={"recheck_every_flushes": 1, "poll_interval_s": 0.05},
+    )
+    with running_feeder(running) as feeder:
+        delete(env, running, "s", 0, 96)
+        more = {"id": pa.array([50 + o for o in range(100, 105)], pa.int64())}
+        more["v"] = pa.array([f"v{o}" for o in range(100, 105)])
+        write_segment(env.data, TOPIC, 0, range(100, 105), 100, payload=more)
+        want = sorted([*newest, *((0, o) for o in range(100, 105))])
+        rows = ADAPTERS[kind].rows
+        wait_until(lambda: sorted(rows(env, running, "s", "_twg_")) == want, 30, "96 fed again")
+        assert feeder.lost_records == 1
+    verified(running)
 
 
 ROUTE = {"postgres": "table", "iceberg": "table", "arrow_ipc": "path", "flight": "path"}
