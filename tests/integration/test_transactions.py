@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 import thalweg_client
 from tests.conftest import NoidaBroker, RunningGateway
 from thalweg.lane import LaneLayout, scan_coverage
+from thalweg.verify import verify
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +95,20 @@ def test_aborted_and_control_records_never_reach_the_lane(
     assert values == committed + more
     assert len(set(offsets)) == len(offsets)
     assert scan_coverage(LaneLayout(data), topic, 0).ranges == [(0, 6 * 14 + 3)]
+    # twg verify --deep reads the broker back as the gateway did (read_committed): the
+    # markers and the aborted records between the lane's rows are no mismatch and no
+    # missing record; every committed record is compared, field by field.
+    report = verify(gw.gateway.cfg, deep=True)
+    assert report.ok and not report.unchecked, report.as_text()
+    assert report.deep[f"{topic}[0]"] == {
+        "from": 0,
+        "to": 6 * 14 + 3,
+        "compared": len(committed + more),
+        "differ": 0,
+        "missing": 0,
+        "not_retained": 0,
+        "complete": True,
+    }, report.deep
 
 
 def test_log_append_time_is_the_brokers(
