@@ -31,6 +31,7 @@ from thalweg.errors import ConfigError
 from thalweg.lane import LaneLayout
 from thalweg.records.columns import MetadataColumns
 from thalweg.recovery.build import build_feeders
+from thalweg.verify import verify
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +175,17 @@ def test_a_node_chain_feeds_its_sink_exactly_once_with_locators(
     )
     with pytest.raises(ConfigError, match=r"pipeline\.nodes\.lines: the query does not plan"):
         build_feeders(cfg_bad, LaneLayout(data), MetadataColumns("_twg_"))
+
+    # twg verify on the node-fed sink: its coverage checked (derived rows have no
+    # one-to-one count), clean — then a file of it lost: its own record (the file names)
+    # no longer claims what the coverage store does, an error naming the sink.
+    report = verify(cfg, broker=False)
+    assert report.ok, report.as_text()
+    assert report.sinks["files"]["derived"] is True
+    sorted((data / "sinks" / "files").rglob("*.arrow"))[0].unlink()
+    planted = verify(cfg, broker=False)
+    errors = {(f.code, f.where) for f in planted.findings if f.level == "error"}
+    assert ("store_ahead", f"sink files: {topic}[0]") in errors, planted.as_text()
 
 
 STRICT = """
