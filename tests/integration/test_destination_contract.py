@@ -140,6 +140,8 @@ class Adapter:
     # ... and, where the destination cannot widen a column, the table rewritten with the
     # wider types (docs/sinks.md, "Schema changes").
     rewrite: Callable[[Env, ThalwegConfig, str, dict[str, pa.DataType]], None] | None = None
+    # The key a routing template goes in: a table's name, or a path.
+    route: str = "table"
     # Records per partition of the kill -9 case: fewer where each commit is a round trip
     # to a catalog and a bucket (the case is about the moments, not the volume).
     kill_records: int = 20_000
@@ -396,6 +398,7 @@ ADAPTERS: dict[str, Adapter] = {
         rows=_held_rows,
         drop=_ipc_drop,
         delete=_ipc_delete,
+        route="path",
     ),
     "delta": Adapter(
         kind="delta",
@@ -427,6 +430,7 @@ ADAPTERS: dict[str, Adapter] = {
             **extra,
         },
         rows=_flight_rows,
+        route="path",
     ),
 }
 
@@ -785,10 +789,6 @@ def test_an_upsert_sink_holds_the_fold_of_the_topic(env: Env, kind: str) -> None
     verified(running)
 
 
-ROUTE = {"postgres": "table", "iceberg": "table", "arrow_ipc": "path", "flight": "path"}
-ROUTE |= {"delta": "table"}
-
-
 @pytest.mark.parametrize("kind", DESTINATIONS)
 def test_a_routed_sink_holds_each_record_once_across_its_tables(env: Env, kind: str) -> None:
     requires(kind, "routing")
@@ -803,8 +803,8 @@ def test_a_routed_sink_holds_each_record_once_across_its_tables(env: Env, kind: 
     template = {
         "table": "{topic}_{shard}",
         "path": str(env.tmp / "routed" / "{shard}") if kind == "arrow_ipc" else "got/{shard}",
-    }[ROUTE[ADAPTERS[kind].kind]]
-    cfg = configure(env, kind, **{ROUTE[ADAPTERS[kind].kind]: template})
+    }[ADAPTERS[kind].route]
+    cfg = configure(env, kind, **{ADAPTERS[kind].route: template})
     feeder_pass(cfg, "s")
     if kind == "flight":
         assert sorted(env.receiver.tables) == [f"got/{s}" for s in shards]
