@@ -140,6 +140,8 @@ class Adapter:
     # ... and, where the destination cannot widen a column, the table rewritten with the
     # wider types (docs/sinks.md, "Schema changes").
     rewrite: Callable[[Env, ThalwegConfig, str, dict[str, pa.DataType]], None] | None = None
+    # What the table says about itself: {"description", "columns", "properties", "tags"}.
+    described: Callable[[Env, ThalwegConfig, str], dict[str, Any]] | None = None
     # The key a routing template goes in: a table's name, or a path.
     route: str = "table"
     # Records per partition of the kill -9 case: fewer where each commit is a round trip
@@ -345,6 +347,46 @@ def _delta_rename(env: Env, cfg: ThalwegConfig, name: str, old: str, new: str) -
     _delta_rewrite(env, cfg, name, renamed={old: new})
 
 
+def _pg_described(env: Env, cfg: ThalwegConfig, name: str) -> dict[str, Any]:
+    rows = env.postgres.query(
+        "SELECT a.attname, col_description(a.attrelid, a.attnum), obj_description(a.attrelid, "
+        f"'pg_class') FROM pg_attribute a WHERE a.attrelid = '\"{env.schema}\".\"{TOPIC}\"'"
+        "::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+    )
+    comment = (rows[0][2] or "").splitlines() if rows else []
+    props = dict(line.split("=", 1) for line in comment[1:])
+    columns = {r[0]: r[1] for r in rows if r[1]}
+    return {"description": comment[0] if comment else None, "columns": columns, "properties": props}
+
+
+def _ice_described(env: Env, cfg: ThalwegConfig, name: str) -> dict[str, Any]:
+    sink = _ice_sink(cfg, name)
+    table = sink.table(TOPIC)
+    out: dict[str, Any] = {
+        "description": table.properties.get("comment"),
+        "columns": {f.name: f.doc for f in table.schema().fields if f.doc},
+        "properties": dict(table.properties),
+    }
+    if sink.cfg.catalog.type == "glue":  # and as the Glue table's resource tags
+        glue = sink._connect().glue
+        found = glue.get_table(DatabaseName=sink.cfg.namespace, Name=TOPIC)["Table"]
+        arn = f"arn:aws:glue:{REGION}:{found['CatalogId']}:table/{sink.cfg.namespace}/{TOPIC}"
+        out["tags"] = glue.get_tags(ResourceArn=arn)["Tags"]
+    return out
+
+
+def _delta_described(env: Env, cfg: ThalwegConfig, name: str) -> dict[str, Any]:
+    table = _delta_table(cfg, name)
+    meta = table.metadata()
+    return {
+        "description": meta.description,
+        "columns": {
+            f.name: f.metadata["comment"] for f in table.schema().fields if "comment" in f.metadata
+        },
+        "properties": dict(meta.configuration),
+    }
+
+
 def _nul_text(positions: list[int], bad: set[int]) -> pa.Array:
     return pa.array([f"a\u0000b{p}" if p in bad else f"ok{p}" for p in positions])
 
@@ -362,6 +404,7 @@ ADAPTERS: dict[str, Adapter] = {
         drop=_pg_drop,
         delete=_pg_delete,
         rename=_pg_rename,
+        described=_pg_described,
     ),
     "iceberg": Adapter(
         kind="iceberg",
@@ -371,6 +414,7 @@ ADAPTERS: dict[str, Adapter] = {
         drop=_ice_drop,
         delete=_ice_delete,
         rename=_ice_rename,
+        described=_ice_described,
     ),
     "iceberg_glue": Adapter(
         kind="iceberg",
@@ -381,6 +425,7 @@ ADAPTERS: dict[str, Adapter] = {
         delete=_ice_delete,
         kill_records=6_000,
         rename=_ice_rename,
+        described=_ice_described,
     ),
     "iceberg_rest": Adapter(
         kind="iceberg",
@@ -391,6 +436,7 @@ ADAPTERS: dict[str, Adapter] = {
         delete=_ice_delete,
         kill_records=6_000,
         rename=_ice_rename,
+        described=_ice_described,
     ),
     "arrow_ipc": Adapter(
         kind="arrow_ipc",
@@ -409,6 +455,7 @@ ADAPTERS: dict[str, Adapter] = {
         delete=_delta_delete,
         rename=_delta_rename,
         rewrite=_delta_rewrite,
+        described=_delta_described,
     ),
     "delta_s3": Adapter(
         kind="delta",
@@ -420,6 +467,7 @@ ADAPTERS: dict[str, Adapter] = {
         kill_records=6_000,
         rename=_delta_rename,
         rewrite=_delta_rewrite,
+        described=_delta_described,
     ),
     "flight": Adapter(
         kind="flight",
@@ -511,14 +559,22 @@ def configure(
     kind: str,
     prefix: str = "_twg_",
     recovery: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
     **extra: Any,
 ) -> ThalwegConfig:
-    """A configuration with one sink ``s`` of ``kind`` on TOPIC, and its TOML file."""
+    """A configuration with one sink ``s`` of ``kind`` on TOPIC (its source given
+    ``source`` too), and its TOML file."""
     table = {"name": "s", "topics": [TOPIC], **ADAPTERS[kind].table(env, "s", extra)}
     body = {
         "gateway": {"data_dir": str(env.data), "metadata_prefix": prefix},
         "sources": [
-            {"name": "k", "kind": "kafka", "bootstrap_servers": "127.0.0.1:9", "topics": [TOPIC]}
+            {
+                "name": "k",
+                "kind": "kafka",
+                "bootstrap_servers": "127.0.0.1:9",
+                "topics": [TOPIC],
+                **(source or {}),
+            }
         ],
         "sinks": [table],
         **({"recovery": recovery} if recovery else {}),
@@ -923,4 +979,71 @@ def test_a_live_tables_schema_changes_evolve_it_or_stop_the_sink_naming_the_colu
     late = final.filter(pc.greater_equal(pc.field(cols.position), 80))
     assert sorted(late.column("s").to_pylist()) == sorted(list(range(80, 100)) * PARTITIONS)
     assert final.filter(pc.less(pc.field(cols.position), 80)).column("s_text").null_count == 0
+    verified(cfg)
+
+
+def _contract(path: Path, city: str) -> Path:
+    path.write_text(
+        f"""
+apiVersion: v3.0.2
+kind: DataContract
+id: orders-contract
+version: 1.2.0
+tags: [pii, "domain=sales"]
+schema:
+  - name: {TOPIC}
+    description: Orders placed on the shop
+    customProperties:
+      - {{property: owner, value: team-orders}}
+    properties:
+      - {{name: n, logicalType: integer, description: The order number}}
+      - {{name: city, logicalType: string, description: {city}}}
+      - {{name: zip, logicalType: string, description: The postal code}}
+"""
+    )
+    return path
+
+
+@pytest.mark.parametrize("kind", DESTINATIONS)
+def test_a_tables_description_comments_properties_and_tags_come_from_the_contract(
+    env: Env, kind: str
+) -> None:
+    requires(kind, "describes_tables")
+    described = ADAPTERS[kind].described
+    assert described is not None, f"{kind} describes its tables: the suite needs a reader"
+
+    def segment(first: int, end: int, *, zip_code: bool = False) -> None:
+        for p in range(PARTITIONS):
+            positions = list(range(first, end))
+            payload = {
+                "n": pa.array(positions, pa.int64()),
+                "city": pa.array(["Oslo"] * len(positions)),
+            }
+            if zip_code:
+                payload["zip"] = pa.array(["0150"] * len(positions))
+            write_segment(env.data, TOPIC, p, positions, first, payload=payload)
+
+    contract = _contract(env.tmp / "orders.yaml", "Where it ships")
+    cfg = configure(env, kind, source={"format": "json", "contract": str(contract)})
+    segment(0, 50)
+    feeder_pass(cfg, "s")
+    found = described(env, cfg, "s")
+    assert found["description"] == "Orders placed on the shop", found
+    assert found["columns"].get("n") == "The order number", found
+    assert found["columns"].get("city") == "Where it ships", found
+    assert "zip" not in found["columns"]  # no such column yet
+    props = found["properties"]
+    assert props.get("owner") == "team-orders", props
+    assert (props.get("thalweg.tag.pii"), props.get("thalweg.tag.domain")) == ("", "sales")
+    assert props.get("thalweg.contract.version") == "1.2.0", props
+    if "tags" in found:  # Glue: the resource tags too
+        assert found["tags"] == {"pii": "", "domain": "sales"}, found["tags"]
+    # The contract edited and a column added: synced again on the table's evolution.
+    _contract(contract, "The city it ships to")
+    segment(50, 100, zip_code=True)
+    feeder_pass(cfg, "s")
+    found = described(env, cfg, "s")
+    assert found["columns"].get("zip") == "The postal code", found
+    assert found["columns"].get("city") == "The city it ships to", found
+    assert sorted(ADAPTERS[kind].rows(env, cfg, "s", "_twg_")) == every_record()
     verified(cfg)

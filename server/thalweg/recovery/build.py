@@ -31,6 +31,7 @@ from thalweg.recovery.coverage import CoverageStore
 from thalweg.recovery.dead_letters import NodeDeadLetters
 from thalweg.recovery.feeder import SinkFeeder
 from thalweg.recovery.reading import Transform
+from thalweg.recovery.table_docs import topic_docs
 from thalweg.sidecars import SidecarClient, SidecarUnavailableError
 from thalweg.sinks.base import Sink, SinkSchemaError, SinkStoppedError, SinkUnavailableError
 from thalweg.sinks.loader import load_sink_class
@@ -66,6 +67,7 @@ def build_feeders(
             above = dag.materialised_above(leaf, include_self=True) if leaf else None
             transform = node_transform(cfg, s.name, layout, columns, observer, metrics, above)
             sink = load_sink_class(s.kind)(s, cfg.gateway.data_dir, columns)
+            sink.docs = topic_docs(cfg, s)  # what its tables say (the topics' contracts)
             sinks.append((s, sink, transform, above))
     for node in dag.nodes:
         if not dag.materialised(node.name):

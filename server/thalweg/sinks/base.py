@@ -40,6 +40,8 @@ from thalweg.errors import ThalwegError
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.sinks.contract import Capabilities, Held
+from thalweg.sinks.table_docs import NONE as NO_DOCS
+from thalweg.sinks.table_docs import TableDocs
 
 # (topic, partition, epoch): an epoch's positions are names in one broker log only.
 CoverageKey = tuple[str, int, int]
@@ -213,6 +215,13 @@ class Sink(ABC, Generic[C]):
         # A table, path or directory per value of a row's field ("{tenant}_orders"); a
         # routed destination's replay skips what its own record covers (sinks/routes.py).
         self.routed = False
+        # Per topic, what its table says about itself (sinks/table_docs.py): set by whoever
+        # builds the sink from the topics' contracts; a kind that keeps no table ignores it.
+        self.docs: Mapping[str, TableDocs] = {}
+
+    def table_docs(self, topic: str) -> TableDocs:
+        """What ``topic``'s table should say about itself (nothing, by default)."""
+        return self.docs.get(topic, NO_DOCS)
 
     async def open(self) -> Landed | None:
         """Connect; the coverage the destination records itself, or None if it keeps

@@ -35,6 +35,9 @@ class Capabilities:
     evolves_schema: bool = False
     # int → long and float → double evolve the table too (without: they stop it).
     widens_types: bool = False
+    # Its tables say what the topic's contract says of them: a description, column
+    # comments, properties and tags (sinks/table_docs.py, ADR 0042).
+    describes_tables: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from thalweg.records import unavailable
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges
 from thalweg.records.unavailable import UNAVAILABLE
-from thalweg.sinks import delta_log, delta_routes, routes, schema_change
+from thalweg.sinks import delta_docs, delta_log, delta_routes, routes, schema_change
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -73,6 +73,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         detects_deleted_rows=True,
         evolves_schema=True,
         widens_types=False,
+        describes_tables=True,
     )
 
     def __init__(
@@ -86,6 +87,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
         self._commits: dict[str, int] = {}  # per table URI, since its last compaction
         self.routed = routes.routed(cfg.table)  # a table per row value (delta_routes)
         self._tables: set[str] = set()  # a routed sink's tables
+        self._described: set[str] = set()  # table URIs whose docs this process synced
 
     # -- where ------------------------------------------------------------------------
 
@@ -253,6 +255,7 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 cannot_widen="delta-rs cannot widen a Delta column",
                 applied="only added columns are applied to a Delta table",
             )
+        before = set() if table is None else {f.name for f in table.schema().fields}
         if self._upsert and table is not None:
             self._merge(topic, table, data, props)
         else:
@@ -267,6 +270,10 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 storage_options=None if table is not None else self.storage_options(),
                 commit_properties=props,
             )
+        fresh = data is not None and (uri not in self._described or set(data.schema.names) - before)
+        if fresh and (docs := self.table_docs(topic)) and data is not None:  # made, grown, new
+            delta_docs.describe(delta_routes.load(uri, self.storage_options()), docs, data.schema)
+            self._described.add(uri)
         self._commits[uri] = self._commits.get(uri, 0) + 1
         every = self.cfg.compact_every_commits
         if every and self._commits[uri] >= every:

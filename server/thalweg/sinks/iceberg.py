@@ -43,7 +43,7 @@ from pyiceberg.table.upsert_util import create_match_filter
 from thalweg.config.sinks import IcebergSinkConfig
 from thalweg.records.columns import MetadataColumns
 from thalweg.records.ranges import merge_ranges, subtract_ranges
-from thalweg.sinks import iceberg_routes, routes
+from thalweg.sinks import glue_tags, iceberg_routes, routes
 from thalweg.sinks.base import (
     BufferedSink,
     Landed,
@@ -74,6 +74,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         detects_deleted_rows=True,
         evolves_schema=True,
         widens_types=True,
+        describes_tables=True,
     )
 
     def __init__(
@@ -249,13 +250,13 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         if table is None:
             if data is None:
                 return  # nothing to create a table from; the spans had no rows
-            table = self._create(ident, data.schema)
+            table = self._create(ident, data.schema, topic)
         if self._upsert:
             self._fold(topic, ident, table, data, covered)
             return
         known = self._known.get(ident, {})
         data = self._not_landed(table, known, topic, data, covered)
-        files = self._files(table, data, ident)
+        files = self._files(table, data, ident, topic)
         for attempt in range(_COMMIT_TRIES):
             # The coverage is recomputed from the table on every try: a concurrent
             # writer's commit must not be overwritten by a stale summary.
@@ -297,7 +298,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                     # Part of the flush landed meanwhile, or the files were laid out for
                     # another spec or schema: write again (the old files are orphans).
                     data = fresh
-                    files = self._files(table, data, ident)
+                    files = self._files(table, data, ident, topic)
 
     def _not_landed(
         self, table: Table, known: Ranges, topic: str, data: pa.Table | None, covered: Ranges
@@ -325,11 +326,18 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
         )
         return rest if rest.num_rows else None
 
-    def _files(self, table: Table, data: pa.Table | None, ident: str) -> list[DataFile]:
+    def _files(self, table: Table, data: pa.Table | None, ident: str, topic: str) -> list[DataFile]:
         if data is None:
             return []
-        evolve(table, data.schema, ident)
+        self._evolve(table, data.schema, ident, topic)
         return write_files(table, data)
+
+    def _evolve(self, table: Table, schema: pa.Schema, ident: str, topic: str) -> None:
+        """``evolve``, with the topic's docs; on Glue the tags as the table's resource
+        tags too, whenever its properties were written."""
+        docs = self.table_docs(topic)
+        if evolve(table, schema, ident, docs) and docs.tags and self.cfg.catalog.type == "glue":
+            glue_tags.tag(self._connect(), ident, dict(docs.tags))
 
     def _fold(
         self, topic: str, ident: str, table: Table, data: pa.Table | None, covered: Ranges
@@ -345,7 +353,7 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
             )
         )
         if newest is not None:
-            evolve(table, newest.schema, ident)
+            self._evolve(table, newest.schema, ident, topic)
         for attempt in range(_COMMIT_TRIES):
             merged = table_coverage(table, self.name)
             for key, rs in covered.items():
@@ -373,10 +381,13 @@ class IcebergSink(BufferedSink[IcebergSinkConfig]):
                     raise
                 table = self._connect().load_table(ident)
 
-    def _create(self, ident: str, schema: pa.Schema) -> Table:
-        table, made = create_table(self._connect(), ident, schema, self.cfg.partition_by)
+    def _create(self, ident: str, schema: pa.Schema, topic: str) -> Table:
+        docs = self.table_docs(topic)
+        table, made = create_table(self._connect(), ident, schema, self.cfg.partition_by, docs)
         if made:
             log.info("iceberg sink %s created %s", self.name, ident)
+            if docs.tags and self.cfg.catalog.type == "glue":
+                glue_tags.tag(self._connect(), ident, dict(docs.tags))
             self._known[ident] = {}
         else:  # another writer created it first (a replica, this sink's twin)
             log.info("iceberg sink %s: %s was created by another writer", self.name, ident)

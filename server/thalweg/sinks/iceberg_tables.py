@@ -23,10 +23,16 @@ from thalweg.sinks import schema_change
 from thalweg.sinks.base import SinkSchemaError
 from thalweg.sinks.fold import ROW, numbered, taken
 from thalweg.sinks.iceberg_types import parse_transform, same_types
+from thalweg.sinks.table_docs import NONE as NO_DOCS
+from thalweg.sinks.table_docs import TableDocs
 
 
 def create_table(
-    catalog: Catalog, ident: str, schema: pa.Schema, partition_by: list[str]
+    catalog: Catalog,
+    ident: str,
+    schema: pa.Schema,
+    partition_by: list[str],
+    docs: TableDocs = NO_DOCS,
 ) -> tuple[Table, bool]:
     """The table and its partition spec in one commit — a spec that cannot be made
     leaves no unpartitioned table behind to be appended to — and whether this call made
@@ -35,7 +41,9 @@ def create_table(
     Raises:
         SinkSchemaError: ``partition_by`` does not fit the rows.
     """
-    tx = catalog.create_table_transaction(ident, schema=schema)
+    tx = catalog.create_table_transaction(
+        ident, schema=docs.with_docs(schema), properties=_properties(docs)
+    )
     try:
         if partition_by:
             spec = tx.update_spec()
@@ -55,15 +63,46 @@ def create_table(
     return catalog.load_table(ident), True
 
 
-def evolve(table: Table, schema: pa.Schema, ident: str) -> None:
-    """Add new columns and widen types; refuse any other change.
+def evolve(table: Table, schema: pa.Schema, ident: str, docs: TableDocs = NO_DOCS) -> bool:
+    """Add new columns and widen types, refuse any other change; then sync the table's
+    docs (``describe``): True when its properties were written.
 
     Raises:
         SinkSchemaError: the change is neither.
     """
     current = table.schema().as_arrow()
-    if all(f.name in current.names for f in schema) and same_types(current, schema):
-        return
+    if not all(f.name in current.names for f in schema) or not same_types(current, schema):
+        _apply(table, docs.with_docs(schema), ident, current)
+    return describe(table, docs, schema)
+
+
+def describe(table: Table, docs: TableDocs, schema: pa.Schema) -> bool:
+    """Give the table's columns of ``schema`` their comments and the table its
+    properties where they differ (ADR 0042; nothing written when all agree): True when
+    its properties were written."""
+    if not docs:
+        return False
+    fields = {f.name: f for f in table.schema().fields}
+    stale = {c: d for c, d in docs.comments(schema).items() if c in fields and fields[c].doc != d}
+    if stale:
+        with table.update_schema() as update:
+            for column, doc in stale.items():
+                update.update_column(column, doc=doc)
+    changed = {k: v for k, v in _properties(docs).items() if table.properties.get(k) != v}
+    if changed:
+        with table.transaction() as tx:
+            tx.set_properties(changed)
+    return bool(changed)
+
+
+def _properties(docs: TableDocs) -> dict[str, str]:
+    """The table properties of ``docs``: the description as ``comment`` (what Spark,
+    Trino and Glue show), the contract's properties and tags."""
+    comment = {"comment": docs.description} if docs.description else {}
+    return {**comment, **docs.table_properties()}
+
+
+def _apply(table: Table, schema: pa.Schema, ident: str, current: pa.Schema) -> None:
     try:
         with table.update_schema() as update:
             update.union_by_name(schema)

@@ -74,6 +74,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         detects_deleted_rows=True,
         evolves_schema=True,
         widens_types=True,
+        describes_tables=True,
     )
 
     def __init__(
@@ -309,7 +310,32 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
             )
         cur.execute(f"CREATE TABLE IF NOT EXISTS {target} (LIKE pg_temp.{quote_ident(stage)})")
         self._ensure_key(cur, target, key)
-        return target, stage, self._evolve(cur, name, stage)
+        exact = self._evolve(cur, name, stage)
+        self._describe(cur, target, topic, data.schema)
+        return target, stage, exact
+
+    def _describe(self, cur: Any, target: str, topic: str, schema: pa.Schema) -> None:
+        """``COMMENT ON`` the table and its columns of ``schema`` where the topic's docs
+        differ from what they say (ADR 0042): the description, then the properties and
+        tags as ``key=value`` lines (PostgreSQL keeps no table properties)."""
+        docs = self.table_docs(topic)
+        if not docs:
+            return
+        cur.execute(
+            "SELECT a.attname, col_description(a.attrelid, a.attnum), "
+            "obj_description(a.attrelid, 'pg_class') FROM pg_attribute a "
+            "WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+            parameters=(target,),
+        )
+        rows = cur.fetchall()
+        have = {str(r[0]): r[1] for r in rows}
+        lines = [docs.description or "", *(f"{k}={v}" for k, v in docs.table_properties().items())]
+        comment = "\n".join(lines).strip()
+        if comment and (rows[0][2] if rows else None) != comment:
+            cur.execute(f"COMMENT ON TABLE {target} IS {_literal(comment)}")
+        for column, text in docs.comments(schema).items():
+            if column in have and have[column] != text:
+                cur.execute(f"COMMENT ON COLUMN {target}.{quote_ident(column)} IS {_literal(text)}")
 
     def _load(self, cur: Any, name: str, topic: str, data: pa.Table) -> None:
         derived = self._derived_index

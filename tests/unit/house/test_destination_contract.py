@@ -66,6 +66,7 @@ def test_nothing_outside_the_destinations_imports_one_of_their_modules() -> None
         "thalweg.sinks.fold",
         "thalweg.sinks.routes",
         "thalweg.sinks.node_lane",
+        "thalweg.sinks.table_docs",  # what every table says, built from the contracts
     }
     found = []
     for f in _outside():

@@ -233,6 +233,7 @@ EDGES: dict[str, dict[str, str]] = {
         "errors": ERR, "lane": "reads the lanes it feeds from", "ops": "sink metrics and health",
         "pipeline": "node-fed sinks", "records": "coverage ranges and metadata columns",
         "sidecars": "sinks fed through a sidecar", "sinks": "the destinations it feeds",
+        "contracts": "a table's docs come from its topic's contract",
     },
     "verify": {
         "config": "the configuration it checks", "errors": ERR,
