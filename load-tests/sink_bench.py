@@ -142,6 +142,76 @@ def bare_delta(home: Path, batches: list[pa.Table]) -> float:
     return time.perf_counter() - t0
 
 
+def read_lane(root: Path) -> list[pa.Table]:
+    """The lane's decoded twins with the raw segments' metadata columns, read as a
+    sink must (the bare loads below otherwise start from rows in memory)."""
+    out = []
+    dec = sorted(LaneLayout(root).partition_dir(Lane.DECODED, TOPIC, 0).glob("*.parquet"))
+    for twin in dec:
+        raw = twin.parents[3] / "raw" / twin.parent.parent.name / twin.parent.name / twin.name
+        rows = pq.read_table(twin)
+        meta = pq.read_table(
+            raw, columns=["_twg_source_timestamp", "_twg_source_key", "_twg_ingest_ts"]
+        )
+        for name in meta.column_names:
+            rows = rows.append_column(name, meta.column(name))
+        out.append(rows)
+    return out
+
+
+def bare_delta_read(home: Path, lane: Path, rows: int) -> float:
+    """The lane read (``read_lane``), then ``write_deltalake`` appends of it: the bare
+    form of everything the sink does, so the sink's own cost shows beside the read's."""
+    from deltalake import write_deltalake
+
+    t0 = time.perf_counter()
+    for b in chunks(read_lane(lane), rows):
+        write_deltalake(str(home), b, mode="append")
+    return time.perf_counter() - t0
+
+
+def newest_per_customer(batch: pa.Table) -> pa.Table:
+    """The batch folded to one row per ``customer``: its highest position (what an upsert
+    writes; a MERGE needs one source row per key)."""
+    last = batch.group_by("customer").aggregate([("_twg_position", "max")])
+    last = last.rename_columns(["customer", "_twg_position"])
+    return batch.join(last, ["customer", "_twg_position"], join_type="inner")
+
+
+def bare_delta_upsert(home: Path, batches: list[pa.Table], lane: Path | None = None) -> float:
+    """Each batch folded per ``customer`` and MERGEd (newer position replaces), a commit
+    each: the bare form of the sink's upsert (with ``lane``: the batches read from it
+    first, as the sink reads them)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    t0 = time.perf_counter()
+    if lane is not None:
+        batches = chunks(read_lane(lane), batches[0].num_rows)
+    write_deltalake(str(home), newest_per_customer(batches[0]), mode="append")
+    for b in batches[1:]:
+        (
+            DeltaTable(str(home))
+            .merge(
+                newest_per_customer(b),
+                predicate="t.customer = s.customer",
+                source_alias="s",
+                target_alias="t",
+            )
+            .when_matched_update_all(predicate="s._twg_position > t._twg_position")
+            .when_not_matched_insert_all()
+            .execute()
+        )
+    return time.perf_counter() - t0
+
+
+def delta_files(home: Path) -> tuple[int, int]:
+    """(data files the table's current version reads, commits) of a Delta table."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(home))
+    return len(table.file_uris()), table.version() + 1
+
+
 def bare_postgres(dsn: str, batches: list[pa.Table], *, primary_key: bool) -> float:
     """ADBC ingest, a transaction per batch; with ``primary_key`` into a table keyed by
     the record id like the sink's (the index is most of a keyed load's cost)."""
@@ -213,7 +283,9 @@ def main() -> None:
     )
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--commit-rows", type=int, default=250_000)
+    ap.add_argument("--only", default="iceberg,delta,postgres", help="comma-separated destinations")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     n = args.records
     with tempfile.TemporaryDirectory(prefix="sink-bench-") as tmp:
         root = Path(tmp)
@@ -221,19 +293,35 @@ def main() -> None:
         batches = chunks(tables, args.commit_rows)
         pg = PostgresServer(root / "pg").init().start()
         try:
-            results = {}
-            a = bare_iceberg(root / "bare-ice", batches)
-            b, rows, c = gateway_sink(
-                root / "lane", {"name": "lake", "kind": "iceberg"}, args.commit_rows
-            )
-            assert rows == n, rows
-            results["iceberg"] = (a, b, c)
-            a = bare_delta(root / "bare-delta", batches)
-            b, rows, c = gateway_sink(
-                root / "lane", {"name": "dl", "kind": "delta"}, args.commit_rows
-            )
-            assert rows == n, rows
-            results["delta"] = (a, b, c)
+            results: dict[str, tuple[float, float, float]] = {}
+            files: dict[str, tuple[int, int]] = {}
+            if "iceberg" in only:
+                a = bare_iceberg(root / "bare-ice", batches)
+                b, rows, c = gateway_sink(
+                    root / "lane", {"name": "lake", "kind": "iceberg"}, args.commit_rows
+                )
+                assert rows == n, rows
+                results["iceberg"] = (a, b, c)
+            if "delta" in only:
+                a = bare_delta(root / "bare-delta", batches)
+                sink = {"name": "dl", "kind": "delta", "compact_every_commits": 0}
+                b, rows, c = gateway_sink(root / "lane", sink, args.commit_rows)
+                assert rows == n, rows
+                results["delta"] = (a, b, c)
+                read = bare_delta_read(root / "bare-delta-read", root / "lane", args.commit_rows)
+                results["delta (bare: lane read too)"] = (read, b, c)
+                files["delta"] = delta_files(root / "lane" / "sinks" / "dl" / TOPIC)
+                a = bare_delta_upsert(root / "bare-delta-up", batches)
+                sink = {**sink, "name": "du", "mode": "upsert", "key": ["customer"]}
+                b, rows, c = gateway_sink(root / "lane", sink, args.commit_rows)
+                assert rows == n, rows
+                results["delta upsert"] = (a, b, c)
+                read = bare_delta_upsert(root / "bare-delta-up-read", batches, root / "lane")
+                results["delta upsert (bare: lane read)"] = (read, b, c)
+                files["delta upsert"] = delta_files(root / "lane" / "sinks" / "du" / TOPIC)
+            if "postgres" not in only:
+                report(n, args.commit_rows, results, files)
+                return
             no_key = bare_postgres(pg.dsn, batches, primary_key=False)
             a = bare_postgres(pg.dsn, batches, primary_key=True)
             b, rows, c = gateway_sink(
@@ -244,11 +332,29 @@ def main() -> None:
             results["postgres (bare: no key)"] = (no_key, b, c)
         finally:
             pg.stop()
-    print(f"records={n:,} commit_rows={args.commit_rows:,} cpus={os.cpu_count()}")
+    report(n, args.commit_rows, results, files)
+
+
+def report(
+    n: int,
+    commit_rows: int,
+    results: dict[str, tuple[float, float, float]],
+    files: dict[str, tuple[int, int]],
+) -> None:
+    print(f"records={n:,} commit_rows={commit_rows:,} cpus={os.cpu_count()}")
     for kind, (a, b, c) in results.items():
         print(
             f"{kind:27s} bare {n / a:>10,.0f} rec/s   thalweg {n / b:>10,.0f} rec/s   "
             f"ratio {a / b:.2f}x   recheck {c:.2f}s ({c / b:.2f}x the pass)"
+        )
+    for kind, (count, commits) in files.items():
+        # At the default cadence (commit_interval_s = 60) a table gets 60 commits an
+        # hour; compaction every compact_every_commits (100) bounds what accumulates.
+        per_commit = count / max(commits, 1)
+        print(
+            f"{kind:27s} {count} data files after {commits} commits: "
+            f"{per_commit:.2f} per commit, {60 * per_commit:.0f} files/hour per table at "
+            "commit_interval_s = 60 before compaction"
         )
 
 
