@@ -574,7 +574,7 @@ def write_segment(
     *,
     keys: Sequence[bytes | None] | None = None,
     xs: Sequence[str] | None = None,
-    payload: Mapping[str, Any] | None = None,
+    payload: Mapping[str, Any] | pa.Table | None = None,
     prefix: str = "_twg_",
 ) -> None:
     """One raw segment of ``offsets`` (covering from ``covers_from``: skipped offsets
@@ -593,7 +593,9 @@ def write_segment(
     ]
     raw = pa.Table.from_batches([build_raw_batch(recs, cluster="c", ingest_ts_us=1, columns=cols)])
     values = (
-        dict(payload)
+        {n: payload.column(n) for n in payload.column_names}
+        if isinstance(payload, pa.Table)
+        else dict(payload)
         if payload is not None
         else {"x": pa.array(list(xs) if xs is not None else [str(o) for o in offsets])}
     )
@@ -607,6 +609,12 @@ def write_segment(
             cols.decode_error: pa.nulls(len(offsets), pa.string()),
         }
     )
+    if isinstance(payload, pa.Table):  # its fields as they are (a doc in their metadata)
+        given = set(payload.column_names)
+        schema = pa.schema(
+            [payload.schema.field(f.name) if f.name in given else f for f in decoded.schema]
+        )
+        decoded = pa.Table.from_arrays(decoded.columns, schema=schema)
     writer = SegmentWriter(LaneLayout(lane), cols, RawLaneConfig())
     writer.write(topic, partition, raw, decoded, covers_from, offsets[-1] + 1)
 

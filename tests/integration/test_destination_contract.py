@@ -1019,9 +1019,15 @@ def test_a_tables_description_comments_properties_and_tags_come_from_the_contrac
                 "n": pa.array(positions, pa.int64()),
                 "city": pa.array(["Oslo"] * len(positions)),
             }
-            if zip_code:
+            if zip_code:  # and a column only its schema describes (an Avro field's doc)
                 payload["zip"] = pa.array(["0150"] * len(positions))
-            write_segment(env.data, TOPIC, p, positions, first, payload=payload)
+                payload["note"] = pa.array(["n"] * len(positions))
+            table = pa.table(payload)
+            if zip_code:
+                i = table.schema.get_field_index("note")
+                doc = {b"doc": b"Free text, from the schema"}
+                table = table.cast(table.schema.set(i, table.schema.field(i).with_metadata(doc)))
+            write_segment(env.data, TOPIC, p, positions, first, payload=table)
 
     contract = _contract(env.tmp / "orders.yaml", "Where it ships")
     cfg = configure(env, kind, source={"format": "json", "contract": str(contract)})
@@ -1045,5 +1051,6 @@ def test_a_tables_description_comments_properties_and_tags_come_from_the_contrac
     found = described(env, cfg, "s")
     assert found["columns"].get("zip") == "The postal code", found
     assert found["columns"].get("city") == "The city it ships to", found
+    assert found["columns"].get("note") == "Free text, from the schema", found
     assert sorted(ADAPTERS[kind].rows(env, cfg, "s", "_twg_")) == every_record()
     verified(cfg)

@@ -140,7 +140,25 @@ def avro_record_schema(schema: AvroSchema) -> pa.Schema:
     if not pa.types.is_struct(t):
         raise UnsupportedSchemaError("the top-level Avro schema must be a record")
     # Top-level columns are nullable in the lane: a tombstone or a failed row is all-null.
-    return pa.schema([f.with_nullable(True) for f in t])
+    # A field's ``doc`` goes with its column (``b"doc"``, the key pyiceberg reads): a
+    # sink's table comments fall back to it (sinks/table_docs.py).
+    docs = (
+        {
+            f["name"]: f["doc"]
+            for f in schema.get("fields", [])
+            if isinstance(schema, dict) and isinstance(f, dict) and isinstance(f.get("doc"), str)
+        }
+        if isinstance(schema, dict)
+        else {}
+    )
+    return pa.schema(
+        [
+            f.with_nullable(True).with_metadata({b"doc": docs[f.name].encode()})
+            if f.name in docs
+            else f.with_nullable(True)
+            for f in t
+        ]
+    )
 
 
 def arrow_to_avro(t: pa.DataType, name: str, nullable: bool = True) -> AvroSchema:

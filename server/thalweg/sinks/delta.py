@@ -271,7 +271,8 @@ class DeltaSink(BufferedSink[DeltaSinkConfig]):
                 commit_properties=props,
             )
         fresh = data is not None and (uri not in self._described or set(data.schema.names) - before)
-        if fresh and (docs := self.table_docs(topic)) and data is not None:  # made, grown, new
+        docs = self.table_docs(topic)
+        if fresh and data is not None and docs.speaks_of(data.schema):  # made, grown, new
             delta_docs.describe(delta_routes.load(uri, self.storage_options()), docs, data.schema)
             self._described.add(uri)
         self._commits[uri] = self._commits.get(uri, 0) + 1

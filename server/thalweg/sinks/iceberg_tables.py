@@ -80,7 +80,7 @@ def describe(table: Table, docs: TableDocs, schema: pa.Schema) -> bool:
     """Give the table's columns of ``schema`` their comments and the table its
     properties where they differ (ADR 0042; nothing written when all agree): True when
     its properties were written."""
-    if not docs:
+    if not docs.speaks_of(schema):
         return False
     fields = {f.name: f for f in table.schema().fields}
     stale = {c: d for c, d in docs.comments(schema).items() if c in fields and fields[c].doc != d}

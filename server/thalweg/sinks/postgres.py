@@ -319,7 +319,7 @@ class PostgresSink(BufferedSink[PostgresSinkConfig]):
         differ from what they say (ADR 0042): the description, then the properties and
         tags as ``key=value`` lines (PostgreSQL keeps no table properties)."""
         docs = self.table_docs(topic)
-        if not docs:
+        if not docs.speaks_of(schema):
             return
         cur.execute(
             "SELECT a.attname, col_description(a.attrelid, a.attnum), "

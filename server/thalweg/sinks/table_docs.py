@@ -61,6 +61,11 @@ class TableDocs:
         ]
         return pa.schema(fields, metadata=schema.metadata)
 
+    def speaks_of(self, schema: pa.Schema) -> bool:
+        """Whether a table of ``schema`` has anything to say: these docs, or a field's
+        own doc (an Avro field's, without a contract)."""
+        return bool(self) or any(DOC_KEY in (f.metadata or {}) for f in schema)
+
     def __bool__(self) -> bool:
         return bool(self.description or self.columns or self.properties or self.tags)
 

@@ -403,3 +403,30 @@ def test_native_decoding_keeps_row_order_in_a_large_batch() -> None:
     result = decoder.decode(pa.array(values, pa.binary()))
     assert result.failures == ()
     assert result.table.column("id").to_pylist() == list(range(200_000))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "per-record"])
+def test_a_fields_doc_goes_with_its_column(native: bool) -> None:
+    """An Avro field's ``doc`` is its column's ``doc`` metadata, through both decode
+    paths and an evolution: what a sink's table comments fall back to."""
+    v1 = {
+        "type": "record",
+        "name": "Order",
+        "fields": [
+            {"name": "id", "type": "long", "doc": "The order number"},
+            {"name": "s", "type": "string"},
+        ],
+    }
+    v2 = {
+        **v1,
+        "fields": [
+            *v1["fields"],
+            {"name": "zip", "type": ["null", "string"], "default": None, "doc": "Postal code"},
+        ],
+    }
+    dec = AvroArrowDecoder(COLS, StaticSchemas({1: v1, 2: v2}), native=native)
+    values = [frame(1, v1, {"id": 1, "s": "a"}), frame(2, v2, {"id": 2, "s": "b", "zip": "0150"})]
+    table = dec.decode(pa.array(values, pa.binary())).table
+    docs = {f.name: (f.metadata or {}).get(b"doc") for f in table.schema}
+    assert docs == {"id": b"The order number", "s": None, "zip": b"Postal code"}
+    assert table.column("zip").to_pylist() == [None, "0150"]

@@ -94,3 +94,23 @@ def test_an_iceberg_table_is_made_with_its_docs_and_then_agrees(tmp_path: Path) 
     again = catalog.load_table("ns.t")
     assert again.schema().find_field("city").doc == "The city"
     assert again.properties["comment"] == "Orders"
+
+
+def test_without_a_contract_a_schemas_own_doc_still_becomes_the_comment(tmp_path: Path) -> None:
+    from deltalake import DeltaTable, write_deltalake
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from thalweg.sinks.table_docs import NONE
+
+    i = ROWS.schema.get_field_index("city")
+    schema = ROWS.schema.set(i, ROWS.schema.field(i).with_metadata({b"doc": b"From Avro"}))
+    assert NONE.speaks_of(schema) and not NONE.speaks_of(ROWS.schema)
+    write_deltalake(str(tmp_path / "d"), ROWS)
+    assert delta_docs.describe(DeltaTable(str(tmp_path / "d")), NONE, schema) == 1
+    fields = {f.name: f.metadata for f in DeltaTable(str(tmp_path / "d")).schema().fields}
+    assert fields["city"] == {"comment": "From Avro"}
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=tmp_path.as_uri())
+    catalog.create_namespace("ns")
+    table, _ = create_table(catalog, "ns.t", ROWS.schema, [])
+    describe(table, NONE, schema)
+    assert catalog.load_table("ns.t").schema().find_field("city").doc == "From Avro"
