@@ -76,17 +76,24 @@ def _feed(cfg: ThalwegConfig) -> int:
     return asyncio.run(run())
 
 
-def test_a_sinks_refused_records_are_kept_in_the_bucket_and_fetched_back(
-    moto: MotoServer, tmp_path: Path
-) -> None:
-    cache, warehouse = tmp_path / "cache", tmp_path / "iceberg"
-    warehouse.mkdir()
+def _poisoned_lane(moto: MotoServer, cache: Path) -> tuple[str, ObjectStore]:
+    """Topic ``t``'s 20 records, those at BAD holding a uint64 no Iceberg long holds,
+    written in ``cache`` and put in a bucket of their own: its URL and store."""
     values = pa.array([2**64 - 1 if p in BAD else p for p in range(20)], pa.uint64())
     write_segment(cache, "t", 0, range(20), 0, payload={"v": values})
     url = f"s3://{bucket(moto)}/lanes"
     store = open_store(moto, url)
     for f in sorted(cache.glob("*/topic=t/partition=0/*.parquet")):
         store.put_new(str(f.relative_to(cache).with_name(object_name(f.name, 1))), f)
+    return url, store
+
+
+def test_a_sinks_refused_records_are_kept_in_the_bucket_and_fetched_back(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    cache, warehouse = tmp_path / "cache", tmp_path / "iceberg"
+    warehouse.mkdir()
+    url, store = _poisoned_lane(moto, cache)
     here = _config(tmp_path / "here.toml", url, store_cfg(moto, url, cache), warehouse)
     cfg = load_config(here)
 
@@ -171,12 +178,7 @@ def test_twg_recover_on_a_bucket_lane_fetches_it_and_keeps_the_refused_records_t
     warehouse = tmp_path / "iceberg"
     warehouse.mkdir()
     writer = tmp_path / "writer"
-    values = pa.array([2**64 - 1 if p in BAD else p for p in range(20)], pa.uint64())
-    write_segment(writer, "t", 0, range(20), 0, payload={"v": values})
-    url = f"s3://{bucket(moto)}/lanes"
-    store = open_store(moto, url)
-    for f in sorted(writer.glob("*/topic=t/partition=0/*.parquet")):
-        store.put_new(str(f.relative_to(writer).with_name(object_name(f.name, 1))), f)
+    url, store = _poisoned_lane(moto, writer)
 
     def recover(host: str) -> dict[str, object]:
         toml = _config(

@@ -24,15 +24,20 @@ from thalweg.verify import verify
 pytestmark = pytest.mark.integration
 
 
+async def create_topic(bootstrap: str, topic: str) -> None:
+    """A topic of one partition on the broker at ``bootstrap``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, 1, 1)])
+    await admin.close()
+
+
 async def transactions(
     bootstrap: str, topic: str, rounds: int, start: int, create: bool
 ) -> list[bytes]:
     """Alternate committed and aborted transactions; return the committed values."""
     if create:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-        await admin.close()
+        await create_topic(bootstrap, topic)
     p = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=f"tx-{uuid.uuid4().hex[:6]}",
@@ -123,10 +128,7 @@ def test_deep_verify_compares_past_records_the_broker_removed_since(
     topic = f"dr-{uuid.uuid4().hex[:8]}"
 
     async def produce() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap)
-        await admin.start()
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-        await admin.close()
+        await create_topic(noida.bootstrap, topic)
         p = AIOKafkaProducer(bootstrap_servers=noida.bootstrap)
         await p.start()
         for i in range(20):
@@ -222,13 +224,7 @@ def test_put_with_the_idempotent_producer(
     after producing nothing."""
     topic = f"idem-{uuid.uuid4().hex[:8]}"
 
-    async def create() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap)
-        await admin.start()
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-        await admin.close()
-
-    asyncio.run(create())
+    asyncio.run(create_topic(noida.bootstrap, topic))
     gw = gateway_factory(
         [topic],
         bootstrap_servers=noida.bootstrap,

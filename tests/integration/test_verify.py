@@ -504,6 +504,21 @@ def test_deep_finds_records_held_reshaped_or_dropped_that_positions_alone_cannot
     assert result.exit_code == 2 and "ISO 8601" in result.output
 
 
+def remote_config(moto: MotoServer, url: str, tmp_path: Path) -> Path:
+    """A configuration of the bucket lane at ``url`` (topic ``t``) on a host of its own
+    (its cache ``tmp_path/elsewhere``): verify as an operator away from the gateway."""
+    remote = tmp_path / "remote.toml"
+    options = ", ".join(
+        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
+    )
+    remote.write_text(
+        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
+        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
+        'topics = ["t"]\n'
+    )
+    return remote
+
+
 def test_a_bucket_lanes_leftovers_are_named_and_the_resolved_lane_checked(
     moto: MotoServer, tmp_path: Path
 ) -> None:
@@ -531,15 +546,7 @@ def test_a_bucket_lanes_leftovers_are_named_and_the_resolved_lane_checked(
         f"decoded/topic=t/partition=0/{object_name(segment_name(9, 11), 2)}",
         twin,
     )
-    remote = tmp_path / "remote.toml"
-    options = ", ".join(
-        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
-    )
-    remote.write_text(
-        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
-        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
-        'topics = ["t"]\n'
-    )
+    remote = remote_config(moto, url, tmp_path)
     done = CliRunner().invoke(
         cli, ["--output", "json", "verify", "-c", str(remote), "--no-broker"], obj={}
     )
@@ -571,15 +578,7 @@ def test_a_bucket_lanes_lost_first_object_is_named_against_the_origin_the_bucket
     for seg in LaneLayout(cache).segments(Lane.RAW, "t", 0):
         mirror.publish("t", 0, seg.path.name, 1, lambda: None)
     assert json.loads(store.read(origin_rel("t", 0)) or b"{}") == {"position": 50}
-    remote = tmp_path / "remote.toml"
-    options = ", ".join(
-        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
-    )
-    remote.write_text(
-        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
-        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
-        'topics = ["t"]\n'
-    )
+    remote = remote_config(moto, url, tmp_path)
 
     def run() -> tuple[int, list[tuple[str, str, str]]]:
         shutil.rmtree(tmp_path / "elsewhere", ignore_errors=True)  # a host of its own
@@ -617,15 +616,7 @@ def test_a_twin_rebuilt_after_its_raw_object_went_up_alone_is_put_beside_it(
         f"decoded/topic=t/partition=0/{object_name(segment_name(0, 4), 3)}",
         cache / "decoded" / "topic=t" / "partition=0" / segment_name(0, 4),
     )
-    remote = tmp_path / "remote.toml"
-    options = ", ".join(
-        f'{k} = "{v}"' for k, v in store_cfg(moto, url, tmp_path / "elsewhere").items()
-    )
-    remote.write_text(
-        f'[gateway]\ndata_dir = "{url}"\nobject_store = {{ {options} }}\n'
-        '[[sources]]\nname = "k"\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:9"\n'
-        'topics = ["t"]\n'
-    )
+    remote = remote_config(moto, url, tmp_path)
     args = ["--output", "json", "verify", "-c", str(remote), "--no-broker"]
     before = json.loads(CliRunner().invoke(cli, args, obj={}).output)
     assert [(f["code"], f["level"]) for f in before["findings"]] == [("twin_missing", "error")]

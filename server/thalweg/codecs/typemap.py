@@ -142,15 +142,8 @@ def avro_record_schema(schema: AvroSchema) -> pa.Schema:
     # Top-level columns are nullable in the lane: a tombstone or a failed row is all-null.
     # A field's ``doc`` goes with its column (``b"doc"``, the key pyiceberg reads): a
     # sink's table comments fall back to it (sinks/table_docs.py).
-    docs = (
-        {
-            f["name"]: f["doc"]
-            for f in schema.get("fields", [])
-            if isinstance(schema, dict) and isinstance(f, dict) and isinstance(f.get("doc"), str)
-        }
-        if isinstance(schema, dict)
-        else {}
-    )
+    fields = schema.get("fields", []) if isinstance(schema, dict) else []
+    docs = {f["name"]: f["doc"] for f in fields if isinstance(f.get("doc"), str)}
     return pa.schema(
         [
             f.with_nullable(True).with_metadata({b"doc": docs[f.name].encode()})
