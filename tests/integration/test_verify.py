@@ -565,7 +565,8 @@ def test_a_bucket_lanes_lost_first_object_is_named_against_the_origin_the_bucket
     """A bucket lane begun above the broker's log start (as at ``latest`` or a group
     commit) whose first raw object is lost: the origin record went up with the first
     object it published, so verify — from the bucket, on a host that never saw the
-    writer's cache — names the missing start (exit 1), and finds the sound lane clean."""
+    writer's cache — names the missing start (exit 1), and finds the sound lane clean
+    (a record left by a member killed before its first object is replaced, not kept)."""
     from thalweg.lane.remote.mirror import LaneMirror
     from thalweg.lane.remote.origin_sync import origin_rel
 
@@ -574,6 +575,9 @@ def test_a_bucket_lanes_lost_first_object_is_named_against_the_origin_the_bucket
     write_segment(cache, "t", 0, range(60, 70), 60)
     url = f"s3://{bucket(moto)}/lanes"
     store = open_store(moto, url)
+    # A member killed between its origin record's PUT and its first object's left one
+    # naming 10: with no raw object there, this lane's record replaces it.
+    store.put(origin_rel("t", 0), b'{"position": 10}')
     mirror = LaneMirror(LaneLayout(cache), store)
     for seg in LaneLayout(cache).segments(Lane.RAW, "t", 0):
         mirror.publish("t", 0, seg.path.name, 1, lambda: None)

@@ -137,7 +137,8 @@ class LaneMirror:
         with self._lock(topic, partition):
             if (topic, partition) not in self._origins:  # before its first raw object
                 fence()
-                publish_origin(self.store, self.layout, topic, partition)
+                raw_dir = self._dir_rel(Lane.RAW, topic, partition)
+                publish_origin(self.store, self.layout, topic, partition, raw_dir)
                 self._origins.add((topic, partition))
             raw_rel = self._dir_rel(Lane.RAW, topic, partition) + object_name(name, generation)
             for lane in _ORDER:

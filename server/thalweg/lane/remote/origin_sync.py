@@ -10,9 +10,12 @@ group commit could lose its first object unseen. So the bucket keeps it too::
 
 The owner PUTs it once (``If-None-Match``) before the partition's first raw object it
 publishes in a process — so a raw object in the bucket has its lane's origin there — and
-every restore or sync fetches it where the local lane has none. Written once: a record
-already there with another position (a lane begun again after retention swept all of
-it) is the earlier beginning and stays; the local one is not put over it.
+every restore or sync fetches it where the local lane has none. A record already there
+with another position stays while the bucket holds raw objects of the partition (a lane
+begun again after retention swept all of it: the earlier beginning). With none, it is
+the record of a lane that never got an object (killed between the record's PUT and the
+first object's) and the local one replaces it: a lane begun later at ``latest`` would
+otherwise be named as missing its start.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ def origin_rel(topic: str, partition: int) -> str:
     return f"origins/topic={quote(topic, safe='')}/{partition}.json"
 
 
-def publish_origin(store: ObjectStore, layout: LaneLayout, topic: str, partition: int) -> bool:
-    """PUT the partition's local origin record, created once; True when the bucket now
-    has one (this one or an earlier), False when there is none locally to put.
+def publish_origin(
+    store: ObjectStore, layout: LaneLayout, topic: str, partition: int, raw_prefix: str
+) -> bool:
+    """PUT the partition's local origin record, created once (``raw_prefix``: where the
+    bucket keeps the partition's raw objects); True when the bucket now has one, False
+    when there is none locally to put.
 
     Raises:
         LaneError: the store did not take it (retriable: the segment's PUT waits).
@@ -47,7 +53,10 @@ def publish_origin(store: ObjectStore, layout: LaneLayout, topic: str, partition
     try:
         store.put_new(origin_rel(topic, partition), path)
     except SegmentConflictError:
-        log.info("%s[%d]: the bucket's origin record is an earlier one; kept", topic, partition)
+        if store.listing(raw_prefix):
+            log.info("%s[%d]: the bucket's origin record is an earlier one; kept", topic, partition)
+        else:  # a record of a lane that never got an object: this lane's replaces it
+            store.put(origin_rel(topic, partition), path.read_bytes())
     return True
 
 
